@@ -1,0 +1,36 @@
+# Two entry points for a fresh machine: `make run` and `make test`.
+PY ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run test lint bench clean system-deps
+
+$(BIN)/python:
+	@command -v $(PY) >/dev/null 2>&1 || PY=python3; $${PY:-$(PY)} -m venv $(VENV) || python3 -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip setuptools wheel
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+system-deps:
+	@bash scripts/system-deps.sh
+
+run: $(STAMP)
+	$(BIN)/lightgate serve
+
+test: $(STAMP) system-deps
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy store/ lightqueue/ notify/ mqtt_proxy/codec
+
+bench: $(STAMP)
+	$(BIN)/python bench/store_bench.py
+
+clean:
+	rm -rf $(VENV) data .pytest_cache
