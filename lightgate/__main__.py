@@ -1,0 +1,5 @@
+import sys
+
+from lightgate.cli import main
+
+sys.exit(main())

@@ -1,0 +1,124 @@
+"""`lightgate` command line: serve, rebuild-queues, analytics."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Sequence
+
+from lightgate.config import ConfigError, GatewayConfig, config_keys, load_config
+from lightgate.logs import setup_logging
+
+_SERVE_FLAGS = ("data_dir", "host", "mqtt_port", "mqtts_port", "ws_port", "kafka_port", "http_port")
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="TOML config file (also LIGHTGATE_CONFIG)")
+    p.add_argument("--data-dir", help="data directory (default ./data)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="lightgate",
+        description="MQTT-compatible IoT gateway on one shared commitlog (MQTT, Kafka, Spark).",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser(
+        "serve",
+        help="run the gateway",
+        description="Run store, light queues, notify, MQTT and Kafka listeners in one process. "
+        "Every flag is also an env var LIGHTGATE_<NAME> and a key in the TOML config. "
+        "Port 0 picks a free port; -1 disables the listener.",
+    )
+    _add_common(serve)
+    serve.add_argument("--host", help="listen address (default 127.0.0.1)")
+    for flag, default in (
+        ("mqtt-port", 1883),
+        ("mqtts-port", 8883),
+        ("ws-port", 8083),
+        ("kafka-port", 9092),
+        ("http-port", 8080),
+    ):
+        serve.add_argument(f"--{flag}", type=int, help=f"default {default}")
+    serve.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any other config key, e.g. --set fsync=interval_ms (see docs/configuration.md)",
+    )
+
+    rebuild = sub.add_parser(
+        "rebuild-queues",
+        help="rebuild every light queue from the commitlog (gateway must be stopped)",
+    )
+    _add_common(rebuild)
+
+    analytics = sub.add_parser(
+        "analytics",
+        help="device analytics jobs on the log with Spark (run `lightgate analytics --help`)",
+        add_help=False,
+    )
+    analytics.add_argument("args", nargs=argparse.REMAINDER)
+    return parser
+
+
+def _config_from(ns: argparse.Namespace) -> GatewayConfig:
+    overrides: dict[str, object] = {}
+    for name in _SERVE_FLAGS:
+        value = getattr(ns, name, None)
+        if value is not None:
+            overrides[name] = value
+    keys = config_keys()
+    for item in getattr(ns, "set", []) or []:
+        key, sep, value = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or key not in keys:
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE with a known key")
+        overrides[key] = value
+    return load_config(ns.config, overrides=overrides)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    if argv[:1] == ["analytics"]:
+        from spark_analytics.cli import main as analytics_main
+
+        return analytics_main(argv[1:])
+    ns = parser.parse_args(argv)
+    try:
+        cfg = _config_from(ns)
+    except ConfigError as exc:
+        print(f"lightgate: {exc}", file=sys.stderr)
+        return 2
+    setup_logging(cfg.log_format, cfg.log_level)
+    if ns.command == "serve":
+        from lightgate.app import serve
+
+        return _run(serve(cfg))
+    if ns.command == "rebuild-queues":
+        from lightgate.app import rebuild_queues
+
+        return _run(rebuild_queues(cfg))
+    parser.error(f"unknown command {ns.command}")
+    return 2
+
+
+def _run(coro: object) -> int:
+    try:
+        import uvloop
+
+        runner = uvloop.run
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        runner = asyncio.run
+    try:
+        return int(runner(coro))  # type: ignore[arg-type]
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
