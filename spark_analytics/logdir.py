@@ -1,0 +1,312 @@
+"""Read-only, lock-free view of a Lightgate data dir: topics, partitions, segments, complete batches.
+
+Spark executors run in other processes than the gateway and never take `DATA/LOCK`; they open
+`.log` files read-only while the gateway appends (docs/architecture.md, "Data directory layout").
+The one rule that makes this safe: a partition's readable data ends at the first batch whose declared
+length runs past the end of the file or whose CRC-32C does not check -- such a batch is being written.
+We never skip over it, so offsets are never lost, only seen later.
+
+Batch header (Kafka RecordBatch v2, 61 bytes, big-endian)::
+
+    baseOffset int64 | batchLength int32 | partitionLeaderEpoch int32 | magic int8 | crc uint32
+    attributes int16 | lastOffsetDelta int32 | firstTimestamp int64 | maxTimestamp int64
+    producerId int64 | producerEpoch int16 | baseSequence int32 | recordCount int32 | records...
+
+The CRC covers attributes..end. `.index`/`.timeindex` files are derived data; we do not need them:
+locating an offset jumps from header to header (one small `pread` per batch).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import crc32c
+
+HEADER = struct.Struct(">qiibIhiqqqhii")
+HEADER_SIZE = HEADER.size  # 61
+LOG_OVERHEAD = 12  # baseOffset + batchLength: batchLength counts the bytes after these
+CRC_START = 21  # attributes
+MAGIC_V2 = 2
+ATTR_COMPRESSION = 0x07
+ATTR_LOG_APPEND_TIME = 0x08
+ATTR_CONTROL = 0x20
+READ_CHUNK = 8 << 20  # bytes per pread while streaming through a segment
+SEEK_CHUNK = 1 << 20
+_BASE_LEN = struct.Struct(">qi")
+_DELTA = struct.Struct(">i")
+
+_SEGMENT_RE = re.compile(r"^(\d{20})\.log$")
+
+
+class LogDirError(Exception):
+    """The data dir is missing, empty or not a Lightgate data dir."""
+
+
+class CorruptBatchError(Exception):
+    """A complete batch (length within file, CRC ok) that does not decode: never a race."""
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """One complete batch: header fields plus its bytes (a memoryview into a read chunk)."""
+
+    base_offset: int
+    last_offset: int
+    attributes: int
+    first_timestamp: int
+    max_timestamp: int
+    record_count: int
+    position: int  # file position of the batch in its segment
+    data: memoryview  # the whole batch, header included
+
+
+def log_dir(data_dir: str | os.PathLike[str]) -> Path:
+    """`DATA/log`, with errors that say what is wrong (these reach notebook users verbatim)."""
+    root = Path(data_dir)
+    if not root.exists():
+        raise LogDirError(f"data dir {root} does not exist")
+    if not root.is_dir():
+        raise LogDirError(f"data dir {root} is not a directory")
+    log = root / "log"
+    if not log.is_dir():
+        raise LogDirError(f"{root} is not a Lightgate data dir (no log/ inside); is it empty?")
+    return log
+
+
+def list_topics(log: Path) -> dict[str, int]:
+    """Topic name -> partition count, from topics.json and the partition directories.
+
+    topics.json is replaced atomically by the gateway, so a plain read sees the old or the new
+    version. Directories cover a topic created after we read the file.
+    """
+    topics: dict[str, int] = {}
+    try:
+        meta = json.loads((log / "topics.json").read_text())
+        for name, spec in meta.items():
+            topics[name] = int(spec.get("partitions", 1)) if isinstance(spec, dict) else int(spec)
+    except FileNotFoundError:
+        pass
+    except (ValueError, OSError) as exc:
+        raise LogDirError(f"cannot read {log / 'topics.json'}: {exc}") from exc
+    for entry in os.scandir(log):
+        if not entry.is_dir():
+            continue
+        name, sep, part = entry.name.rpartition("-")
+        if sep and part.isdigit():
+            topics[name] = max(topics.get(name, 0), int(part) + 1)
+    return topics
+
+
+def list_segments(log: Path, topic: str, partition: int) -> list[tuple[int, Path]]:
+    """(base offset, path) of every `.log` segment, oldest first; temp suffixes are ignored."""
+    pdir = log / f"{topic}-{partition}"
+    try:
+        names = os.listdir(pdir)
+    except FileNotFoundError:
+        return []
+    segs = [(int(m.group(1)), pdir / n) for n in names if (m := _SEGMENT_RE.match(n))]
+    segs.sort()
+    return segs
+
+
+def _pread(path: Path, pos: int, size: int) -> bytes:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:  # deleted by retention between listing and reading
+        return b""
+    try:
+        return os.pread(fd, size, pos)
+    finally:
+        os.close(fd)
+
+
+def _check_header(buf: bytes | memoryview, pos: int) -> tuple | None:
+    """Unpacked header if `buf[pos:]` holds a complete v2 batch, else None (torn or foreign)."""
+    if len(buf) - pos < HEADER_SIZE:
+        return None
+    h = HEADER.unpack_from(buf, pos)
+    length = h[1]
+    if h[3] != MAGIC_V2 or length < HEADER_SIZE - LOG_OVERHEAD:
+        return None
+    if pos + LOG_OVERHEAD + length > len(buf):
+        return None
+    return h
+
+
+def iter_batches(
+    log: Path,
+    topic: str,
+    partition: int,
+    start: int = 0,
+    end: int | None = None,
+    hint: tuple[int, int] | None = None,
+) -> Iterator[Batch]:
+    """Complete batches holding offsets in [start, end), in offset order, CRC checked.
+
+    `hint` = (segment base, file position) of a batch boundary at or before `start`, as handed out
+    by `PartitionTail`; it is checked (CRC) and otherwise ignored. Stops at the first incomplete
+    batch: the gateway is writing it.
+    """
+    segs = list_segments(log, topic, partition)
+    first = 0
+    for i, (base, _) in enumerate(segs):
+        if base <= start:
+            first = i
+    for base, path in segs[first:]:
+        if end is not None and base >= end:
+            return
+        pos = 0
+        if hint is not None and hint[0] == base:
+            pos = hint[1]
+        elif start > base:
+            pos = seek_offset(path, start)
+        stop = pos
+        for batch in _scan_segment(path, pos):
+            stop = batch.position + len(batch.data)
+            if batch.last_offset < start:
+                continue
+            if end is not None and batch.base_offset >= end:
+                return
+            yield batch
+        if base == segs[-1][0] or stop < _size(path):
+            return  # the tail, or an incomplete batch: never skip offsets
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def _scan_segment(path: Path, pos: int) -> Iterator[Batch]:
+    """Batches from `pos` to the first incomplete one, reading in large chunks."""
+    while True:
+        chunk = _pread(path, pos, READ_CHUNK)
+        if not chunk:
+            return
+        mv = memoryview(chunk)
+        at = 0
+        while True:
+            h = _check_header(chunk, at)
+            if h is None:
+                break
+            stop = at + LOG_OVERHEAD + h[1]
+            if crc32c.crc32c(mv[at + CRC_START : stop]) != h[4]:
+                return  # being written (or torn by a crash the gateway will truncate)
+            yield Batch(h[0], h[0] + h[6], h[5], h[7], h[8], h[12], pos + at, mv[at:stop])
+            at = stop
+        if at == 0:
+            # One batch larger than the chunk: read exactly it (if it is all there).
+            if len(chunk) < LOG_OVERHEAD:
+                return
+            need = LOG_OVERHEAD + struct.unpack_from(">i", chunk, 8)[0]
+            if need <= len(chunk) or need < HEADER_SIZE:
+                return
+            big = _pread(path, pos, need)
+            h = _check_header(big, 0)
+            if h is None or crc32c.crc32c(memoryview(big)[CRC_START:]) != h[4]:
+                return
+            yield Batch(h[0], h[0] + h[6], h[5], h[7], h[8], h[12], pos, memoryview(big))
+            at = need
+        pos += at
+
+
+def seek_offset(path: Path, offset: int) -> int:
+    """File position of the batch holding `offset` (or the first after it), jumping headers.
+
+    Reads the segment in 1 MiB chunks and looks only at headers; CRCs are checked later by
+    whoever reads the batch.
+    """
+    pos = 0
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return 0
+    try:
+        while True:
+            chunk = os.pread(fd, SEEK_CHUNK, pos)
+            if len(chunk) < HEADER_SIZE:
+                return pos
+            at = 0
+            while at + HEADER_SIZE <= len(chunk):
+                base, length = _BASE_LEN.unpack_from(chunk, at)
+                last = base + _DELTA.unpack_from(chunk, at + 23)[0]
+                if last >= offset or length < HEADER_SIZE - LOG_OVERHEAD:
+                    return pos + at
+                at += LOG_OVERHEAD + length
+            pos += at
+    finally:
+        os.close(fd)
+
+
+@dataclass(slots=True)
+class PartitionTail:
+    """Incremental scan of a partition's tail: the high watermark without re-reading the log.
+
+    Kept by the driver between micro-batches; `advance()` CRC-checks only batches it has not
+    seen. `segment`/`position` point at the next unread batch and become read hints.
+    """
+
+    log: Path
+    topic: str
+    partition: int
+    segment: int = -1
+    position: int = 0
+    next_offset: int = 0  # the high watermark: one past the last complete batch
+    start_offset: int = 0
+    hints: dict[int, tuple[int, int]] = field(default_factory=dict)
+
+    def advance(self) -> int:
+        segs = list_segments(self.log, self.topic, self.partition)
+        if not segs:
+            return self.next_offset
+        self.start_offset = segs[0][0]
+        if self.segment not in {b for b, _ in segs}:
+            self.segment, self.position = segs[0][0], 0
+            self.next_offset = max(self.next_offset, segs[0][0])
+        self._remember()
+        for base, path in segs:
+            if base < self.segment:
+                continue
+            if base > self.segment:
+                self.segment, self.position = base, 0
+                self.next_offset = max(self.next_offset, base)
+            for batch in _scan_segment(path, self.position):
+                self.position += len(batch.data)
+                self.next_offset = batch.last_offset + 1
+            if base != segs[-1][0] and self.position < _size(path):
+                break  # incomplete batch in a rolled segment: wait, never skip offsets
+        self._remember()
+        return self.next_offset
+
+    def _remember(self) -> None:
+        """Keep where recent high watermarks sit: the next micro-batch starts at one of them."""
+        self.hints[self.next_offset] = (self.segment, self.position)
+        while len(self.hints) > 16:
+            del self.hints[next(iter(self.hints))]
+
+    def hint_for(self, offset: int) -> tuple[int, int] | None:
+        return self.hints.get(offset)
+
+
+def offset_for_timestamp(log: Path, topic: str, partition: int, ts_ms: int) -> int | None:
+    """First offset whose record timestamp >= ts_ms (Kafka's offsetsForTimes), None if none.
+
+    Batches are skipped on maxTimestamp; only the first candidate batch is decoded.
+    """
+    from spark_analytics.arrow_decode import record_timestamps
+
+    for batch in iter_batches(log, topic, partition):
+        if batch.max_timestamp < ts_ms or batch.attributes & ATTR_CONTROL:
+            continue
+        for off, ts in record_timestamps(batch):
+            if ts >= ts_ms:
+                return off
+    return None

@@ -1,0 +1,309 @@
+"""The `lightgate` PySpark data source: batch and micro-batch streaming over the commitlog.
+
+Planning (driver) lists partitions and their high watermarks; each `LogRange` (one topic-partition,
+one offset range) is one Spark task that reads segment files directly and yields Arrow batches.
+Streaming offsets are `{"topic": {"partition": next_offset}}`, like Spark's Kafka source, so a
+checkpointed query restarts exactly where it stopped.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+)
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType
+
+from spark_analytics.arrow_decode import SCHEMA, decode_batches, to_record_batch
+from spark_analytics.logdir import (
+    Batch,
+    LogDirError,
+    PartitionTail,
+    iter_batches,
+    list_topics,
+    log_dir,
+    offset_for_timestamp,
+)
+from spark_analytics.mqtt import (
+    filter_regex,
+    level_for_log_topic,
+    topics_for_filter,
+    wildcard_first,
+)
+from spark_analytics.options import (
+    EARLIEST,
+    LATEST,
+    OptionError,
+    ReadOptions,
+    offset_for,
+    parse_options,
+)
+
+CHUNK_RECORDS = 65_536  # records per Arrow batch handed to the JVM
+CHUNK_BYTES = 16 << 20
+INTERNAL_PREFIX = "__"  # system topics (e.g. __lightgate_device_events) are read only by name
+
+
+class LogRange(InputPartition):
+    """One task: offsets [start, end) of one topic-partition, plus a seek hint."""
+
+    def __init__(
+        self, topic: str, partition: int, start: int, end: int, hint: tuple[int, int] | None
+    ) -> None:
+        super().__init__((topic, partition, start, end))
+        self.topic = topic
+        self.partition = partition
+        self.start = start
+        self.end = end
+        self.hint = hint
+
+    def __repr__(self) -> str:
+        return f"LogRange({self.topic}-{self.partition} [{self.start}, {self.end}))"
+
+
+def _select_topics(log: Path, opts: ReadOptions, strict: bool) -> list[tuple[str, int]]:
+    """(topic, partition count) to read: `topics`, else all but system topics; MQTT-pruned."""
+    known = list_topics(log)
+    if opts.topics is not None:
+        missing = [t for t in opts.topics if t not in known]
+        if missing and strict:
+            raise LogDirError(
+                f"topic(s) {missing} not found in {log.parent}; known: {sorted(known)}"
+            )
+        names = [t for t in opts.topics if t in known]
+    else:
+        names = sorted(t for t in known if not t.startswith(INTERNAL_PREFIX))
+    if opts.mqtt_filter is not None:
+        names = topics_for_filter(opts.mqtt_filter, names)
+    return [(t, known[t]) for t in names]
+
+
+def read_range(opts: ReadOptions, r: InputPartition) -> Iterator[pa.RecordBatch]:
+    """Executor side: decode one LogRange into Arrow batches of at most ~64k records."""
+    if not isinstance(r, LogRange):
+        return
+    log = Path(opts.data_dir) / "log"
+    first_level = level_for_log_topic(r.topic)
+    regex = filter_regex(opts.mqtt_filter) if opts.mqtt_filter else None
+    skip_dollar = bool(opts.mqtt_filter) and wildcard_first(opts.mqtt_filter or "")
+    pending: list[Batch] = []
+    records = size = 0
+
+    def emit() -> pa.RecordBatch | None:
+        dec = decode_batches(pending, r.topic, r.partition, first_level)
+        if dec is None:
+            return None
+        rb = to_record_batch(dec, r.start, r.end, regex, skip_dollar)
+        return rb if rb.num_rows else None
+
+    for batch in iter_batches(log, r.topic, r.partition, r.start, r.end, r.hint):
+        pending.append(batch)
+        records += batch.record_count
+        size += len(batch.data)
+        if records >= CHUNK_RECORDS or size >= CHUNK_BYTES:
+            rb = emit()
+            if rb is not None:
+                yield rb
+            pending, records, size = [], 0, 0
+    if pending:
+        rb = emit()
+        if rb is not None:
+            yield rb
+
+
+class LightgateBatchReader(DataSourceReader):
+    def __init__(self, opts: ReadOptions) -> None:
+        self.opts = opts
+
+    def partitions(self) -> list[InputPartition]:
+        opts = self.opts
+        log = log_dir(opts.data_dir)
+        ranges: list[tuple[str, int, int, int]] = []
+        for topic, count in _select_topics(log, opts, strict=True):
+            for p in range(count):
+                tail = PartitionTail(log, topic, p)
+                hwm = tail.advance()
+                lo = tail.start_offset
+                if opts.starting_timestamp is not None:
+                    found = offset_for_timestamp(log, topic, p, opts.starting_timestamp)
+                    start = hwm if found is None else found
+                else:
+                    start = offset_for(opts.starting, topic, p, EARLIEST)
+                    start = {EARLIEST: lo, LATEST: hwm}.get(start, start)
+                end = offset_for(opts.ending, topic, p, LATEST)
+                end = hwm if end == LATEST else min(end, hwm)
+                start = max(start, lo)
+                if start < end:
+                    ranges.append((topic, p, start, end))
+        total = sum(e - s for _, _, s, e in ranges)
+        step = opts.max_records_per_partition
+        if opts.min_partitions and total:
+            step = min(step, max(1, math.ceil(total / opts.min_partitions)))
+        out: list[InputPartition] = []
+        for topic, p, start, end in ranges:
+            for lo in range(start, end, step):
+                out.append(LogRange(topic, p, lo, min(end, lo + step), None))
+        return out
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return read_range(self.opts, partition)
+
+
+Offsets = dict[str, dict[str, int]]
+
+
+class LightgateStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Micro-batch reader; keeps one `PartitionTail` per partition so a trigger costs O(new data)."""
+
+    def __init__(self, opts: ReadOptions) -> None:
+        self.opts = opts
+        root = Path(opts.data_dir)
+        if not root.is_dir():
+            raise LogDirError(f"data dir {root} does not exist")
+        self.log = root / "log"
+        self.tails: dict[tuple[str, int], PartitionTail] = {}
+        self.target: Offsets | None = None
+        self.last_latest: Offsets | None = None
+
+    def _refresh(self) -> Offsets:
+        latest: Offsets = {}
+        if not self.log.is_dir():
+            return latest
+        for topic, count in _select_topics(self.log, self.opts, strict=False):
+            for p in range(count):
+                tail = self.tails.get((topic, p))
+                if tail is None:
+                    tail = self.tails[(topic, p)] = PartitionTail(self.log, topic, p)
+                latest.setdefault(topic, {})[str(p)] = tail.advance()
+        self.last_latest = latest
+        return latest
+
+    def _earliest(self, topic: str, p: str) -> int:
+        tail = self.tails.get((topic, int(p)))
+        return tail.start_offset if tail else 0
+
+    def initialOffset(self) -> dict:
+        opts = self.opts
+        latest = self._refresh()
+        out: Offsets = {}
+        for topic, parts in latest.items():
+            for p, hwm in parts.items():
+                lo = self._earliest(topic, p)
+                if opts.starting_timestamp is not None:
+                    found = offset_for_timestamp(self.log, topic, int(p), opts.starting_timestamp)
+                    start = hwm if found is None else found
+                else:
+                    start = offset_for(opts.starting, topic, int(p), LATEST)
+                    start = {EARLIEST: lo, LATEST: hwm}.get(start, start)
+                out.setdefault(topic, {})[p] = max(lo, min(start, hwm))
+        return out
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self.target = self._refresh()
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        n = self.opts.max_records_per_trigger
+        return ReadMaxRows(n) if n else ReadAllAvailable()
+
+    def reportLatestOffset(self) -> dict | None:
+        return self.last_latest
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        latest = self._refresh()
+        if self.target is not None:
+            latest = {
+                t: {p: min(o, self.target.get(t, {}).get(p, 0)) for p, o in parts.items()}
+                for t, parts in latest.items()
+            }
+        begin: Offsets = {}
+        for t, parts in latest.items():
+            for p in parts:
+                b = start.get(t, {}).get(p)
+                begin.setdefault(t, {})[p] = self._earliest(t, p) if b is None else b
+        end = {t: {p: max(o, begin[t][p]) for p, o in parts.items()} for t, parts in latest.items()}
+        for t, parts in start.items():  # partitions we no longer see keep their position
+            for p, o in parts.items():
+                end.setdefault(t, {}).setdefault(p, o)
+        if isinstance(limit, ReadMaxRows):
+            end = _prorate(begin, end, limit.max_rows)
+        return end
+
+    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+        out: list[InputPartition] = []
+        for t, parts in end.items():
+            for p, e in parts.items():
+                s = start.get(t, {}).get(p)
+                if s is None:
+                    s = self._earliest(t, p)
+                if s < e:
+                    tail = self.tails.get((t, int(p)))
+                    hint = tail.hint_for(s) if tail is not None else None
+                    out.append(LogRange(t, int(p), s, e, hint))
+        return out
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return read_range(self.opts, partition)
+
+    def commit(self, end: dict) -> None:
+        """Nothing to release: the log is retained by the gateway's own policy."""
+
+
+def _prorate(begin: Offsets, end: Offsets, max_rows: int) -> Offsets:
+    """Split a record budget over partitions in proportion to their lag (Kafka source's rule)."""
+    lags = [
+        (t, p, end[t][p] - begin.get(t, {}).get(p, end[t][p]))
+        for t in end
+        for p in end[t]
+        if p in begin.get(t, {})
+    ]
+    total = sum(lag for *_, lag in lags)
+    if total <= max_rows:
+        return end
+    out = {t: dict(parts) for t, parts in end.items()}
+    grant = {(t, p): (lag * max_rows) // total for t, p, lag in lags}
+    left = max_rows - sum(grant.values())
+    for t, p, lag in sorted(lags, key=lambda x: -x[2]):  # rounding leftovers to the largest lags
+        if left <= 0:
+            break
+        if grant[(t, p)] < lag:
+            grant[(t, p)] += 1
+            left -= 1
+    for t, p, _ in lags:
+        out[t][p] = begin[t][p] + grant[(t, p)]
+    return out
+
+
+class LightgateDataSource(DataSource):
+    """`spark.read.format("lightgate").load(DATA_DIR)`; see INTERFACES.md for options."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "lightgate"
+
+    def schema(self) -> StructType:
+        return SCHEMA
+
+    def _check(self, schema: StructType) -> None:
+        if schema != SCHEMA:
+            raise OptionError(f"the lightgate source has a fixed schema: {SCHEMA.simpleString()}")
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        self._check(schema)
+        return LightgateBatchReader(parse_options(self.options, streaming=False))
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        self._check(schema)
+        return LightgateStreamReader(parse_options(self.options, streaming=True))
