@@ -97,37 +97,72 @@ def decompress(codec: int, payload: memoryview) -> bytes | memoryview:
     raise CorruptBatchError(f"unknown compression codec {codec}")
 
 
-def _walk(buf: bytes, regions: list[tuple[int, int, int]]) -> tuple[list[int], list[int]]:
-    """Start (after the length varint) and end of every record: the one per-record Python loop."""
-    body: list[int] = []
-    ends: list[int] = []
-    add_body, add_end = body.append, ends.append
+def _walk(buf: bytes, regions: list[tuple[int, int, int]]) -> np.ndarray:
+    """Start of every record, walking length prefixes: for chunks of a few large batches."""
+    starts: list[int] = []
+    add = starts.append
     for p, stop, count in regions:
         for _ in range(count):
+            add(p)
             c = buf[p]
-            if c < 0x80:
-                n = c
-                p += 1
-            else:
-                d = buf[p + 1]
-                if d < 0x80:  # 64..8191-byte records: the common case for JSON telemetry
-                    n = (c & 0x7F) | (d << 7)
-                    p += 2
-                else:
-                    n, shift = 0, 0
-                    while True:
-                        c = buf[p]
-                        p += 1
-                        n |= (c & 0x7F) << shift
-                        shift += 7
-                        if c < 0x80 or shift > 35:
-                            break
-            add_body(p)
-            p += (n >> 1) ^ -(n & 1)
-            add_end(p)
+            if c < 0x80:  # record lengths are never negative: zigzag is a plain shift
+                p += 1 + (c >> 1)
+                continue
+            d = buf[p + 1]
+            if d < 0x80:  # 64..8191-byte records: the common case for JSON telemetry
+                p += 2 + (((c & 0x7F) | (d << 7)) >> 1)
+                continue
+            n, shift, q = 0, 0, p
+            while True:
+                c = buf[q]
+                q += 1
+                n |= (c & 0x7F) << shift
+                shift += 7
+                if c < 0x80 or shift > 35:
+                    break
+            p = q + (n >> 1)
         if p != stop:
             raise CorruptBatchError(f"records end at {p}, batch ends at {stop}")
-    return body, ends
+    return np.array(starts, np.int64)
+
+
+def _lockstep(
+    data: np.ndarray, regions: list[tuple[int, int, int]], counts: np.ndarray
+) -> np.ndarray:
+    """Start of every record, walking all batches at once (k-th record of each batch per step).
+
+    Measured: ~8 us per step, so it wins over `_walk` (~0.3 us per record) when a chunk holds
+    many batches of few records each -- what group commit writes.
+    """
+    nb, maxc = len(regions), int(counts.max())
+    pos = np.array([r[0] for r in regions], np.int64)
+    stops = np.array([r[1] for r in regions], np.int64)
+    out = np.empty((maxc, nb), np.int64)
+    act = np.arange(nb)
+    uniform = bool((counts == maxc).all())
+    for k in range(maxc):
+        if not uniform:
+            act = act[counts[act] > k]
+        q = pos[act] if not uniform else pos
+        out[k, act] = q
+        b0 = data[q]
+        b1 = data[q + 1].astype(np.int64)
+        one = b0 < 0x80
+        if one.all():
+            step = 1 + (b0 >> 1).astype(np.int64)
+        elif not (b1[~one] >= 0x80).any():
+            step = np.where(one, 1 + (b0 >> 1), 2 + (((b0 & 0x7F) | (b1 << 7)) >> 1))
+        else:
+            n, size = _varint(data, q)
+            step = size + n
+        if uniform:
+            pos = q + step
+        else:
+            pos[act] = q + step
+    if not np.array_equal(pos, stops):
+        raise CorruptBatchError("record lengths do not add up to the batch length")
+    valid = np.arange(maxc)[None, :] < counts[:, None]
+    return out.T[valid]
 
 
 def _varint(data: np.ndarray, p: np.ndarray) -> tuple[np.ndarray, np.ndarray | int]:
@@ -244,14 +279,18 @@ def decode_batches(
         return None
     parts.append(_PAD)
     joined = b"".join(parts)
-    body_l, ends_l = _walk(joined, regions)
-    n = len(body_l)
-    body = np.array(body_l, np.int64)
-    ends = np.array(ends_l, np.int64)
     data = np.frombuffer(joined, np.uint8)
     buf = pa.py_buffer(joined)
-
     counts = np.array([r[2] for r in regions], np.int64)
+    n = int(counts.sum())
+    if int(counts.max()) * 30 <= n:
+        starts = _lockstep(data, regions, counts)
+    else:
+        starts = _walk(joined, regions)
+    rec_len, s = _varint(data, starts)
+    body = starts + s
+    ends = body + rec_len
+
     m = np.array(meta, np.int64)
     which = np.repeat(np.arange(len(regions)), counts)
 
@@ -358,11 +397,26 @@ def _mqtt_topic(
     except pa.ArrowInvalid:  # a Kafka producer's binary key: not an MQTT topic
         ks = pa.array([_utf8_or_none(v) for v in key.to_pylist()], pa.string())
     ok = pc.or_(pc.equal(ks, first_level), pc.starts_with(ks, first_level + "/"))
-    ok = pc.and_(ok, pc.invert(pc.match_substring_regex(ks, r"[+#\x00]")))
     ok = ok.fill_null(False).to_numpy(zero_copy_only=False) & (klen > 0) & (klen <= 65535)
+    ok[_has_wildcard_or_nul(key)] = False
     if ok.all():
         return ks
     return pc.if_else(pa.array(ok), ks, fallback)
+
+
+def _has_wildcard_or_nul(key: pa.Array) -> np.ndarray:
+    """Rows whose key holds '+', '#' or NUL: not a topic name. memchr first (~0.1 ms per chunk,
+    vs 5 ms for an RE2 pass), byte-level numpy only when one is there."""
+    offsets_buf, data_buf = key.buffers()[1:3]
+    if data_buf is None or len(key) == 0:
+        return np.zeros(0, np.int64)
+    raw = data_buf.to_pybytes()
+    if raw.find(b"+") < 0 and raw.find(b"#") < 0 and raw.find(b"\x00") < 0:
+        return np.zeros(0, np.int64)
+    kd = np.frombuffer(raw, np.uint8)
+    bad = np.flatnonzero((kd == 0x2B) | (kd == 0x23) | (kd == 0))
+    offs = np.frombuffer(offsets_buf, np.int32)[key.offset : key.offset + len(key) + 1]
+    return np.unique(np.searchsorted(offs, bad, side="right") - 1)
 
 
 def _utf8_or_none(v: bytes | None) -> str | None:
@@ -376,17 +430,26 @@ def to_record_batch(
     dec: Decoded,
     start: int,
     end: int | None,
-    mqtt_regex: str | None,
+    mqtt_filter: tuple[str, str] | None,
     skip_dollar: bool,
 ) -> pa.RecordBatch:
-    """Apply the offset range and the MQTT filter, then pin the exact Spark Arrow schema."""
+    """Apply the offset range and the MQTT filter (`mqtt.filter_plan`), pin Spark's Arrow schema."""
     rb = pa.RecordBatch.from_arrays(dec.arrays, schema=ARROW_SCHEMA)
     keep = None
     if dec.offsets[0] < start or (end is not None and dec.offsets[-1] >= end):
         keep = (dec.offsets >= start) & (dec.offsets < (end if end is not None else 2**63 - 1))
-    if mqtt_regex is not None:
+    if mqtt_filter is not None:
         mt = rb.column(8)
-        hit = pc.match_substring_regex(mt, mqtt_regex).to_numpy(zero_copy_only=False)
+        kind, arg = mqtt_filter
+        if kind == "all":
+            hit = pa.array(np.ones(len(mt), np.bool_))
+        elif kind == "equal":
+            hit = pc.equal(mt, arg)
+        elif kind == "prefix":
+            hit = pc.or_(pc.equal(mt, arg), pc.starts_with(mt, arg + "/"))
+        else:
+            hit = pc.match_substring_regex(mt, arg)
+        hit = hit.fill_null(False).to_numpy(zero_copy_only=False)
         if skip_dollar:
             hit &= ~pc.starts_with(mt, "$").to_numpy(zero_copy_only=False)
         keep = hit if keep is None else keep & hit

@@ -46,6 +46,21 @@ def filter_regex(flt: str) -> str:
     return "(?s)^" + "/".join(parts) + "$"
 
 
+def filter_plan(flt: str) -> tuple[str, str]:
+    """Cheapest Arrow test: ("all", ""), ("equal", topic), ("prefix", p) for `p/#`, ("regex", re).
+
+    RE2 costs ~75 ns/row; equal/starts_with a few ns.
+    """
+    levels = validate_filter(flt)
+    if levels == ["#"]:
+        return ("all", "")
+    if "+" not in levels and "#" not in levels:
+        return ("equal", flt)
+    if "+" not in levels and levels[-1] == "#" and len(levels) > 1:
+        return ("prefix", "/".join(levels[:-1]))
+    return ("regex", filter_regex(flt))
+
+
 def wildcard_first(flt: str) -> bool:
     """Filters starting with a wildcard never match `$` topics (MQTT 4.7.2)."""
     return flt[:1] in ("+", "#")
@@ -61,30 +76,30 @@ def topic_matches(flt: str, topic: str) -> bool:
 def log_topic_for_level(level: str) -> str | None:
     """The log topic an MQTT first level maps to (INTERFACES.md: topic mapping).
 
-    Valid Kafka names map to themselves; other levels use the store's escaping rule.
+    Valid Kafka names map to themselves; other levels use the store's reversible escaping
+    (`store.mapping`, docs/topic-mapping.md).
     """
-    if _KAFKA_NAME.match(level):
-        return level
-    try:  # pragma: no cover - depends on the store's mapping module
-        from store.mapping import log_topic_for  # type: ignore[attr-defined]
-    except ImportError:
-        return None
     try:
-        return str(log_topic_for(level + "/x"))
-    except Exception:
-        return None
+        from store.mapping import escape_level
+    except ImportError:  # pragma: no cover - store not installed: plain names only
+        return level if _KAFKA_NAME.match(level) else None
+    return str(escape_level(level))
 
 
 def level_for_log_topic(topic: str) -> str | None:
-    """The MQTT first level that maps to `topic` (inverse of `log_topic_for_level`)."""
-    try:  # pragma: no cover - depends on the store's mapping module
-        from store.mapping import first_level_for  # type: ignore[attr-defined]
-    except ImportError:
-        return topic if _KAFKA_NAME.match(topic) else None
+    """The MQTT first level that maps to `topic`, None when none does (`$`, hashed names)."""
     try:
-        return str(first_level_for(topic))
-    except Exception:
-        return topic if _KAFKA_NAME.match(topic) else None
+        from store.mapping import first_level_for
+    except ImportError:  # pragma: no cover
+        level: str | None = topic if _KAFKA_NAME.match(topic) else None
+    else:
+        try:
+            level = str(first_level_for(topic))
+        except ValueError:
+            level = None
+    if level is None or level.startswith("$"):
+        return None
+    return level
 
 
 def topics_for_filter(flt: str, available: list[str]) -> list[str]:
@@ -98,6 +113,7 @@ def topics_for_filter(flt: str, available: list[str]) -> list[str]:
 
 __all__ = [
     "FilterError",
+    "filter_plan",
     "filter_regex",
     "level_for_log_topic",
     "log_topic_for_level",

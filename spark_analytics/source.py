@@ -38,7 +38,7 @@ from spark_analytics.logdir import (
     offset_for_timestamp,
 )
 from spark_analytics.mqtt import (
-    filter_regex,
+    filter_plan,
     level_for_log_topic,
     topics_for_filter,
     wildcard_first,
@@ -97,7 +97,7 @@ def read_range(opts: ReadOptions, r: InputPartition) -> Iterator[pa.RecordBatch]
         return
     log = Path(opts.data_dir) / "log"
     first_level = level_for_log_topic(r.topic)
-    regex = filter_regex(opts.mqtt_filter) if opts.mqtt_filter else None
+    plan = filter_plan(opts.mqtt_filter) if opts.mqtt_filter else None
     skip_dollar = bool(opts.mqtt_filter) and wildcard_first(opts.mqtt_filter or "")
     pending: list[Batch] = []
     records = size = 0
@@ -106,7 +106,7 @@ def read_range(opts: ReadOptions, r: InputPartition) -> Iterator[pa.RecordBatch]
         dec = decode_batches(pending, r.topic, r.partition, first_level)
         if dec is None:
             return None
-        rb = to_record_batch(dec, r.start, r.end, regex, skip_dollar)
+        rb = to_record_batch(dec, r.start, r.end, plan, skip_dollar)
         return rb if rb.num_rows else None
 
     for batch in iter_batches(log, r.topic, r.partition, r.start, r.end, r.hint):

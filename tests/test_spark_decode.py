@@ -10,7 +10,13 @@ import pytest
 
 from spark_analytics.arrow_decode import ARROW_SCHEMA
 from spark_analytics.logdir import PartitionTail, iter_batches, offset_for_timestamp, seek_offset
-from spark_analytics.mqtt import FilterError, filter_regex, topic_matches, topics_for_filter
+from spark_analytics.mqtt import (
+    FilterError,
+    filter_plan,
+    filter_regex,
+    topic_matches,
+    topics_for_filter,
+)
 from spark_analytics.options import OptionError, parse_options
 from spark_analytics.source import LightgateBatchReader, LogRange, read_range
 from tests.spark_helpers import LogWriter, Rec, build_batch, mqtt_rec
@@ -185,6 +191,13 @@ def test_mqtt_filter_semantics(tmp_path: Path) -> None:
     ]
     for flt, topic, want in cases:
         assert topic_matches(flt, topic) is want, (flt, topic)
+    assert [filter_plan(f)[0] for f in ("#", "a/b", "a/b/#", "a/+/#", "+")] == [
+        "all",
+        "equal",
+        "prefix",
+        "regex",
+        "regex",
+    ]
     for bad in ("a/#/b", "a+", "", "a/b#"):
         with pytest.raises(FilterError):
             filter_regex(bad)
@@ -198,6 +211,8 @@ def test_mqtt_filter_semantics(tmp_path: Path) -> None:
         "a/3/c",
         "b/1/c",
     ]
+    assert len(rows(tmp_path, mqttTopicFilter="#")) == 5
+    assert [r["mqtt_topic"] for r in rows(tmp_path, mqttTopicFilter="a/1/c")] == ["a/1/c"]
     assert [r["mqtt_topic"] for r in rows(tmp_path, mqttTopicFilter="a/#")] == [
         "a/1/c",
         "a/2/d",
@@ -231,3 +246,18 @@ def test_option_errors(tmp_path: Path) -> None:
 def test_read_none_partition() -> None:
     opts = parse_options({"path": "/nonexistent"}, streaming=False)
     assert list(read_range(opts, LogRange("t", 0, 0, 0, None))) == []
+
+
+def test_escaped_first_level(tmp_path: Path) -> None:
+    mapping = pytest.importorskip("store.mapping")
+    if not hasattr(mapping, "escape_level"):
+        pytest.skip("store.mapping has no escape_level yet")
+    log_topic = mapping.escape_level("my plant")
+    assert log_topic != "my plant"
+    w = LogWriter(tmp_path, {log_topic: 1, "other": 1})
+    w.append(log_topic, 0, [mqtt_rec("my plant/line 1", b"1", "c", 0, 1), Rec(b"x/y", b"2", 2)])
+    w.append("other", 0, [mqtt_rec("other/a", b"3", "c", 0, 1)])
+    got = rows(tmp_path, mqttTopicFilter="my plant/#")
+    assert [(r["topic"], r["mqtt_topic"]) for r in got] == [(log_topic, "my plant/line 1")]
+    got = rows(tmp_path, topics=log_topic)
+    assert [r["mqtt_topic"] for r in got] == ["my plant/line 1", log_topic]
