@@ -1,0 +1,302 @@
+"""Packet -> bytes, and the encode-once-write-many PUBLISH template.
+
+`encode(packet, version)` encodes any event for protocol level 3, 4 or 5. Properties are dropped
+for levels 3/4 (they do not exist there, and a stored v5 message delivered to a v3 subscriber
+simply loses them); reason codes v3 cannot express raise LocalProtocolError.
+
+Fan-out: `PublishTemplate.build(...)` encodes one PUBLISH once, pre-split around its packet id:
+
+    prefix = byte 0 | remaining length | topic        (the DUP variant is kept too)
+    suffix = [v5 properties] | payload
+    packet = prefix + packet_id (2 bytes) + suffix    (QoS 1/2; QoS 0 has no id: `data`)
+
+Per connection, QoS 0 writes the shared `template.data` object itself (zero copies); QoS 1/2 calls
+`template.packet(pid)` (one join of three pieces, ~0.15 µs for small payloads here) or, for large
+payloads, `transport.writelines(template.chunks(pid))` so the payload bytes are never copied.
+Anything that differs per subscriber (topic alias, subscription identifiers, retain-as-published)
+is a different template: build one per distinct combination and share each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ._wire import enc_bin, enc_str, encode_varint, pack_u16
+from .errors import LocalProtocolError
+from .packets import (
+    PROTOCOL_NAMES,
+    Auth,
+    Connack,
+    Connect,
+    Disconnect,
+    Packet,
+    Pingreq,
+    Pingresp,
+    Puback,
+    Pubcomp,
+    Publish,
+    Pubrec,
+    Pubrel,
+    Suback,
+    Subscribe,
+    Unsuback,
+    Unsubscribe,
+)
+from .properties import EMPTY_PROPERTIES, WILL, Properties, encode_properties
+from .reason_codes import ALLOWED, v3_connack_code
+
+__all__ = ["encode", "encode_publish", "PublishTemplate", "PINGREQ", "PINGRESP"]
+
+PINGREQ = b"\xc0\x00"
+PINGRESP = b"\xd0\x00"
+_DISCONNECT_NORMAL = b"\xe0\x00"
+
+
+def _frame(b0: int, body: bytes) -> bytes:
+    return bytes((b0,)) + encode_varint(len(body)) + body
+
+
+def _props(props: Properties, ptype: int) -> bytes:
+    return b"\x00" if props is EMPTY_PROPERTIES else encode_properties(props, ptype)
+
+
+def _topic_bytes(topic: str) -> bytes:
+    b = topic.encode("utf-8")
+    if len(b) > 0xFFFF:
+        raise LocalProtocolError("topic name longer than 65535 bytes")
+    return pack_u16(len(b)) + b
+
+
+def encode_publish(
+    topic: str,
+    payload: bytes,
+    qos: int = 0,
+    retain: bool = False,
+    dup: bool = False,
+    packet_id: int = 0,
+    properties: Properties | None = None,
+    version: int = 4,
+) -> bytes:
+    """One PUBLISH, no event object needed. Arguments are trusted (no topic syntax check)."""
+    if qos not in (0, 1, 2):
+        raise LocalProtocolError(f"QoS must be 0, 1 or 2, not {qos!r}")
+    tb = _topic_bytes(topic)
+    parts = [tb]
+    if qos:
+        if not 0 < packet_id <= 0xFFFF:
+            raise LocalProtocolError(f"packet id must be 1..65535, not {packet_id!r}")
+        parts.append(pack_u16(packet_id))
+    if version == 5:
+        parts.append(b"\x00" if not properties else encode_properties(properties, 3))
+    parts.append(payload)
+    body = b"".join(parts)
+    b0 = 0x30 | (qos << 1) | (8 if dup else 0) | (1 if retain else 0)
+    return bytes((b0,)) + encode_varint(len(body)) + body
+
+
+class PublishTemplate:
+    """A PUBLISH encoded once, with its packet id left out. See the module docstring."""
+
+    __slots__ = ("qos", "prefix", "dup_prefix", "suffix", "data", "size")
+
+    qos: int
+    prefix: bytes
+    dup_prefix: bytes
+    suffix: bytes
+    data: bytes  # the whole packet for QoS 0, b"" otherwise
+    size: int  # encoded size of every packet made from this template (for Maximum Packet Size)
+
+    @classmethod
+    def build(
+        cls,
+        topic: str,
+        payload: bytes,
+        qos: int = 0,
+        retain: bool = False,
+        properties: Properties | None = None,
+        version: int = 4,
+    ) -> PublishTemplate:
+        if qos not in (0, 1, 2):
+            raise LocalProtocolError(f"QoS must be 0, 1 or 2, not {qos!r}")
+        tb = _topic_bytes(topic)
+        props = (
+            (b"\x00" if not properties else encode_properties(properties, 3))
+            if version == 5
+            else b""
+        )
+        suffix = props + payload if props else bytes(payload)
+        rl = len(tb) + (2 if qos else 0) + len(suffix)
+        b0 = 0x30 | (qos << 1) | (1 if retain else 0)
+        head = encode_varint(rl)
+        self = cls.__new__(cls)
+        self.qos = qos
+        self.prefix = bytes((b0,)) + head + tb
+        self.dup_prefix = bytes((b0 | 8,)) + head + tb if qos else self.prefix
+        self.suffix = suffix
+        self.data = self.prefix + suffix if not qos else b""
+        self.size = 1 + len(head) + rl
+        return self
+
+    def packet(self, packet_id: int = 0, dup: bool = False, _pack: Any = pack_u16) -> bytes:
+        """The bytes for one connection: `data` for QoS 0, else prefix + id + suffix."""
+        if not self.qos:
+            return self.data
+        return b"".join((self.dup_prefix if dup else self.prefix, _pack(packet_id), self.suffix))
+
+    def chunks(self, packet_id: int = 0, dup: bool = False) -> tuple[bytes, bytes]:
+        """(head, shared suffix) for `transport.writelines`: the payload is not copied."""
+        if not self.qos:
+            return self.prefix, self.suffix
+        return (self.dup_prefix if dup else self.prefix) + pack_u16(packet_id), self.suffix
+
+
+# --------------------------------------------------------------------------------------------
+# Per-packet encoders: f(packet, version) -> bytes
+
+
+def _enc_connect(p: Connect, v: int) -> bytes:
+    level = p.protocol_level
+    w = p.will
+    flags = (0x02 if p.clean_start else 0) | (0x80 if p.username is not None else 0)
+    flags |= 0x40 if p.password is not None else 0
+    if w is not None:
+        flags |= 0x04 | (w.qos << 3) | (0x20 if w.retain else 0)
+    parts = [enc_str(PROTOCOL_NAMES[level]), bytes((level, flags)), pack_u16(p.keep_alive)]
+    if level == 5:
+        parts.append(_props(p.properties, 1))
+    parts.append(enc_str(p.client_id))
+    if w is not None:
+        if level == 5:
+            parts.append(_props(w.properties, WILL))
+        parts += (enc_str(w.topic), enc_bin(w.payload))
+    if p.username is not None:
+        parts.append(enc_str(p.username))
+    if p.password is not None:
+        parts.append(enc_bin(p.password))
+    return _frame(0x10, b"".join(parts))
+
+
+def _enc_connack(p: Connack, v: int) -> bytes:
+    if v == 5:
+        if p.reason_code not in ALLOWED[2]:
+            raise LocalProtocolError(f"reason code 0x{p.reason_code:02X} not allowed in CONNACK")
+        body = bytes((1 if p.session_present else 0, p.reason_code)) + _props(p.properties, 2)
+        return _frame(0x20, body)
+    code = v3_connack_code(p.reason_code)
+    if code is None:
+        raise LocalProtocolError(f"CONNACK reason 0x{p.reason_code:02X} has no v3 return code")
+    return bytes((0x20, 2, 1 if p.session_present and v == 4 else 0, code))
+
+
+def _ack_encoder(b0: int, ptype: int) -> Callable[[Any, int], bytes]:
+    allowed = ALLOWED[ptype]
+
+    def enc(p: Any, v: int, _pack: Any = pack_u16) -> bytes:
+        code = p.reason_code
+        if v == 5:
+            if code not in allowed:
+                raise LocalProtocolError(f"reason code 0x{code:02X} not allowed here")
+            if p.properties is not EMPTY_PROPERTIES and p.properties:
+                body = _pack(p.packet_id) + bytes((code,)) + encode_properties(p.properties, ptype)
+                return _frame(b0, body)
+            if code:
+                return bytes((b0, 3)) + _pack(p.packet_id) + bytes((code,))
+        elif code:
+            raise LocalProtocolError(f"v3 acknowledgements carry no reason code (0x{code:02X})")
+        return bytes((b0, 2)) + _pack(p.packet_id)
+
+    return enc
+
+
+def _enc_subscribe(p: Subscribe, v: int) -> bytes:
+    parts = [pack_u16(p.packet_id)]
+    if v == 5:
+        parts.append(_props(p.properties, 8))
+    for s in p.subscriptions:
+        opts = s.qos
+        if v == 5:
+            opts |= (4 if s.no_local else 0) | (8 if s.retain_as_published else 0)
+            opts |= s.retain_handling << 4
+        parts += (enc_str(s.filter), bytes((opts,)))
+    return _frame(0x82, b"".join(parts))
+
+
+def _enc_suback(p: Suback, v: int) -> bytes:
+    if v == 5:
+        for c in p.reason_codes:
+            if c not in ALLOWED[9]:
+                raise LocalProtocolError(f"reason code 0x{c:02X} not allowed in SUBACK")
+        body = pack_u16(p.packet_id) + _props(p.properties, 9) + bytes(p.reason_codes)
+    else:
+        body = pack_u16(p.packet_id) + bytes(c if c < 0x80 else 0x80 for c in p.reason_codes)
+    return _frame(0x90, body)
+
+
+def _enc_unsubscribe(p: Unsubscribe, v: int) -> bytes:
+    parts = [pack_u16(p.packet_id)]
+    if v == 5:
+        parts.append(_props(p.properties, 10))
+    parts += map(enc_str, p.filters)
+    return _frame(0xA2, b"".join(parts))
+
+
+def _enc_unsuback(p: Unsuback, v: int) -> bytes:
+    if v != 5:
+        return bytes((0xB0, 2)) + pack_u16(p.packet_id)
+    for c in p.reason_codes:
+        if c not in ALLOWED[11]:
+            raise LocalProtocolError(f"reason code 0x{c:02X} not allowed in UNSUBACK")
+    return _frame(0xB0, pack_u16(p.packet_id) + _props(p.properties, 11) + bytes(p.reason_codes))
+
+
+def _reason_encoder(b0: int, ptype: int) -> Callable[[Any, int], bytes]:
+    allowed = ALLOWED[ptype]
+
+    def enc(p: Any, v: int) -> bytes:
+        if v != 5:
+            if ptype == 15:
+                raise LocalProtocolError("AUTH exists only in MQTT 5")
+            return bytes((b0, 0))
+        code = p.reason_code
+        if code not in allowed:
+            raise LocalProtocolError(f"reason code 0x{code:02X} not allowed here")
+        if p.properties:
+            return _frame(b0, bytes((code,)) + encode_properties(p.properties, ptype))
+        return bytes((b0, 1, code)) if code else bytes((b0, 0))
+
+    return enc
+
+
+def _enc_publish(p: Publish, v: int) -> bytes:
+    return encode_publish(p.topic, p.payload, p.qos, p.retain, p.dup, p.packet_id, p.properties, v)
+
+
+_ENCODERS: dict[type, Callable[[Any, int], bytes]] = {
+    Connect: _enc_connect,
+    Connack: _enc_connack,
+    Publish: _enc_publish,
+    Puback: _ack_encoder(0x40, 4),
+    Pubrec: _ack_encoder(0x50, 5),
+    Pubrel: _ack_encoder(0x62, 6),
+    Pubcomp: _ack_encoder(0x70, 7),
+    Subscribe: _enc_subscribe,
+    Suback: _enc_suback,
+    Unsubscribe: _enc_unsubscribe,
+    Unsuback: _enc_unsuback,
+    Pingreq: lambda p, v: PINGREQ,
+    Pingresp: lambda p, v: PINGRESP,
+    Disconnect: _reason_encoder(0xE0, 14),
+    Auth: _reason_encoder(0xF0, 15),
+}
+
+
+def encode(packet: Packet, version: int = 4) -> bytes:
+    """Encode any event for protocol level `version` (3, 4 or 5)."""
+    if version not in (3, 4, 5):
+        raise LocalProtocolError(f"unsupported protocol level {version!r}")
+    try:
+        enc = _ENCODERS[type(packet)]
+    except KeyError:
+        raise LocalProtocolError(f"not a packet event: {packet!r}") from None
+    return enc(packet, version)
