@@ -1,0 +1,414 @@
+"""Log: one partition: a directory of segments; append, read, recovery, retention.
+
+Offsets: `log_start_offset` ≤ every readable offset < `high_watermark`. Offsets are assigned when a
+batch is staged (`stage`) and become visible when the staged bytes are written to the file
+(`write_pending`, once per event-loop tick): the high watermark is the next offset after the last
+batch in the file, so a `kill -9` after the write cannot lose visible data (it is in the page
+cache). Durability on power loss comes from fsync, which the Store runs in a thread.
+
+Recovery (`load`), in numbered passes (Kafka's LogLoader in miniature):
+  1. delete crash leftovers: `*.deleted`, `*.tmp`, index files whose `.log` is gone;
+  2. open segments in base-offset order;
+  3. segments wholly below the recovery point are trusted: their indexes load lazily and are
+     rebuilt if missing or inconsistent (derived data);
+  4. from the segment holding the recovery point on (every segment after an unclean shutdown
+     that the recovery point does not cover), scan every batch: length, magic, offsets, CRC-32C;
+     truncate at the first bad one, delete any later segment, log what was cut;
+  5. make sure an active segment exists.
+After a clean shutdown pass 4 is skipped; the last segment's loaded index is checked with a
+header walk from its last entry.
+
+Event-loop-only, except `load`, which the Store runs in a worker thread before the loop uses the log.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from store.record_batch import TIMESTAMP_TYPE_MASK, iter_batches, iter_records
+from store.segment import BatchMeta, LogSegment, segment_name
+
+log = logging.getLogger("lightgate.store")
+
+RECOVERY_POINT_FILE = "recovery-point"
+MAX_REL_OFFSET = (1 << 31) - 1
+
+
+class OffsetOutOfRangeError(Exception):
+    """Offset below the log start offset or above the high watermark."""
+
+    def __init__(self, topic: str, partition: int, offset: int, start: int, hwm: int) -> None:
+        super().__init__(
+            f"offset {offset} out of range for {topic}-{partition} (log start {start}, hwm {hwm})"
+        )
+        self.offset, self.log_start_offset, self.high_watermark = offset, start, hwm
+
+
+class Log:
+    __slots__ = (
+        "dir", "topic", "partition", "segment_bytes", "segment_ms", "index_interval",
+        "segments", "_bases", "next_offset", "hwm", "_pending", "_pending_meta", "_pending_size",
+        "failed", "sync_waiters", "syncing", "dir_dirty", "recovery_point",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        directory: Path,
+        topic: str,
+        partition: int,
+        segment_bytes: int = 256 << 20,
+        segment_ms: int = 7 * 24 * 3600 * 1000,
+        index_interval: int = 4096,
+    ) -> None:
+        self.dir = directory
+        self.topic = topic
+        self.partition = partition
+        self.segment_bytes = segment_bytes
+        self.segment_ms = segment_ms
+        self.index_interval = index_interval
+        self.segments: list[LogSegment] = []
+        self._bases: list[int] = []
+        self.next_offset = 0  # next offset to assign (staged batches included)
+        self.hwm = 0  # next offset after the last batch written to the file
+        self._pending: list[bytes | bytearray] = []
+        self._pending_meta: list[BatchMeta] = []
+        self._pending_size = 0
+        self.failed: BaseException | None = None  # a failed fsync poisons the partition
+        self.sync_waiters: list[object] = []  # written, waiting for the next fsync (Store's)
+        self.syncing = False
+        self.dir_dirty = False  # a new segment file needs its directory entry fsynced
+        self.recovery_point = 0
+
+    @property
+    def name(self) -> str:
+        return f"{self.topic}-{self.partition}"
+
+    @property
+    def active(self) -> LogSegment:
+        return self.segments[-1]
+
+    @property
+    def log_start_offset(self) -> int:
+        return self.segments[0].base_offset
+
+    def size_bytes(self) -> int:
+        return sum(s.size for s in self.segments)
+
+    # --- recovery (worker thread, before use) -------------------------------------------------
+
+    def load(self, clean: bool, progress: Callable[[int], None] | None = None) -> int:
+        """Open and recover the partition; returns bytes truncated. See the module docstring."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        # Pass 1: crash leftovers.
+        names = os.listdir(self.dir)
+        logs = {n[:-4] for n in names if n.endswith(".log")}
+        for n in names:
+            stem, _, ext = n.partition(".")
+            if n.endswith((".deleted", ".tmp")) or (
+                ext in ("index", "timeindex") and stem not in logs
+            ):
+                log.info("removing leftover %s/%s", self.name, n)
+                os.unlink(self.dir / n)
+        try:
+            rp_text = (self.dir / RECOVERY_POINT_FILE).read_text().strip()
+            self.recovery_point = int(rp_text)
+        except (FileNotFoundError, ValueError):
+            self.recovery_point = 0
+        # Pass 2: segments in order.
+        for stem in sorted(logs, key=int):
+            seg = LogSegment(self.dir, int(stem), self.index_interval)
+            seg.open()
+            self.segments.append(seg)
+        cut = 0
+        # Pass 3 + 4.
+        nseg = len(self.segments)
+        for i, seg in enumerate(self.segments):
+            nxt = self.segments[i + 1].base_offset if i + 1 < nseg else None
+            if nxt is not None and (clean or nxt <= self.recovery_point):
+                seg.next_offset = nxt
+                seg.defer_indexes()
+                continue
+            if clean and nxt is None and seg.load_indexes() and self._tail_ok(seg):
+                continue
+            res = seg.recover(check_crc=True)
+            if progress is not None:
+                progress(res.valid_bytes)
+            if res.truncated_bytes:
+                cut += res.truncated_bytes
+                log.warning(
+                    "recovery of %s: truncated %d bytes of segment %s at position %d: %s",
+                    self.name, res.truncated_bytes, segment_name(seg.base_offset),
+                    res.valid_bytes, res.reason,
+                )  # fmt: skip
+            later = self.segments[i + 1 :]
+            if later and (res.truncated_bytes or later[0].base_offset < seg.next_offset):
+                for dead in later:
+                    cut += dead.size
+                    log.warning(
+                        "recovery of %s: deleting segment %s (%d bytes) after a cut or overlap",
+                        self.name, segment_name(dead.base_offset), dead.size,
+                    )  # fmt: skip
+                    dead.close()
+                    for p in (dead.log_path, dead.index_path, dead.timeindex_path):
+                        p.unlink(missing_ok=True)
+                del self.segments[i + 1 :]
+                break
+        # Pass 5: an active segment always exists.
+        if not self.segments:
+            self._new_segment(max(self.recovery_point, 0) if clean else 0)
+        self._bases = [s.base_offset for s in self.segments]
+        self.next_offset = self.hwm = self.active.next_offset
+        self.recovery_point = min(self.recovery_point, self.hwm)
+        return cut
+
+    def _tail_ok(self, seg: LogSegment) -> bool:
+        """After a clean close: walk headers from the last index entry to the end of the file."""
+        start = seg.index.pos[-1] if len(seg.index) else 0
+        end = start
+        last = None
+        for m in seg.batches_from(start):
+            end = m.position + m.size
+            last = m
+            if m.max_timestamp > seg.max_timestamp:
+                seg.max_timestamp = m.max_timestamp
+        if end != seg.size:
+            return False
+        seg.next_offset = last.last_offset + 1 if last is not None else seg.base_offset
+        return True
+
+    def _new_segment(self, base: int) -> LogSegment:
+        seg = LogSegment(self.dir, base, self.index_interval)
+        seg.open(create=True)
+        if seg.size:  # a leftover file with this name would break offset order
+            seg.truncate_to(0)
+        self.segments.append(seg)
+        self._bases.append(base)
+        self.dir_dirty = True
+        return seg
+
+    # --- append (event loop) ------------------------------------------------------------------
+
+    def stage(self, buf: bytearray, record_count: int, max_timestamp: int) -> int:
+        """Assign offsets to a batch (rewriting its base offset) and queue it for this tick's write."""
+        base = self.next_offset
+        buf[0:8] = base.to_bytes(8, "big", signed=True)
+        last = base + record_count - 1
+        self.next_offset = last + 1
+        size = len(buf)
+        self._pending.append(buf)
+        self._pending_meta.append(BatchMeta(self._pending_size, size, base, last, max_timestamp))
+        self._pending_size += size
+        return base
+
+    @property
+    def has_pending(self) -> bool:
+        return bool(self._pending)
+
+    def write_pending(self, now_ms: int | None = None) -> list[LogSegment]:
+        """Write staged batches (one writev per segment); returns segments sealed by a roll.
+
+        On a write error the staged offsets are given back (they were never visible), the file
+        is cut back to its last whole batch and the error propagates.
+        """
+        chunks, metas = self._pending, self._pending_meta
+        self._pending, self._pending_meta, self._pending_size = [], [], 0
+        sealed: list[LogSegment] = []
+        seg = self.active
+        if now_ms is None:
+            now_ms = int(time.time() * 1000)
+        start = 0
+        try:
+            i = 0
+            while i < len(metas):
+                # Batches [start, i) go to `seg`; roll when the next one would overflow it.
+                m = metas[i]
+                fill = m.position + m.size - metas[start].position
+                over = (
+                    seg.size + fill > self.segment_bytes
+                    or m.last_offset - seg.base_offset > MAX_REL_OFFSET
+                )
+                aged = seg.size and now_ms - seg.created_ms >= self.segment_ms
+                if (over or aged) and (seg.size or i > start):
+                    if i > start:
+                        self._write_run(seg, chunks, metas, start, i)
+                        start = i
+                    if seg.size:
+                        sealed.append(seg)
+                        seg = self._new_segment(m.base_offset)
+                        continue
+                i += 1
+            if start < len(metas):
+                self._write_run(seg, chunks, metas, start, len(metas))
+        except OSError:
+            self.next_offset = self.hwm
+            raise
+        return sealed
+
+    def _write_run(
+        self,
+        seg: LogSegment,
+        chunks: list[bytes | bytearray],
+        metas: list[BatchMeta],
+        a: int,
+        b: int,
+    ) -> None:
+        p0 = metas[a].position
+        rel = [m._replace(position=m.position - p0) for m in metas[a:b]] if p0 else metas[a:b]
+        before = seg.size
+        try:
+            seg.append(chunks[a:b], rel)
+        except OSError:
+            try:
+                seg.truncate_to(before)
+            except OSError:
+                log.exception("%s: cannot cut back a failed write", self.name)
+            raise
+        if not before:
+            seg.created_ms = int(time.time() * 1000)
+        self.hwm = seg.next_offset
+
+    # --- read (event loop) --------------------------------------------------------------------
+
+    def read(self, offset: int, max_bytes: int) -> bytes:
+        """Whole batches starting with the one that holds `offset`, up to `max_bytes`.
+
+        At least one whole batch is returned even if larger than `max_bytes` (as Kafka, KIP-74).
+        `offset == high_watermark` returns b""; outside [log start, hwm] raises OffsetOutOfRangeError.
+        Data comes from one segment per call.
+        """
+        if offset < self.log_start_offset or offset > self.hwm:
+            raise OffsetOutOfRangeError(
+                self.topic, self.partition, offset, self.log_start_offset, self.hwm
+            )
+        i = bisect.bisect_right(self._bases, offset) - 1
+        for seg in self.segments[max(i, 0) :]:
+            pos, meta = seg.find_position(offset)
+            if meta is None:
+                continue
+            want = max(meta.size, min(max_bytes, seg.size - pos))
+            data = seg.pread(want, pos)
+            end = 0
+            for p, size in iter_batches(data):
+                end = p + size
+            return data if end == len(data) else data[:end]
+        return b""
+
+    def offset_for_timestamp(self, ts_ms: int) -> int | None:
+        """First offset whose record timestamp ≥ ts_ms, or None if every record is older."""
+        for seg in self.segments:
+            if seg.largest_timestamp() < ts_ms:
+                continue
+            rel = seg.time_index.lookup_before(ts_ms)
+            pos = seg.index.lookup(rel)
+            for m in seg.batches_from(pos):
+                if m.max_timestamp < ts_ms or m.last_offset < self.log_start_offset:
+                    continue
+                batch = seg.pread(m.size, m.position)
+                attrs = int.from_bytes(batch[21:23], "big")
+                if attrs & TIMESTAMP_TYPE_MASK:
+                    return m.base_offset
+                for r in iter_records(batch):
+                    if r.timestamp >= ts_ms:
+                        return r.offset
+        return None
+
+    # --- retention (event loop decides, Store's worker deletes) --------------------------------
+
+    def expired_segments(
+        self, now_ms: int, retention_ms: int, retention_bytes: int
+    ) -> list[LogSegment]:
+        """Leading segments to delete by time (largest timestamp older than retention) and size.
+
+        The active segment is rolled first when it has expired too, so a quiet topic still ages out.
+        Segments with an fsync in flight wait for the next round.
+        """
+        if self._pending:
+            return []
+        doomed: list[LogSegment] = []
+        total = self.size_bytes()
+        for seg in self.segments:
+            if seg.sync_pending:
+                break
+            by_time = (
+                retention_ms >= 0 and seg.size and seg.largest_timestamp() < now_ms - retention_ms
+            )
+            by_size = retention_bytes >= 0 and total - seg.size >= retention_bytes and seg.size
+            if not (by_time or by_size):
+                break
+            if seg is self.active:
+                self._new_segment(self.next_offset)
+            doomed.append(seg)
+            total -= seg.size
+        if doomed:
+            del self.segments[: len(doomed)]
+            del self._bases[: len(doomed)]
+        return doomed
+
+    # --- shutdown -------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        for seg in self.segments:
+            seg.close()
+
+
+def delete_segment_files(seg: LogSegment) -> None:
+    """Crash-safe delete: rename `.log` first (the truth), then indexes, then unlink.
+
+    If we crash after a rename, pass 1 of recovery removes the `.deleted` files; before it, the
+    segment is simply still there and retention runs again.
+    """
+    seg.close()
+    for p in (seg.log_path, seg.index_path, seg.timeindex_path):
+        try:
+            os.rename(p, str(p) + ".deleted")
+        except FileNotFoundError:
+            continue
+    for p in (seg.log_path, seg.index_path, seg.timeindex_path):
+        Path(str(p) + ".deleted").unlink(missing_ok=True)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """tmp + fsync + rename + directory fsync: after a crash either the old or the new content."""
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, text.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.rename(tmp, path)
+    fsync_dir(path.parent)
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def seal_segment(
+    log_dir: Path, seg: LogSegment, index: bytes, timeindex: bytes, next_offset: int
+) -> None:
+    """Worker thread, after a roll: fsync the sealed `.log`, write its indexes, move the recovery point.
+
+    Crash points: before the indexes are fsynced the recovery point still lies at or before this
+    segment, so recovery rescans it and rebuilds them; the recovery point moves last.
+    """
+    if seg.fd >= 0:
+        os.fsync(seg.fd)
+    for path, data in ((seg.index_path, index), (seg.timeindex_path, timeindex)):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    fsync_dir(log_dir)
+    write_text_atomic(log_dir / RECOVERY_POINT_FILE, str(next_offset))

@@ -1,0 +1,638 @@
+"""Store: log topics and partitions over one data dir; group commit, fsync policy, lock.
+
+Theory of operation. `append_mqtt` / `append_batch` assign offsets at once and stage the bytes on
+their partition's `Log`. One `call_soon` callback per tick (`_flush`) writes every staged batch of
+a partition with one writev, which makes it visible (high watermark) and calls the append
+listeners. Under fsync `always` the partition then joins the fsync pipeline: one fsync at a time
+per partition, run in a worker thread so the loop keeps going; everything written while an fsync
+runs is covered by the next one (group commit). `AppendResult.durable` resolves when each touched
+partition has been fsynced (`always`), or right after the write (`interval_ms`: a timer fsyncs in
+the background; `never`: the OS decides). A failed fsync poisons the partition: its page cache can
+no longer be trusted, so pending and later appends fail until restart (which recovers from disk).
+
+Every public method is event-loop-only (no locks inside), except `open` and `close`, which are
+coroutines. Other processes read the segments with `store.segment_reader` without the lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import functools
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from store.log import (
+    RECOVERY_POINT_FILE,
+    Log,
+    OffsetOutOfRangeError,
+    delete_segment_files,
+    fsync_dir,
+    seal_segment,
+    write_text_atomic,
+)
+from store.mapping import (
+    MqttMessage,
+    check_publish_topic,
+    escape_level,
+    headers_for,
+    is_valid_log_topic,
+    partition_for_key,
+)
+from store.record_batch import _CBuilder, build_batch, split_batches
+
+log = logging.getLogger("lightgate.store")
+
+FSYNC_POLICIES = ("always", "interval_ms", "never")
+CLEAN_SHUTDOWN = "clean-shutdown"
+TOPICS_FILE = "topics.json"
+MQTT_BATCH_BYTES = 1 << 20  # an MQTT append is cut into batches of about this many bytes
+
+
+class StoreError(Exception):
+    """The store cannot do what was asked (I/O failure, poisoned partition, bad argument)."""
+
+
+class StoreLockedError(StoreError):
+    """Another process holds DATA/LOCK."""
+
+
+class UnknownTopicOrPartitionError(StoreError):
+    pass
+
+
+@dataclass(slots=True)
+class StoreConfig:
+    """Defaults for new topics (per-topic overrides live in topics.json) and store-wide knobs."""
+
+    default_partitions: int = 4
+    fsync: str = "always"
+    fsync_interval_ms: int = 50
+    segment_bytes: int = 256 << 20
+    segment_ms: int = 7 * 24 * 3600 * 1000
+    retention_ms: int = 7 * 24 * 3600 * 1000
+    retention_bytes: int = -1
+    retention_check_interval_ms: int = 60_000
+    index_interval_bytes: int = 4096
+    max_batch_bytes: int = 8 << 20
+    auto_create_topics: bool = True
+
+    @classmethod
+    def from_object(cls, obj: Any) -> StoreConfig:
+        """Pick the matching attributes of any config object (e.g. lightgate's GatewayConfig)."""
+        kw = {f.name: getattr(obj, f.name) for f in fields(cls) if hasattr(obj, f.name)}
+        return cls(**kw)
+
+
+TOPIC_KEYS = (
+    "fsync", "fsync_interval_ms", "segment_bytes", "segment_ms", "retention_ms", "retention_bytes",
+)  # fmt: skip
+
+
+@dataclass(slots=True)
+class TopicConfig:
+    fsync: str
+    fsync_interval_ms: int
+    segment_bytes: int
+    segment_ms: int
+    retention_ms: int
+    retention_bytes: int
+
+
+@dataclass(slots=True)
+class AppendResult:
+    offsets: list[tuple[str, int, int]]  # (log topic, partition, offset) per message / per record
+    durable: asyncio.Future[None]  # resolves when durable under the topic's fsync policy
+
+
+class _Durable:
+    """Counts down the partitions an append touched; resolves its future at zero."""
+
+    __slots__ = ("fut", "remaining")
+
+    def __init__(self, fut: asyncio.Future[None], remaining: int) -> None:
+        self.fut = fut
+        self.remaining = remaining
+
+    def done_one(self) -> None:
+        self.remaining -= 1
+        if self.remaining <= 0 and not self.fut.done():
+            self.fut.set_result(None)
+
+    def fail(self, exc: BaseException) -> None:
+        if not self.fut.done():
+            self.fut.set_exception(exc)
+            self.fut.exception()  # we log the cause; don't warn "never retrieved" too
+
+
+def _fsync_fds(fds: list[int], directory: Path | None) -> None:
+    for fd in fds:
+        os.fsync(fd)
+    if directory is not None:
+        fsync_dir(directory)
+
+
+def _log_failure(fut: Future[Any], what: str) -> None:
+    exc = fut.exception()
+    if exc is not None:
+        log.error("%s failed: %s", what, exc)
+
+
+class Store:
+    def __init__(self, data_dir: Path, config: StoreConfig) -> None:
+        self.data_dir = Path(data_dir)
+        self.log_dir = self.data_dir / "log"
+        self.config = config
+        self._lock_fd = -1
+        self._topics: dict[str, dict[str, Any]] = {}
+        self._counts: dict[str, int] = {}
+        self._tconf: dict[str, TopicConfig] = {}
+        self._logs: dict[tuple[str, int], Log] = {}
+        self._routes: dict[str, tuple[str, int, bytes, Log]] = {}
+        self._dirty: list[Log] = []
+        self._tick_waiters: dict[Log, list[_Durable]] = {}
+        self._flush_scheduled = False
+        self._listeners: list[Callable[[str, int, int], None]] = []
+        self._interval_dirty: set[Log] = set()
+        self._syncs: set[asyncio.Future[None]] = set()
+        self._timers: list[asyncio.TimerHandle] = []
+        self._io = ThreadPoolExecutor(max_workers=4, thread_name_prefix="store-fsync")
+        self._bg = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store-seal")
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closed = False
+
+    # --- lifecycle ------------------------------------------------------------------------------
+
+    @classmethod
+    async def open(cls, data_dir: Path, config: StoreConfig | None = None) -> Store:
+        """Take DATA/LOCK, recover every partition (in a thread), remove the clean-shutdown marker."""
+        self = cls(Path(data_dir), config or StoreConfig())
+        self._loop = asyncio.get_running_loop()
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._take_lock()
+        try:
+            await asyncio.to_thread(self._recover_all)
+        except BaseException:
+            self._release_lock()
+            raise
+        self._schedule_timers()
+        return self
+
+    def _take_lock(self) -> None:
+        path = self.data_dir / "LOCK"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise StoreLockedError(
+                f"data dir {self.data_dir} is locked by another process (pid {holder}); "
+                "is another `lightgate serve` or `rebuild-queues` running on it?"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._lock_fd = fd
+
+    def _release_lock(self) -> None:
+        if self._lock_fd >= 0:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+
+    def _recover_all(self) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        marker = self.log_dir / CLEAN_SHUTDOWN
+        clean = marker.exists()
+        try:
+            meta = json.loads((self.log_dir / TOPICS_FILE).read_text())
+        except FileNotFoundError:
+            meta = {}
+        t0 = last = time.monotonic()
+        done = [0]
+
+        def progress(nbytes: int) -> None:
+            nonlocal last
+            done[0] += nbytes
+            now = time.monotonic()
+            if now - last >= 2.0:
+                last = now
+                log.info("recovery: %.1f MB scanned in %.0f s", done[0] / 1e6, now - t0)
+
+        total_cut = 0
+        for name, entry in sorted(meta.items()):
+            self._register(name, int(entry["partitions"]), dict(entry.get("config", {})))
+            for p in range(self._counts[name]):
+                lg = self._logs[(name, p)]
+                total_cut += lg.load(clean, progress)
+        if not clean and self._logs:
+            log.warning(
+                "store was not shut down cleanly: recovered %d partitions in %.2f s, %d bytes cut",
+                len(self._logs), time.monotonic() - t0, total_cut,
+            )  # fmt: skip
+        marker.unlink(missing_ok=True)
+        fsync_dir(self.log_dir)
+
+    async def close(self) -> None:
+        """Write what is staged, wait for fsyncs, seal indexes, write the clean-shutdown marker."""
+        if self._closed:
+            return
+        self._closed = True
+        for t in self._timers:
+            t.cancel()
+        if self._dirty:
+            self._flush()
+        while self._syncs:
+            await asyncio.gather(*list(self._syncs), return_exceptions=True)
+        await asyncio.to_thread(self._final_sync)
+        self._io.shutdown(wait=True)
+        self._release_lock()
+
+    def _final_sync(self) -> None:
+        self._bg.shutdown(wait=True)
+        ok = True
+        for lg in self._logs.values():
+            if lg.failed is not None:
+                ok = False
+                continue
+            try:
+                for seg in lg.segments:
+                    if seg.dirty:
+                        os.fsync(seg.fd)
+                seg = lg.active
+                idx, tix = seg.index_bytes()
+                seal_segment(lg.dir, seg, idx, tix, lg.hwm)
+            except OSError:
+                ok = False
+                log.exception("close: cannot flush %s", lg.name)
+            lg.close()
+        if ok:
+            write_text_atomic(self.log_dir / CLEAN_SHUTDOWN, f"{int(time.time())}\n")
+
+    # --- topics ---------------------------------------------------------------------------------
+
+    def _register(self, name: str, partitions: int, overrides: dict[str, Any]) -> None:
+        self._topics[name] = {"partitions": partitions, "config": overrides}
+        self._counts[name] = partitions
+        c = self.config
+        base = {k: getattr(c, k) for k in TOPIC_KEYS}
+        base.update({k: v for k, v in overrides.items() if k in TOPIC_KEYS})
+        tc = TopicConfig(**base)
+        if tc.fsync not in FSYNC_POLICIES:
+            raise StoreError(f"topic {name}: fsync policy {tc.fsync!r} not one of {FSYNC_POLICIES}")
+        self._tconf[name] = tc
+        for p in range(partitions):
+            if (name, p) not in self._logs:
+                self._logs[(name, p)] = Log(
+                    self.log_dir / f"{name}-{p}", name, p, tc.segment_bytes, tc.segment_ms,
+                    self.config.index_interval_bytes,
+                )  # fmt: skip
+
+    def topics(self) -> dict[str, int]:
+        """Log topic name → partition count."""
+        return dict(self._counts)
+
+    def topic_config(self, name: str) -> TopicConfig:
+        return self._tconf[name]
+
+    def ensure_topic(self, name: str, partitions: int | None = None) -> int:
+        """Create `name` if missing (default partitions unless given); returns its partition count.
+
+        An existing topic keeps its count: changing it would move MQTT topics between partitions.
+        """
+        n = self._counts.get(name)
+        if n is not None:
+            return n
+        return self.create_topic(name, partitions)
+
+    def create_topic(
+        self, name: str, partitions: int | None = None, config: dict[str, Any] | None = None
+    ) -> int:
+        """Create a topic with per-topic config overrides (keys of TopicConfig); persisted at once."""
+        if name in self._counts:
+            raise StoreError(f"topic {name!r} already exists")
+        if not is_valid_log_topic(name):
+            raise StoreError(f"invalid log topic name {name!r}")
+        n = partitions if partitions is not None else self.config.default_partitions
+        if n < 1:
+            raise StoreError(f"topic {name!r}: partitions must be ≥ 1, got {n}")
+        overrides = dict(config or {})
+        unknown = set(overrides) - set(TOPIC_KEYS)
+        if unknown:
+            raise StoreError(f"unknown topic config keys {sorted(unknown)}")
+        self._register(name, n, overrides)
+        for p in range(n):
+            self._logs[(name, p)].load(clean=False)
+        self._save_topics()
+        fsync_dir(self.log_dir)
+        return n
+
+    def _save_topics(self) -> None:
+        write_text_atomic(
+            self.log_dir / TOPICS_FILE, json.dumps(self._topics, indent=1, sort_keys=True)
+        )
+
+    def _log(self, topic: str, partition: int) -> Log:
+        lg = self._logs.get((topic, partition))
+        if lg is None:
+            raise UnknownTopicOrPartitionError(f"unknown topic or partition {topic}-{partition}")
+        return lg
+
+    # --- append ---------------------------------------------------------------------------------
+
+    def _route(self, mqtt_topic: str) -> tuple[str, int, bytes, Log]:
+        check_publish_topic(mqtt_topic)
+        i = mqtt_topic.find("/")
+        lt = escape_level(mqtt_topic if i < 0 else mqtt_topic[:i])
+        n = self._counts.get(lt)
+        if n is None:
+            if not self.config.auto_create_topics:
+                raise UnknownTopicOrPartitionError(f"log topic {lt!r} does not exist")
+            n = self.create_topic(lt)
+        key = mqtt_topic.encode()
+        p = partition_for_key(key, n)
+        r = (lt, p, key, self._logs[(lt, p)])
+        if len(self._routes) >= 100_000:
+            self._routes.clear()
+        self._routes[mqtt_topic] = r
+        return r
+
+    def append_mqtt(self, messages: Sequence[MqttMessage]) -> AppendResult:
+        """Store MQTT messages: one batch per partition (cut at ~1 MiB); offsets in input order.
+
+        Raises TopicMappingError (a ValueError) for `$`-topics and invalid topics before anything
+        is staged, so a call is all or nothing.
+        """
+        routes = self._routes
+        groups: dict[Log, list[int]] = {}
+        rs = []
+        for i, m in enumerate(messages):
+            r = routes.get(m.topic) or self._route(m.topic)
+            rs.append(r)
+            g = groups.get(r[3])
+            if g is None:
+                groups[r[3]] = [i]
+            else:
+                g.append(i)
+        for lg in groups:
+            if lg.failed is not None:
+                raise StoreError(f"partition {lg.name} is offline after a failed fsync")
+        now = int(time.time() * 1000)
+        offsets: list[Any] = [None] * len(messages)
+        qos_b = (b"0", b"1", b"2")
+        cids: dict[str, bytes] = {}
+        for lg, idxs in groups.items():
+            j0 = 0
+            while j0 < len(idxs):
+                b = _CBuilder(2, 0, 0, -1, -1, -1, 1 << 62) if _CBuilder is not None else None
+                recs = []
+                max_ts, nbytes, j = 0, 0, j0
+                while j < len(idxs) and nbytes < MQTT_BATCH_BYTES:
+                    i = idxs[j]
+                    m = messages[i]
+                    ts = m.timestamp_ms or now
+                    if ts > max_ts:
+                        max_ts = ts
+                    if m.properties is None and not m.retain:
+                        cid = cids.get(m.client_id)
+                        if cid is None:
+                            cid = cids[m.client_id] = m.client_id.encode()
+                        hs: list[tuple[str, bytes | None]] = [
+                            ("mqtt.qos", qos_b[m.qos]),
+                            ("mqtt.client_id", cid),
+                        ]
+                    else:
+                        hs = headers_for(m)
+                    key = rs[i][2]
+                    if b is not None:
+                        b.append(j - j0, ts, key, m.payload, hs)
+                    else:
+                        recs.append((ts, key, m.payload, hs))
+                    nbytes += len(m.payload) + len(key) + 40
+                    j += 1
+                buf = b.build() if b is not None else build_batch(recs)
+                base = lg.stage(buf, j - j0, max_ts)
+                topic, part = lg.topic, lg.partition
+                for k in range(j0, j):
+                    offsets[idxs[k]] = (topic, part, base + k - j0)
+                j0 = j
+        return AppendResult(offsets, self._enqueue(groups))
+
+    def append_batch(self, topic: str, partition: int, batch: bytes) -> AppendResult:
+        """Append producer bytes (one or more RecordBatch v2): check magic + CRC, assign offsets
+        by rewriting only each base offset. Offsets: one entry per record, base first.
+
+        Raises InvalidRecordError (corrupt bytes), UnknownTopicOrPartitionError, StoreError.
+        """
+        if len(batch) > self.config.max_batch_bytes:
+            raise StoreError(f"batch of {len(batch)} bytes exceeds {self.config.max_batch_bytes}")
+        if topic not in self._counts and self.config.auto_create_topics:
+            self.ensure_topic(topic)
+        lg = self._log(topic, partition)
+        if lg.failed is not None:
+            raise StoreError(f"partition {lg.name} is offline after a failed fsync")
+        headers = split_batches(batch)
+        offsets: list[tuple[str, int, int]] = []
+        if len(headers) == 1:
+            h = headers[0]
+            base = lg.stage(bytearray(batch), h.record_count, h.max_timestamp)
+            offsets = [(topic, partition, o) for o in range(base, base + h.record_count)]
+        else:
+            pos = 0
+            for h in headers:
+                buf = bytearray(batch[pos : pos + h.size])
+                pos += h.size
+                base = lg.stage(buf, h.record_count, h.max_timestamp)
+                offsets += [(topic, partition, o) for o in range(base, base + h.record_count)]
+        return AppendResult(offsets, self._enqueue({lg: []}))
+
+    def _enqueue(self, logs: dict[Log, Any]) -> asyncio.Future[None]:
+        loop = self._loop or asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        w = _Durable(fut, len(logs))
+        tw = self._tick_waiters
+        for lg in logs:
+            ws = tw.get(lg)
+            if ws is None:
+                tw[lg] = [w]
+                self._dirty.append(lg)
+            else:
+                ws.append(w)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            loop.call_soon(self._flush)
+        return fut
+
+    def _flush(self) -> None:
+        """End of tick: one writev per partition, listeners, then fsync or resolve."""
+        self._flush_scheduled = False
+        dirty, tw = self._dirty, self._tick_waiters
+        self._dirty, self._tick_waiters = [], {}
+        for lg in dirty:
+            ws = tw.get(lg, [])
+            try:
+                sealed = lg.write_pending()
+            except OSError as e:
+                log.error("write to %s failed: %s", lg.name, e)
+                err = StoreError(f"write to {lg.name} failed: {e}")
+                for w in ws:
+                    w.fail(err)
+                continue
+            for seg in sealed:
+                self._seal(lg, seg)
+            for cb in self._listeners:
+                try:
+                    cb(lg.topic, lg.partition, lg.hwm)
+                except Exception:
+                    log.exception("append listener failed")
+            policy = self._tconf[lg.topic].fsync
+            if policy == "always":
+                lg.sync_waiters.extend(ws)
+                if not lg.syncing:
+                    self._start_sync(lg)
+            else:
+                for w in ws:
+                    w.done_one()
+                if policy == "interval_ms":
+                    self._interval_dirty.add(lg)
+
+    def _start_sync(self, lg: Log) -> None:
+        segs = [s for s in lg.segments if s.dirty]
+        for s in segs:
+            s.dirty = False
+            s.sync_pending += 1
+        directory = lg.dir if lg.dir_dirty else None
+        lg.dir_dirty = False
+        ws, lg.sync_waiters = lg.sync_waiters, []
+        lg.syncing = True
+        loop = self._loop or asyncio.get_running_loop()
+        fut = loop.run_in_executor(self._io, _fsync_fds, [s.fd for s in segs], directory)
+        self._syncs.add(fut)
+        fut.add_done_callback(lambda f: self._sync_done(lg, segs, ws, f))
+
+    def _sync_done(
+        self, lg: Log, segs: list[Any], ws: list[Any], fut: asyncio.Future[None]
+    ) -> None:
+        self._syncs.discard(fut)
+        lg.syncing = False
+        for s in segs:
+            s.sync_pending -= 1
+        exc = fut.exception()
+        if exc is not None:
+            lg.failed = exc
+            log.critical("fsync of %s failed, partition offline until restart: %s", lg.name, exc)
+            err = StoreError(f"fsync of {lg.name} failed: {exc}")
+            for w in ws + lg.sync_waiters:
+                w.fail(err)
+            lg.sync_waiters = []
+            return
+        for w in ws:
+            w.done_one()
+        if lg.sync_waiters:
+            self._start_sync(lg)
+
+    def _seal(self, lg: Log, seg: Any) -> None:
+        idx, tix = seg.index_bytes()
+        fut = self._bg.submit(seal_segment, lg.dir, seg, idx, tix, seg.next_offset)
+        fut.add_done_callback(lambda f: _log_failure(f, f"sealing a segment of {lg.name}"))
+
+    # --- timers ---------------------------------------------------------------------------------
+
+    def _schedule_timers(self) -> None:
+        loop = self._loop
+        assert loop is not None
+        intervals = [c.fsync_interval_ms for c in self._tconf.values() if c.fsync == "interval_ms"]
+        ms = min(intervals + [self.config.fsync_interval_ms])
+        self._timers = [
+            loop.call_later(ms / 1000, self._interval_tick, ms),
+            loop.call_later(self.config.retention_check_interval_ms / 1000, self._retention_tick),
+        ]
+
+    def _interval_tick(self, ms: int) -> None:
+        if self._closed:
+            return
+        dirty, self._interval_dirty = self._interval_dirty, set()
+        for lg in dirty:
+            if lg.failed is None and not lg.syncing:
+                self._start_sync(lg)
+            elif lg.failed is None:
+                self._interval_dirty.add(lg)
+        assert self._loop is not None
+        self._timers[0] = self._loop.call_later(ms / 1000, self._interval_tick, ms)
+
+    def _retention_tick(self) -> None:
+        if self._closed:
+            return
+        try:
+            self.enforce_retention()
+        finally:
+            assert self._loop is not None
+            self._timers[1] = self._loop.call_later(
+                self.config.retention_check_interval_ms / 1000, self._retention_tick
+            )
+
+    def enforce_retention(self, now_ms: int | None = None) -> int:
+        """Delete whole expired segments (time and size, per topic); returns segments deleted.
+
+        The log start offset moves at once; the files are renamed `.deleted` and unlinked by the
+        background worker (after any seal of the same segment, which it runs first).
+        """
+        now = int(time.time() * 1000) if now_ms is None else now_ms
+        n = 0
+        for (topic, _p), lg in self._logs.items():
+            c = self._tconf[topic]
+            for seg in lg.expired_segments(now, c.retention_ms, c.retention_bytes):
+                log.info(
+                    "retention: deleting segment %020d of %s (%d bytes); log start now %d",
+                    seg.base_offset, lg.name, seg.size, lg.log_start_offset,
+                )  # fmt: skip
+                f = self._bg.submit(delete_segment_files, seg)
+                f.add_done_callback(
+                    lambda f, n=lg.name: _log_failure(f, f"deleting a segment of {n}")
+                )
+                n += 1
+        return n
+
+    # --- reads ----------------------------------------------------------------------------------
+
+    def read(self, topic: str, partition: int, offset: int, max_bytes: int) -> bytes:
+        """Whole batches from the one holding `offset` (see Log.read); b"" at the high watermark."""
+        return self._log(topic, partition).read(offset, max_bytes)
+
+    def high_watermark(self, topic: str, partition: int) -> int:
+        """Next offset after the last visible (written) record."""
+        return self._log(topic, partition).hwm
+
+    def log_start_offset(self, topic: str, partition: int) -> int:
+        return self._log(topic, partition).log_start_offset
+
+    def offset_for_timestamp(self, topic: str, partition: int, ts_ms: int) -> int | None:
+        """First offset whose timestamp ≥ ts_ms (None: all older), as Kafka ListOffsets."""
+        return self._log(topic, partition).offset_for_timestamp(ts_ms)
+
+    def add_append_listener(self, cb: Callable[[str, int, int], None]) -> None:
+        """cb(topic, partition, new_hwm) after each write, on the event loop (before fsync)."""
+        self._listeners.append(cb)
+
+    def remove_append_listener(self, cb: Callable[[str, int, int], None]) -> None:
+        self._listeners.remove(cb)
+
+
+__all__ = [
+    "AppendResult",
+    "OffsetOutOfRangeError",
+    "RECOVERY_POINT_FILE",
+    "Store",
+    "StoreConfig",
+    "StoreError",
+    "StoreLockedError",
+    "TopicConfig",
+    "UnknownTopicOrPartitionError",
+]
