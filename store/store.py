@@ -594,9 +594,7 @@ class Store:
                     seg.base_offset, lg.name, seg.size, lg.log_start_offset,
                 )  # fmt: skip
                 f = self._bg.submit(delete_segment_files, seg)
-                f.add_done_callback(
-                    lambda f, n=lg.name: _log_failure(f, f"deleting a segment of {n}")
-                )
+                f.add_done_callback(functools.partial(_log_failure, what=f"deleting in {lg.name}"))
                 n += 1
         return n
 
