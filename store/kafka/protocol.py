@@ -275,6 +275,12 @@ def _ms(value: Any) -> Any:
     return datetime.timedelta(milliseconds=value) if isinstance(value, int) else value
 
 
+def _time(value: Any) -> Any:
+    if isinstance(value, int):  # -1 is Kafka's "none" (CreateTime topics)
+        return None if value < 0 else datetime.datetime.fromtimestamp(value / 1000, datetime.UTC)
+    return value
+
+
 def _err(value: Any) -> Any:
     return ErrorCode(value) if type(value) is int else value
 
@@ -293,6 +299,8 @@ def _field_info(cls: type) -> tuple[frozenset[str], dict[str, _Conv]]:
                 conv[f.name] = _err
             elif kind in ("timedelta_i32", "timedelta_i64"):
                 conv[f.name] = _ms
+            elif kind == "datetime_i64":
+                conv[f.name] = _time
         info = (frozenset(names), conv)
         _converters[cls] = info
     return info
@@ -302,7 +310,7 @@ def build(cls: type, **values: Any) -> Any:
     """Instantiate a kio entity from the values this version has; others are dropped.
 
     One handler serves every version of an API: fields a version lacks are ignored, ints become
-    `ErrorCode` / `timedelta` where the schema says so, and omitted tagged fields keep defaults.
+    `ErrorCode` / `timedelta` / `datetime` where the schema says so, and omitted tagged fields keep defaults.
     """
     names, conv = _field_info(cls)
     kwargs = {}

@@ -1,0 +1,203 @@
+"""The broker: state shared by all connections, and request dispatch to the API handlers.
+
+One `Broker` serves one `Store`. It owns the group coordinator (with its timer), committed offsets,
+idempotent-producer state, and the waiters of long-polling fetches, woken by the store's append
+listener. Handlers live in `handlers_log.py` (data plane) and `handlers_group.py` (groups); each is
+`async def handler(broker, request, conn) -> kio response | None` and does all its log appends
+before its first `await`, so appends happen in request order on a connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from store.mapping import is_valid_log_topic
+
+from . import handlers_group, handlers_log
+from .config import KafkaConfig
+from .groups import Delivery, GroupCoordinator
+from .offsets import OffsetStore
+from .producers import ProducerStateManager
+from .protocol import Request
+
+__all__ = ["Broker", "ConnInfo"]
+
+log = logging.getLogger("lightgate.kafka")
+
+
+@dataclass(frozen=True, slots=True)
+class ConnInfo:
+    """What handlers may know about the connection a request came on."""
+
+    peer_host: str
+    local_host: str
+    local_port: int
+
+
+Handler = Callable[["Broker", Request, ConnInfo], Awaitable[Any]]
+
+HANDLERS: dict[int, Handler] = {
+    0: handlers_log.produce,
+    1: handlers_log.fetch,
+    2: handlers_log.list_offsets,
+    3: handlers_log.metadata,
+    8: handlers_group.offset_commit,
+    9: handlers_group.offset_fetch,
+    10: handlers_group.find_coordinator,
+    11: handlers_group.join_group,
+    12: handlers_group.heartbeat,
+    13: handlers_group.leave_group,
+    14: handlers_group.sync_group,
+    15: handlers_group.describe_groups,
+    16: handlers_group.list_groups,
+    18: handlers_log.api_versions,
+    19: handlers_log.create_topics,
+    22: handlers_log.init_producer_id,
+}
+
+
+class Broker:
+    """Event-loop-only."""
+
+    def __init__(self, store: Any, config: KafkaConfig, state_dir: Path) -> None:
+        self.store = store
+        self.config = config
+        self.groups = GroupCoordinator(
+            min_session_timeout_ms=config.group_min_session_timeout_ms,
+            max_session_timeout_ms=config.group_max_session_timeout_ms,
+            initial_rebalance_delay_ms=config.group_initial_rebalance_delay_ms,
+        )
+        self.offsets = OffsetStore(state_dir)
+        for group in self.offsets.groups():
+            self.groups.ensure_group(group)
+        self.producers = ProducerStateManager(state_dir)
+        self._waiters: dict[tuple[str, int], set[asyncio.Future[None]]] = {}
+        self._last_durable: dict[tuple[str, int], asyncio.Future[None]] = {}
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at: float | None = None
+        self._snapshot_task: asyncio.Task[None] | None = None
+        self.port = 0
+
+    async def start(self) -> None:
+        topics = self.store.topics()
+        n = self.producers.recover(
+            topics, self.store.high_watermark, self.store.log_start_offset, self.store.read
+        )
+        self.producers.snapshot()
+        log.info("kafka producer state recovered", extra={"batches_replayed": n})
+        self.store.add_append_listener(self._on_append)
+        self._snapshot_task = asyncio.get_running_loop().create_task(self._snapshot_loop())
+
+    async def close(self) -> None:
+        if self._snapshot_task is not None:
+            self._snapshot_task.cancel()
+            await asyncio.gather(self._snapshot_task, return_exceptions=True)
+        if self._timer is not None:
+            self._timer.cancel()
+        for waiters in self._waiters.values():
+            for fut in waiters:
+                if not fut.done():
+                    fut.set_result(None)
+        self.producers.snapshot()
+        self.offsets.close()
+
+    async def handle(self, request: Request, conn: ConnInfo) -> Any:
+        """Run the request's handler; returns the kio response (None: send nothing)."""
+        return await HANDLERS[request.api_key](self, request, conn)
+
+    # --- topics ----------------------------------------------------------------------------
+
+    @staticmethod
+    def legal_topic(name: str) -> bool:
+        return is_valid_log_topic(name)
+
+    def partitions(self, topic: str) -> int | None:
+        return self.store.topics().get(topic)
+
+    @staticmethod
+    def topic_id(name: str) -> uuid.UUID:
+        """Stable per name: topics are never deleted and re-created here."""
+        return uuid.uuid5(uuid.NAMESPACE_URL, f"lightgate:topic:{name}")
+
+    # --- durability of duplicates ------------------------------------------------------------
+
+    def note_durable(self, topic: str, partition: int, fut: asyncio.Future[None]) -> None:
+        self._last_durable[(topic, partition)] = fut
+
+    def last_durable(self, topic: str, partition: int) -> asyncio.Future[None] | None:
+        """For a retried (duplicate) batch: durable once everything appended before it is."""
+        fut = self._last_durable.get((topic, partition))
+        return None if fut is None or fut.done() else fut
+
+    # --- fetch long-poll ---------------------------------------------------------------------
+
+    def _on_append(self, topic: str, partition: int, new_hwm: int) -> None:
+        waiters = self._waiters.pop((topic, partition), None)
+        if waiters:
+            for fut in waiters:
+                if not fut.done():
+                    fut.set_result(None)
+
+    async def wait_for_append(self, keys: list[tuple[str, int]], timeout: float) -> None:
+        """Return after an append to any of `keys`, or after `timeout` seconds."""
+        if timeout <= 0:
+            return
+        fut = asyncio.get_running_loop().create_future()
+        for key in keys:
+            self._waiters.setdefault(key, set()).add(fut)
+        try:
+            await asyncio.wait_for(fut, timeout)
+        except TimeoutError:
+            pass
+        finally:
+            for key in keys:
+                waiters = self._waiters.get(key)
+                if waiters is not None:
+                    waiters.discard(fut)
+                    if not waiters:
+                        del self._waiters[key]
+
+    # --- group coordinator plumbing --------------------------------------------------------
+
+    @staticmethod
+    def now_ms() -> float:
+        return time.monotonic() * 1000.0
+
+    def deliver(self, deliveries: list[Delivery]) -> None:
+        """Complete the futures the coordinator decided, then re-arm its timer."""
+        for fut, result in deliveries:
+            if not fut.done():
+                fut.set_result(result)
+        self._arm_timer()
+
+    def _arm_timer(self) -> None:
+        at = self.groups.next_deadline()
+        if at == self._timer_at:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._timer_at = at
+        if at is not None:
+            delay = max(0.0, (at - self.now_ms()) / 1000.0) + 0.001
+            self._timer = asyncio.get_running_loop().call_later(delay, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = self._timer_at = None
+        self.deliver(self.groups.poll(self.now_ms()))
+
+    async def _snapshot_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.producer_snapshot_interval_s)
+            if self.producers.dirty:
+                doc = self.producers.export()
+                await asyncio.get_running_loop().run_in_executor(
+                    None, self.producers.write_snapshot, doc
+                )

@@ -1,0 +1,36 @@
+"""Settings of the Kafka listener (the `[kafka]` part of Lightgate's config)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .protocol import DEFAULT_MAX_FRAME
+
+__all__ = ["KafkaConfig"]
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaConfig:
+    """Defaults follow Kafka's broker defaults where one exists (names in brackets)."""
+
+    # Largest request frame accepted; a larger declared size closes the connection
+    # [socket.request.max.bytes, 100 MiB].
+    max_frame_bytes: int = DEFAULT_MAX_FRAME
+    # Metadata requests for unknown topics create them [auto.create.topics.enable].
+    auto_create_topics: bool = True
+    # Partitions for topics created by Metadata / CreateTopics(-1); None = the store's default.
+    default_partitions: int | None = None
+    node_id: int = 0
+    # Host put in Metadata/FindCoordinator; None = the local address the client connected to.
+    advertised_host: str | None = None
+    cluster_id: str = "lightgate"
+    # [group.min.session.timeout.ms], [group.max.session.timeout.ms]
+    group_min_session_timeout_ms: int = 6000
+    group_max_session_timeout_ms: int = 1_800_000
+    # Wait after the first member joins an empty group [group.initial.rebalance.delay.ms is 3000;
+    # 0 here answers a lone consumer at once, which suits a single-node gateway and its tests].
+    group_initial_rebalance_delay_ms: int = 0
+    # Requests read ahead of their responses on one connection before reading pauses.
+    max_inflight_requests: int = 64
+    # How often the idempotent-producer snapshot is rewritten when it changed.
+    producer_snapshot_interval_s: float = 30.0

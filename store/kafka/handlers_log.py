@@ -1,0 +1,412 @@
+"""Data-plane APIs: ApiVersions, Metadata, CreateTopics, Produce, Fetch, ListOffsets, InitProducerId.
+
+Each handler serves every advertised version of its API: it reads the fields present in that
+version (`getattr` with the Kafka default for older ones) and builds the response with
+`protocol.build`, which drops fields the version lacks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from typing import TYPE_CHECKING, Any
+
+from kio.schema.errors import ErrorCode as E
+
+from store.record_batch import (
+    CONTROL_MASK,
+    HEADER_SIZE,
+    MAGIC_V2,
+    TRANSACTIONAL_MASK,
+    InvalidRecordError,
+    iter_records,
+    parse_header,
+)
+from store.store import StoreError, UnknownTopicOrPartitionError
+
+from .producers import iter_batch_headers
+from .protocol import SUPPORTED_VERSIONS, Request, build, response_module
+
+if TYPE_CHECKING:
+    from .broker import Broker, ConnInfo
+
+INT32_MIN = -(2**31)  # "authorized operations not requested"
+_TOPIC_OPS = sum(1 << op for op in (3, 4, 5, 6, 7, 8, 10, 11))  # read..alter_configs, no ACLs
+_CLIENT_SOFTWARE = re.compile(r"[a-zA-Z0-9](?:[a-zA-Z0-9\-.]*[a-zA-Z0-9])?")
+EARLIEST, LATEST = -2, -1
+
+
+def _ms(td: Any) -> float:
+    return td.total_seconds() * 1000.0
+
+
+async def api_versions(b: Broker, req: Request, conn: ConnInfo) -> Any:
+    mod = response_module(18, req.api_version)
+    error = E.none
+    if req.api_version >= 3:
+        name = req.body.client_software_name
+        version = req.body.client_software_version
+        if not (_CLIENT_SOFTWARE.fullmatch(name) and _CLIENT_SOFTWARE.fullmatch(version)):
+            error = E.invalid_request
+    keys = tuple(
+        build(mod.ApiVersion, api_key=k, min_version=lo, max_version=hi)
+        for k, (lo, hi) in sorted(SUPPORTED_VERSIONS.items())
+    )
+    return build(mod.ApiVersionsResponse, error_code=error, api_keys=keys, throttle_time=0)
+
+
+# --- Metadata / CreateTopics --------------------------------------------------------------
+
+
+def _host(b: Broker, conn: ConnInfo) -> str:
+    return b.config.advertised_host or conn.local_host
+
+
+async def metadata(b: Broker, req: Request, conn: ConnInfo) -> Any:
+    body, v = req.body, req.api_version
+    mod = response_module(3, v)
+    node = b.config.node_id
+    allow_create = b.config.auto_create_topics and getattr(body, "allow_auto_topic_creation", True)
+    want_ops = getattr(body, "include_topic_authorized_operations", False)
+    known = b.store.topics()
+    if body.topics is None or (v == 0 and not body.topics):
+        names = sorted(known)
+    else:
+        names = [t.name for t in body.topics]
+    topics = []
+    for name in names:
+        error, count = E.none, known.get(name) if name is not None else None
+        if name is None or not b.legal_topic(name):
+            error = E.invalid_topic_exception
+        elif count is None:
+            if allow_create:
+                count = b.store.ensure_topic(name, b.config.default_partitions)
+            else:
+                error = E.unknown_topic_or_partition
+        partitions = tuple(
+            build(mod.MetadataResponsePartition, error_code=0, partition_index=i, leader_id=node,
+                  leader_epoch=0, replica_nodes=(node,), isr_nodes=(node,), offline_replicas=())
+            for i in range(count or 0)
+        )  # fmt: skip
+        topics.append(
+            build(
+                mod.MetadataResponseTopic,
+                error_code=error,
+                name=name,
+                topic_id=b.topic_id(name or ""),
+                is_internal=False,
+                partitions=partitions,
+                topic_authorized_operations=_TOPIC_OPS if want_ops else INT32_MIN,
+            )  # fmt: skip
+        )
+    broker = build(mod.MetadataResponseBroker, node_id=node, host=_host(b, conn), port=b.port,
+                   rack=None)  # fmt: skip
+    return build(mod.MetadataResponse, throttle_time=0, brokers=(broker,),
+                 cluster_id=b.config.cluster_id, controller_id=node, topics=tuple(topics),
+                 cluster_authorized_operations=INT32_MIN)  # fmt: skip
+
+
+# Kafka topic configs the store applies per topic; any other config name is INVALID_CONFIG.
+TOPIC_CONFIGS = {
+    "retention.ms": "retention_ms",
+    "retention.bytes": "retention_bytes",
+    "segment.bytes": "segment_bytes",
+    "segment.ms": "segment_ms",
+}
+
+
+def _topic_config(configs: Any) -> tuple[dict[str, int] | None, str | None]:
+    out = {}
+    for c in configs:
+        key = TOPIC_CONFIGS.get(c.name)
+        if key is None:
+            return None, f"config {c.name!r} is not supported (only {sorted(TOPIC_CONFIGS)})"
+        try:
+            out[key] = int(c.value)
+        except (TypeError, ValueError):
+            return None, f"config {c.name!r} needs an integer, got {c.value!r}"
+    return out, None
+
+
+async def create_topics(b: Broker, req: Request, conn: ConnInfo) -> Any:
+    """Creates topics in the store; of Kafka's topic configs, those in TOPIC_CONFIGS apply."""
+    mod = response_module(19, req.api_version)
+    known = b.store.topics()
+    results, seen = [], set()
+    for t in req.body.topics:
+        error, message, count = E.none, None, t.num_partitions
+        if t.assignments:
+            count = len(t.assignments)
+        if t.name in seen:
+            error, message = E.invalid_request, "topic listed twice"
+        elif not b.legal_topic(t.name):
+            error, message = E.invalid_topic_exception, "illegal topic name"
+        elif t.name in known:
+            error, message = E.topic_already_exists, f"topic {t.name!r} already exists"
+        elif t.assignments and t.num_partitions != -1:
+            error, message = E.invalid_request, "both assignments and num_partitions given"
+        elif t.replication_factor not in (-1, 1) and not t.assignments:
+            error, message = E.invalid_replication_factor, "single-node gateway: factor 1"
+        elif any(tuple(a.broker_ids) != (b.config.node_id,) for a in t.assignments):
+            error, message = E.invalid_replica_assignment, "single-node gateway"
+        elif count == 0 or count < -1:
+            error, message = E.invalid_partitions, "partition count must be positive"
+        elif (config := _topic_config(t.configs))[0] is None:
+            error, message = E.invalid_config, config[1]
+        elif not req.body.validate_only:
+            partitions = b.config.default_partitions if count == -1 else count
+            try:
+                count = b.store.create_topic(t.name, partitions, config[0])
+            except StoreError as exc:
+                error, message = E.invalid_request, str(exc)
+        seen.add(t.name)
+        if count == -1:
+            count = b.config.default_partitions or b.store.config.default_partitions
+        results.append(
+            build(
+                mod.CreatableTopicResult,
+                name=t.name,
+                topic_id=b.topic_id(t.name),
+                error_code=error,
+                error_message=message,
+                topic_config_error_code=0,
+                num_partitions=count if error == E.none else -1,
+                replication_factor=1 if error == E.none else -1,
+                configs=(),
+            )  # fmt: skip
+        )
+    return build(mod.CreateTopicsResponse, throttle_time=0, topics=tuple(results))
+
+
+# --- Produce ----------------------------------------------------------------------------------
+
+
+def _validate_records(records: bytes | None) -> str | None:
+    """Kafka's ProduceRequest rule for v3+: exactly one magic-2 batch, not transactional."""
+    if not records or len(records) < HEADER_SIZE:
+        return "a produce request partition must hold exactly one record batch"
+    h = parse_header(records)
+    if h.magic != MAGIC_V2:
+        return f"magic {h.magic} batches are not accepted (RecordBatch v2 only)"
+    if h.batch_length + 12 != len(records):
+        return None if h.batch_length + 12 > len(records) else "more than one record batch"
+    if h.attributes & (TRANSACTIONAL_MASK | CONTROL_MASK):
+        return "transactional and control batches are not supported"
+    return None
+
+
+async def produce(b: Broker, req: Request, conn: ConnInfo) -> Any:
+    body, v = req.body, req.api_version
+    mod = response_module(0, v)
+    acks = body.acks
+    known = b.store.topics()
+    waits: list[asyncio.Future[None]] = []
+    results: list[tuple[str, list[list[Any]]]] = []
+    for topic in body.topic_data:
+        count = known.get(topic.name)
+        parts = []
+        for pd in topic.partition_data:
+            err, base, message, durable = E.none, -1, None, None
+            if acks not in (0, 1, -1):
+                err = E.invalid_required_acks
+            elif body.transactional_id is not None:
+                err = E.transactional_id_authorization_failed
+            elif count is None or not 0 <= pd.index < count:
+                err = E.unknown_topic_or_partition
+            elif (message := _validate_records(pd.records)) is not None:
+                err = E.invalid_record
+            else:
+                err, base, message, durable = _append(b, topic.name, pd.index, pd.records)
+                if durable is not None:
+                    waits.append(durable)
+            log_start = b.store.log_start_offset(topic.name, pd.index) if err == E.none else -1
+            parts.append([pd.index, err, base, log_start, message, durable])
+        results.append((topic.name, parts))
+    if acks == 0:
+        return None  # Kafka sends no response at all for acks=0
+    if waits:
+        await asyncio.wait(waits)  # not gather: cancelling us must not cancel the store's futures
+    for _, parts in results:
+        for part in parts:
+            fut = part[5]
+            if fut is not None and (fut.cancelled() or fut.exception() is not None):
+                part[1], part[2] = E.kafka_storage_error, -1
+    return build(
+        mod.ProduceResponse,
+        throttle_time=0,
+        responses=tuple(
+            build(mod.TopicProduceResponse, name=name, partition_responses=tuple(
+                build(mod.PartitionProduceResponse, index=i, error_code=err, base_offset=base,
+                      log_append_time=-1, log_start_offset=ls, record_errors=(),
+                      error_message=msg)
+                for i, err, base, ls, msg, _ in parts))
+            for name, parts in results
+        ),
+    )  # fmt: skip
+
+
+def _append(
+    b: Broker, topic: str, partition: int, records: bytes
+) -> tuple[int, int, str | None, asyncio.Future[None] | None]:
+    """De-duplicate, append; (error, base offset, message, future of durability)."""
+    h = parse_header(records)
+    err, dup = b.producers.check(topic, partition, h)
+    if err:
+        return err, -1, None, None
+    if dup is not None:  # a retry of an appended batch: the original offset, no second copy
+        return E.none, dup, None, b.last_durable(topic, partition)
+    if len(records) > b.store.config.max_batch_bytes:
+        return E.message_too_large, -1, "batch larger than the store's max_batch_bytes", None
+    try:
+        result = b.store.append_batch(topic, partition, records)
+    except InvalidRecordError as exc:
+        return E.corrupt_message, -1, str(exc), None
+    except UnknownTopicOrPartitionError as exc:
+        return E.unknown_topic_or_partition, -1, str(exc), None
+    except StoreError as exc:  # partition offline after a failed fsync
+        return E.kafka_storage_error, -1, str(exc), None
+    base = result.offsets[0][2]
+    b.producers.record(topic, partition, h, base)
+    b.note_durable(topic, partition, result.durable)
+    return E.none, base, None, result.durable
+
+
+# --- Fetch ------------------------------------------------------------------------------------
+
+
+def _fetch_session_error(body: Any, v: int) -> int:
+    """We never create incremental fetch sessions (KIP-227 lets a broker decline with id 0)."""
+    if v < 7:
+        return E.none
+    if body.session_id != 0:
+        return E.fetch_session_id_not_found
+    if body.session_epoch not in (0, -1):
+        return E.invalid_fetch_session_epoch
+    return E.none
+
+
+def _read_all(b: Broker, body: Any, mod: Any) -> tuple[list[Any], int, bool]:
+    """One pass over the requested partitions: (topic responses, bytes, any error)."""
+    store = b.store
+    known = store.topics()
+    budget = body.max_bytes if hasattr(body, "max_bytes") else 2**31 - 1
+    total, errors, out = 0, False, []
+    for t in body.topics:
+        count = known.get(t.topic)
+        parts = []
+        for p in t.partitions:
+            err, hwm, start, records = E.none, -1, -1, b""
+            if count is None or not 0 <= p.partition < count:
+                err = E.unknown_topic_or_partition
+            else:
+                hwm = store.high_watermark(t.topic, p.partition)
+                start = store.log_start_offset(t.topic, p.partition)
+                if not start <= p.fetch_offset <= hwm:
+                    err = E.offset_out_of_range
+                elif p.fetch_offset < hwm:
+                    limit = min(p.partition_max_bytes, budget)
+                    if limit > 0 or total == 0:
+                        records = store.read(t.topic, p.partition, p.fetch_offset, max(limit, 1))
+                        total += len(records)
+                        budget -= len(records)
+            errors = errors or err != E.none
+            parts.append(
+                build(
+                    mod.PartitionData,
+                    partition_index=p.partition,
+                    error_code=err,
+                    high_watermark=hwm,
+                    last_stable_offset=hwm,
+                    log_start_offset=start,
+                    aborted_transactions=None if err else (),
+                    preferred_read_replica=-1,
+                    records=records,
+                )  # fmt: skip
+            )
+        out.append(build(mod.FetchableTopicResponse, topic=t.topic, partitions=tuple(parts)))
+    return out, total, errors
+
+
+async def fetch(b: Broker, req: Request, conn: ConnInfo) -> Any:
+    body, v = req.body, req.api_version
+    mod = response_module(1, v)
+    session_error = _fetch_session_error(body, v)
+    if session_error:
+        return build(mod.FetchResponse, throttle_time=0, error_code=session_error, session_id=0,
+                     responses=())  # fmt: skip
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + _ms(body.max_wait) / 1000.0
+    keys = [(t.topic, p.partition) for t in body.topics for p in t.partitions]
+    while True:
+        responses, total, errors = _read_all(b, body, mod)
+        remaining = deadline - loop.time()
+        if total >= body.min_bytes or errors or remaining <= 0 or not keys:
+            break
+        await b.wait_for_append(keys, remaining)
+    return build(mod.FetchResponse, throttle_time=0, error_code=0, session_id=0,
+                 responses=tuple(responses))  # fmt: skip
+
+
+# --- ListOffsets ------------------------------------------------------------------------------
+
+
+def _offset_for_time(b: Broker, topic: str, partition: int, ts: int) -> tuple[int, int]:
+    """(offset, timestamp) of the first record with timestamp >= ts, or (-1, -1)."""
+    offset = b.store.offset_for_timestamp(topic, partition, ts)
+    if offset is None:
+        return -1, -1
+    data = b.store.read(topic, partition, offset, 1)
+    for h in iter_batch_headers(data):
+        if h.base_offset + h.last_offset_delta < offset or h.max_timestamp < ts:
+            continue
+        for rec in iter_records(data[: h.batch_length + 12]):
+            if rec.offset >= offset and rec.timestamp >= ts:
+                return rec.offset, rec.timestamp
+        break
+    return offset, ts
+
+
+async def list_offsets(b: Broker, req: Request, conn: ConnInfo) -> Any:
+    mod = response_module(2, req.api_version)
+    known = b.store.topics()
+    topics = []
+    for t in req.body.topics:
+        count = known.get(t.name)
+        parts = []
+        for p in t.partitions:
+            err, offset, ts = E.none, -1, -1
+            if count is None or not 0 <= p.partition_index < count:
+                err = E.unknown_topic_or_partition
+            elif p.timestamp == LATEST:
+                offset = b.store.high_watermark(t.name, p.partition_index)
+            elif p.timestamp == EARLIEST:
+                offset = b.store.log_start_offset(t.name, p.partition_index)
+            else:
+                offset, ts = _offset_for_time(b, t.name, p.partition_index, p.timestamp)
+            parts.append(
+                build(
+                    mod.ListOffsetsPartitionResponse,
+                    partition_index=p.partition_index,
+                    error_code=err,
+                    timestamp=ts,
+                    offset=offset,
+                    leader_epoch=0 if err == E.none else -1,
+                )  # fmt: skip
+            )
+        topics.append(build(mod.ListOffsetsTopicResponse, name=t.name, partitions=tuple(parts)))
+    return build(mod.ListOffsetsResponse, throttle_time=0, topics=tuple(topics))
+
+
+# --- InitProducerId ---------------------------------------------------------------------------
+
+
+async def init_producer_id(b: Broker, req: Request, conn: ConnInfo) -> Any:
+    """Idempotent producers only. Like Kafka without a transactional id, every call (including
+    a KIP-360 epoch bump) gets a fresh producer id at epoch 0."""
+    mod = response_module(22, req.api_version)
+    if req.body.transactional_id is not None:
+        return build(mod.InitProducerIdResponse, throttle_time=0,
+                     error_code=E.transactional_id_authorization_failed, producer_id=-1,
+                     producer_epoch=-1)  # fmt: skip
+    return build(mod.InitProducerIdResponse, throttle_time=0, error_code=E.none,
+                 producer_id=b.producers.new_producer_id(), producer_epoch=0)  # fmt: skip

@@ -1,0 +1,223 @@
+"""Thin asyncio shell around the sans-IO codec: one `asyncio.Protocol` per Kafka connection.
+
+`data_received` splits the chunk into frames and decodes each; every request starts a task at
+once (so a produce's appends happen in arrival order, and a long-polling fetch does not hold up
+the produce behind it), and responses are written strictly in request order, as Kafka clients
+require. Memory per connection is bounded: one partial frame of at most `max_frame_bytes`, at
+most `max_inflight_requests` requests awaiting their responses, and reading pauses while either
+that limit or the transport's write buffer is full.
+
+A frame over the size limit, a truncated or malformed request, or an unknown API key/version
+closes that connection (after the responses already owed to it), which is what Kafka does; an
+unexpected handler failure closes it too. The server keeps running in every case.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from .broker import Broker, ConnInfo
+from .config import KafkaConfig
+from .protocol import (
+    FrameReader,
+    RemoteProtocolError,
+    Request,
+    api_versions_error_frame,
+    decode_request,
+    encode_response,
+)
+
+__all__ = ["KafkaServer"]
+
+log = logging.getLogger("lightgate.kafka")
+
+
+class KafkaServer:
+    """The Kafka wire listener on a `store.Store`. Event-loop-only."""
+
+    def __init__(
+        self,
+        store: Any,
+        host: str = "127.0.0.1",
+        port: int = 9092,
+        config: KafkaConfig | None = None,
+        state_dir: Path | None = None,
+    ) -> None:
+        self.store = store
+        self.host = host
+        self.port = port
+        self.config = config or KafkaConfig()
+        if state_dir is None:
+            state_dir = Path(store.data_dir) / "kafka"
+        self.broker = Broker(store, self.config, state_dir)
+        self._server: asyncio.Server | None = None
+        self._connections: set[_Connection] = set()
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        await self.broker.start()
+        self._server = await loop.create_server(
+            lambda: _Connection(self), self.host, self.port, reuse_address=True
+        )
+        self.port = self._server.sockets[0].getsockname()[1]
+        self.broker.port = self.port
+        log.info("kafka listener up", extra={"host": self.host, "port": self.port})
+
+    async def close(self) -> None:
+        """Stop accepting, drop connections (pending requests are cancelled), persist state."""
+        if self._server is not None:
+            self._server.close()
+        for conn in list(self._connections):
+            conn.abort("server closing")
+        if self._server is not None:
+            await self._server.wait_closed()
+            self._server = None
+        await self.broker.close()
+
+    async def __aenter__(self) -> KafkaServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class _Connection(asyncio.Protocol):
+    __slots__ = ("_server", "_reader", "_transport", "_info", "_pending", "_closing",
+                 "_read_paused", "_write_paused")  # fmt: skip
+
+    def __init__(self, server: KafkaServer) -> None:
+        self._server = server
+        self._reader = FrameReader(server.config.max_frame_bytes)
+        self._transport: asyncio.Transport | None = None
+        self._info = ConnInfo("", "", 0)
+        # Responses in request order: bytes ready to send, or the task that will produce them.
+        self._pending: deque[bytes | asyncio.Task[bytes | None]] = deque()
+        self._closing = False
+        self._read_paused = False
+        self._write_paused = False
+
+    # --- asyncio.Protocol ------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        peer = transport.get_extra_info("peername") or ("", 0)
+        local = transport.get_extra_info("sockname") or ("", 0)
+        self._info = ConnInfo(str(peer[0]), str(local[0]), int(local[1]))
+        self._server._connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._server._connections.discard(self)
+        self._closing = True
+        for item in self._pending:
+            if isinstance(item, asyncio.Task):
+                item.cancel()
+        self._pending.clear()
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+        self._update_reading()
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        self._update_reading()
+
+    def data_received(self, data: bytes) -> None:
+        if self._closing:
+            return
+        try:
+            frames = self._reader.feed(data)
+        except RemoteProtocolError as exc:
+            self._protocol_error(exc)
+            return
+        for frame in frames:
+            try:
+                request = decode_request(frame)
+            except RemoteProtocolError as exc:
+                self._protocol_error(exc)
+                return
+            self._dispatch(request)
+        self._update_reading()
+
+    # --- requests and ordered responses ------------------------------------------------------
+
+    def _dispatch(self, request: Request) -> None:
+        if request.body is None:  # ApiVersions newer than ours (KIP-511)
+            self._pending.append(api_versions_error_frame(request.correlation_id))
+            self._flush()
+            return
+        task = asyncio.get_running_loop().create_task(self._run(request))
+        self._pending.append(task)
+        task.add_done_callback(self._on_done)
+
+    async def _run(self, request: Request) -> bytes | None:
+        response = await self._server.broker.handle(request, self._info)
+        return None if response is None else encode_response(request, response)
+
+    def _on_done(self, task: asyncio.Task[bytes | None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("kafka handler failed; closing connection", exc_info=task.exception())
+        self._flush()
+
+    def _flush(self) -> None:
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return
+        chunks: list[bytes] = []
+        while self._pending:
+            head = self._pending[0]
+            if isinstance(head, bytes):
+                chunks.append(head)
+            elif not head.done():
+                break
+            elif head.cancelled() or head.exception() is not None:
+                self._closing = True
+                for item in self._pending:
+                    if isinstance(item, asyncio.Task):
+                        item.cancel()
+                self._pending.clear()
+                break
+            else:
+                result = head.result()
+                if result is not None:  # acks=0 produce: no response
+                    chunks.append(result)
+            self._pending.popleft()
+        if chunks:
+            transport.writelines(chunks)
+        if self._closing and not self._pending:
+            transport.close()
+        else:
+            self._update_reading()
+
+    def _update_reading(self) -> None:
+        transport = self._transport
+        if transport is None or transport.is_closing() or self._closing:
+            return
+        full = self._write_paused or len(self._pending) >= self._server.config.max_inflight_requests
+        if full and not self._read_paused:
+            transport.pause_reading()
+            self._read_paused = True
+        elif not full and self._read_paused:
+            transport.resume_reading()
+            self._read_paused = False
+
+    def _protocol_error(self, exc: RemoteProtocolError) -> None:
+        log.warning(
+            "kafka protocol error; closing connection",
+            extra={"peer": self._info.peer_host, "reason": str(exc)},
+        )
+        self._closing = True
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.pause_reading()
+            self._read_paused = True
+        self._flush()
+
+    def abort(self, reason: str) -> None:
+        log.debug("kafka connection aborted", extra={"reason": reason})
+        if self._transport is not None:
+            self._transport.abort()
