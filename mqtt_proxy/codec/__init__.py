@@ -16,6 +16,17 @@ Sending::
     data = encode(Connack(reason_code=0), version=parser.version)
     data = encode_publish("a/b", b"x", qos=1, packet_id=7, version=5)
 
+State machine (what a server uses)::
+
+    conn = Connection(SERVER, max_packet_size=1 << 20)
+    try:
+        for packet in conn.receive_data(chunk):   # state checked, topic aliases resolved,
+            ...                                   # receive maximum enforced
+        transport.write(conn.send(Connack(properties=make_properties(topic_alias_maximum=16))))
+    except RemoteProtocolError as err:
+        transport.write(conn.error_bytes(err))    # CONNACK / v5 DISCONNECT / b"" for v3
+        transport.close()
+
 Fan-out (encode once, write many; see `encoder` docstring)::
 
     tpl = PublishTemplate.build(topic, payload, qos=1, version=4)
@@ -26,6 +37,7 @@ each with `reason_code` (MQTT 5 terms). Events are immutable named tuples, valid
 constructed by our code; the parser builds them directly after checking the wire rules.
 """
 
+from .connection import CLIENT, SERVER, Connection, Role, State
 from .encoder import PINGREQ, PINGRESP, PublishTemplate, encode, encode_publish
 from .errors import LocalProtocolError, ProtocolError, RemoteProtocolError
 from .packets import (
@@ -55,6 +67,11 @@ from .reason_codes import ConnackReturnCode, ReasonCode, v3_connack_code
 from .topics import split_shared, topic_filter_error, topic_name_error
 
 __all__ = [
+    "CLIENT",
+    "SERVER",
+    "Connection",
+    "Role",
+    "State",
     "PINGREQ",
     "PINGRESP",
     "PublishTemplate",

@@ -156,7 +156,7 @@ def _ack_decoder(cls: type[Packet], ptype: int) -> Decoder:
             if p < end:
                 props, p = decode_properties(buf, p, end, ptype, strict)
         _done(p, end, cls.__name__.upper())
-        return _tnew(cls, (pid, code, props))  # type: ignore[no-any-return]
+        return _tnew(cls, (pid, code, props))  # type: ignore[no-any-return,type-var]
 
     return decode
 
@@ -250,7 +250,7 @@ def decode_unsuback(b0: int, buf: bytes, s: int, end: int, version: int, strict:
 def _empty_decoder(cls: type[Packet]) -> Decoder:
     def decode(b0: int, buf: bytes, s: int, end: int, version: int, strict: bool) -> Packet:
         _done(s, end, cls.__name__.upper())
-        return _tnew(cls, ())  # type: ignore[no-any-return]
+        return _tnew(cls, ())  # type: ignore[no-any-return,type-var]
 
     return decode
 
@@ -270,7 +270,7 @@ def _reason_decoder(cls: type[Packet], ptype: int) -> Decoder:
             if p < end:
                 props, p = decode_properties(buf, p, end, ptype, strict)
         _done(p, end, cls.__name__.upper())
-        return _tnew(cls, (code, props))  # type: ignore[no-any-return]
+        return _tnew(cls, (code, props))  # type: ignore[no-any-return,type-var]
 
     return decode
 
