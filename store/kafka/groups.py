@@ -453,9 +453,8 @@ class GroupCoordinator:
         if not (all_joined and now >= g.join_not_before) and now < g.rebalance_deadline:
             return
         g.generation += 1
-        if not g.members:
+        if not g.members:  # like Kafka, an empty group keeps its protocol type
             g.protocol = g.leader = None
-            g.protocol_type = None
             g.transition(GroupState.EMPTY)
             return
         g.protocol = g.select_protocol()
