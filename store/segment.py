@@ -234,6 +234,14 @@ class LogSegment:
         self.index.truncate_to_position(position)
         self._rebuild_from_scan(check_crc=False)
 
+    def write_indexes(self) -> None:
+        for path, data in ((self.index_path, self.index.to_bytes()),
+                           (self.timeindex_path, self.time_index.to_bytes())):  # fmt: skip
+            try:
+                path.write_bytes(data)
+            except OSError:
+                pass  # rebuilt again on the next load
+
     def index_bytes(self) -> tuple[bytes, bytes]:
         self.ensure_indexes()
         return self.index.to_bytes(), self.time_index.to_bytes()
@@ -358,6 +366,8 @@ class LogSegment:
             )
         if idx is None or tix is None or (self.size and not len(idx)):
             self._rebuild_from_scan(check_crc=False)
+            if self.next_offset > self.base_offset or not self.size:
+                self.write_indexes()  # derived data: a torn write is caught and redone next time
             return False
         self.index, self.time_index = idx, tix
         self.max_timestamp = tix.ts[-1] if tix.ts else -1
