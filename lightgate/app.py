@@ -1,0 +1,151 @@
+"""Wiring: store + light queues + notify + MQTT proxy + Kafka listener + HTTP in one process.
+
+Start order follows the arrows (store first, listeners last) so that a listener never accepts a
+client before what it needs is up; close runs in reverse: stop accepting, let proxies flush, stop the
+dispatcher, then flush and fsync the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import ssl
+import sys
+import time
+from typing import Any
+
+from lightgate import __version__
+from lightgate.config import GatewayConfig
+from lightgate.http import HttpServer
+from store import Store, StoreConfig, StoreLockedError
+
+log = logging.getLogger("lightgate")
+
+
+class Gateway:
+    """One embedded gateway. Event-loop-only."""
+
+    def __init__(self, cfg: GatewayConfig) -> None:
+        self.cfg = cfg
+        self.started_at = time.time()
+        self.store: Store | None = None
+        self.endpoints: dict[str, tuple[str, int]] = {}
+        self._closers: list[Any] = []
+        self._stats_sources: list[Any] = []
+
+    async def start(self) -> None:
+        cfg = self.cfg
+        self.store = await Store.open(cfg.data_path, StoreConfig.from_object(cfg))
+        self._closers.append(self.store)
+        self._stats_sources.append(self.store)
+        await self._start_queues_and_mqtt()
+        await self._start_kafka()
+        if cfg.http_port != -1:
+            http = HttpServer(cfg.host, cfg.http_port, self.metrics, self.health)
+            await http.start()
+            self._closers.append(http)
+            self.endpoints["http"] = (cfg.host, http.port)
+
+    async def _start_queues_and_mqtt(self) -> None:
+        """Light queues, notify and the MQTT proxy (wired in as those components land)."""
+
+    async def _start_kafka(self) -> None:
+        cfg = self.cfg
+        if cfg.kafka_port == -1:
+            return
+        from store.kafka.config import KafkaConfig
+        from store.kafka.server import KafkaServer
+
+        assert self.store is not None
+        kcfg = KafkaConfig(
+            max_frame_bytes=cfg.kafka_max_frame_bytes,
+            auto_create_topics=cfg.kafka_auto_create_topics,
+            default_partitions=cfg.default_partitions,
+        )
+        kafka = KafkaServer(self.store, cfg.host, cfg.kafka_port, kcfg)
+        await kafka.start()
+        self._closers.append(kafka)
+        self._stats_sources.append(kafka)
+        self.endpoints["kafka"] = (cfg.host, kafka.port)
+
+    def ready_line(self) -> str:
+        order = ("mqtt", "mqtts", "ws", "kafka", "http")
+        parts = [
+            f"{name}={host}:{port}"
+            for name in order
+            if name in self.endpoints
+            for host, port in [self.endpoints[name]]
+        ]
+        return "lightgate ready " + " ".join(parts)
+
+    def metrics(self) -> dict[str, float | int]:
+        out: dict[str, float | int] = {"uptime_seconds": round(time.time() - self.started_at, 1)}
+        for source in self._stats_sources:
+            stats = getattr(source, "stats", None)
+            if stats is not None:
+                out.update(stats())
+        return out
+
+    def health(self) -> dict[str, Any]:
+        return {
+            "status": "ok" if self.store is not None else "starting",
+            "version": __version__,
+            "uptime_s": round(time.time() - self.started_at, 1),
+            "listeners": {k: f"{h}:{p}" for k, (h, p) in self.endpoints.items()},
+        }
+
+    async def close(self) -> None:
+        for closer in reversed(self._closers):
+            try:
+                await closer.close()
+            except Exception:
+                log.exception("error while closing", extra={"component": type(closer).__name__})
+        self._closers.clear()
+
+
+def tls_context(cfg: GatewayConfig) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(cfg.tls_cert, cfg.tls_key)
+    return ctx
+
+
+async def serve(cfg: GatewayConfig) -> int:
+    gateway = Gateway(cfg)
+    try:
+        await gateway.start()
+    except StoreLockedError as exc:
+        print(f"lightgate: {exc}", file=sys.stderr)
+        await gateway.close()
+        return 1
+    except OSError as exc:
+        print(f"lightgate: cannot start: {exc}", file=sys.stderr)
+        await gateway.close()
+        return 1
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    print(gateway.ready_line(), flush=True)
+    log.info("gateway ready", extra={"endpoints": gateway.ready_line()})
+    await stop.wait()
+    log.info("shutting down")
+    await gateway.close()
+    log.info("stopped")
+    return 0
+
+
+async def rebuild_queues(cfg: GatewayConfig) -> int:
+    from lightqueue import rebuild_queues as rebuild
+
+    def progress(done: int, total: int) -> None:
+        pct = 100.0 * done / total if total else 100.0
+        print(f"\rrebuild-queues: {done}/{total} records ({pct:.1f}%)", end="", file=sys.stderr)
+
+    try:
+        await rebuild(cfg.data_path, progress=progress)
+    except StoreLockedError as exc:
+        print(f"lightgate: {exc}", file=sys.stderr)
+        return 1
+    print("", file=sys.stderr)
+    return 0
