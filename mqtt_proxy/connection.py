@@ -1,0 +1,260 @@
+"""One MQTT connection: a slotted asyncio.Protocol around the sans-IO codec `Connection`.
+
+`data_received` feeds the whole chunk to the codec and handles the list of packets it returns
+(STYLE.md 11); the codec checks the state table, resolves inbound topic aliases and enforces our
+v5 Receive Maximum. Writes go straight to the transport; `pause_writing` marks the connection
+unwritable so delivery skips it, and `resume_writing` asks delivery to pump its queues again
+(STYLE.md 13). Keep alive uses one lazily rescheduled timer: `data_received` only stores the
+time, and the timer, when it fires, re-arms itself for the real deadline (STYLE.md 14).
+
+Bypassing `codec.send` on two hot paths, on purpose: shared PUBLISH templates are written as
+bytes (encode once, write many; our own window limits them, see delivery.py), and 3.1.1
+PUBACK/PUBREC are four fixed bytes (the codec tracks inbound flight only for v5, so for v5 the
+acks do go through `codec.send`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+from mqtt_proxy import handlers
+from mqtt_proxy.codec import (
+    SERVER,
+    Connack,
+    Connection,
+    Puback,
+    Publish,
+    Pubrec,
+    RemoteProtocolError,
+)
+from mqtt_proxy.codec.reason_codes import v3_connack_code
+from mqtt_proxy.outbound import ack
+
+if TYPE_CHECKING:
+    from mqtt_proxy.server import MqttServer
+    from mqtt_proxy.session import Session
+
+log = logging.getLogger("lightgate.mqtt.conn")
+
+CONNECT_TIMEOUT_S = 10.0
+
+
+class MqttConnection(asyncio.Protocol):
+    __slots__ = (
+        "server",
+        "transport",
+        "codec",
+        "session",
+        "client_id",
+        "v5",
+        "version",
+        "writable",
+        "closed",
+        "keepalive",
+        "last_rx",
+        "_timer",
+        "out_window",
+        "max_out_packet",
+        "session_overlap",
+        "will_on_close",
+        "remote",
+        "disconnect_reason",
+        "_loop",
+        "connected",
+    )
+
+    def __init__(self, server: MqttServer) -> None:
+        self.server = server
+        self.transport: asyncio.Transport = None  # type: ignore[assignment]
+        self.codec = Connection(SERVER, max_packet_size=server.settings.max_packet_size)
+        self.session: Session | None = None
+        self.client_id = ""
+        self.v5 = False
+        self.version = 4
+        self.writable = True
+        self.closed = False
+        self.keepalive = 0.0
+        self.last_rx = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self.out_window = server.settings.receive_maximum
+        self.max_out_packet = 0  # v5 client's Maximum Packet Size; 0 = unlimited
+        self.session_overlap = False
+        self.will_on_close = True
+        self.remote = ""
+        self.disconnect_reason = ""
+        self.connected = False
+        self._loop = server.loop
+
+    # -- asyncio.Protocol ----------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        peer = transport.get_extra_info("peername")
+        self.remote = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer or "")
+        self.last_rx = self._loop.time()
+        transport.set_write_buffer_limits(high=self.server.settings.write_high_water)  # type: ignore[attr-defined]
+        # A client must send CONNECT promptly: the keep alive timer doubles as CONNECT timeout.
+        self.keepalive = CONNECT_TIMEOUT_S / 1.5
+        self._timer = self._loop.call_at(self.last_rx + CONNECT_TIMEOUT_S, self._keepalive_check)
+
+    def data_received(self, data: bytes) -> None:
+        self.last_rx = self._loop.time()
+        self.server.counters["bytes_received"] += len(data)
+        try:
+            packets = self.codec.receive_data(data)
+        except RemoteProtocolError as exc:
+            # Act on the packets completed before the bad one (as a broker would have), then close.
+            self._handle(exc.packets)
+            self.protocol_error(exc, str(exc))
+            return
+        self._handle(packets)
+
+    def _handle(self, packets: list[Any], _Publish: type = Publish) -> None:
+        on_publish = handlers.handle_publish
+        dispatch = handlers.DISPATCH
+        for p in packets:
+            if self.closed:
+                return
+            if type(p) is _Publish:
+                on_publish(self, p)
+            else:
+                dispatch[type(p)](self, p)
+
+    def pause_writing(self) -> None:
+        self.writable = False
+
+    def resume_writing(self) -> None:
+        self.writable = True
+        if self.session is not None and self.connected:
+            self.server.delivery.mark_session(self.session)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self.closed = True
+        self.writable = False
+        if self.connected:
+            self.connected = False
+            reason = self.disconnect_reason or "connection lost"
+            self.server.sessions.disconnected(self, reason)
+
+    # -- keep alive ----------------------------------------------------------------------------
+    def start_keepalive(self, seconds: int) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self.keepalive = seconds
+        if seconds:
+            self._timer = self._loop.call_at(self.last_rx + seconds * 1.5, self._keepalive_check)
+
+    def _keepalive_check(self) -> None:
+        self._timer = None
+        if self.closed:
+            return
+        deadline = self.last_rx + self.keepalive * 1.5
+        if self._loop.time() >= deadline:
+            what = "keep alive timeout" if self.connected else "no CONNECT in time"
+            self.disconnect_reason = what
+            log.info("client %r (%s): %s", self.client_id, self.remote, what)
+            self.close_with(0x8D)  # MQTT 5 §3.1.2.10: v5 clients learn why
+            return
+        self._timer = self._loop.call_at(deadline, self._keepalive_check)
+
+    # -- writing -------------------------------------------------------------------------------
+    def write(self, data: bytes) -> None:
+        if not self.closed:
+            self.server.counters["bytes_sent"] += len(data)
+            self.transport.write(data)
+
+    def write_delivery(self, data: bytes, n: int, nbytes: int) -> None:
+        """Delivery's write: `n` PUBLISH packets, `nbytes` long, already joined."""
+        c = self.server.counters
+        c["messages_sent"] += n
+        c["bytes_sent"] += nbytes
+        self.transport.write(data)
+
+    def send(self, packet: Any) -> None:
+        """Encode through the codec (state table, limits) and write."""
+        if not self.closed:
+            self.write(self.codec.send(packet))
+
+    def send_connack(self, present: bool, reason: int, props: Any) -> None:
+        if self.version != 5 and reason and v3_connack_code(reason) is None:
+            reason = 0x87  # v3 has no such code: "not authorized" is the closest refusal
+        self.send(Connack(present, reason, props))
+
+    def ack_durable(self, pid: int, ptype: int) -> None:
+        """The store made a QoS 1/2 publish durable: PUBACK (4) or PUBREC (5) it now."""
+        session = self.session
+        if ptype == 5 and session is not None:
+            session.qos2_pending.discard(pid)
+        if self.closed:
+            return
+        if self.v5:
+            self.send(Puback(pid) if ptype == 4 else Pubrec(pid))
+        else:
+            self.write(ack(ptype, pid))
+
+    # -- closing -------------------------------------------------------------------------------
+    def close_with(self, reason: int, send_disconnect: bool = True) -> None:
+        """Close; a v5 client first gets a DISCONNECT with `reason` (codec.error_bytes)."""
+        if self.closed:
+            return
+        self.closed = True
+        self.writable = False
+        if send_disconnect and reason and self.connected:
+            data = self.codec.error_bytes(reason)
+            if data:
+                self.transport.write(data)
+        self.transport.close()
+
+    def protocol_error(self, err: RemoteProtocolError | int, detail: str) -> None:
+        """Bad input: log once, CONNACK/DISCONNECT with the reason where the spec allows, close."""
+        if self.closed:
+            return
+        code = err if isinstance(err, int) else err.reason_code
+        self.server.counters["protocol_errors"] += 1
+        self.disconnect_reason = f"protocol error 0x{code:02x}: {detail}"
+        log.warning("client %r (%s): %s", self.client_id, self.remote, self.disconnect_reason)
+        data = self.codec.error_bytes(err)
+        self.closed = True
+        self.writable = False
+        if data:
+            self.transport.write(data)
+        self.transport.close()
+
+    def fail(self, reason: int, detail: str) -> None:
+        """An internal failure affecting this connection (store down): close it, log once."""
+        if self.closed:
+            return
+        self.disconnect_reason = detail
+        log.error("client %r (%s): %s", self.client_id, self.remote, detail)
+        self.close_with(reason)
+
+    def shutdown(self) -> None:
+        """Server going down: no will (v5 0x8B server shutting down)."""
+        self.will_on_close = False
+        self.disconnect_reason = "server shutdown"
+        self.close_with(0x8B)
+
+    def taken_over(self) -> None:
+        """Another connection took this client id (v5 0x8E); the session stays."""
+        self.disconnect_reason = "session taken over"
+        self.server.counters["takeovers"] += 1
+        was = self.connected
+        self.close_with(0x8E)
+        if was:
+            self.connected = False
+            self.server.sessions.disconnected(self, "session taken over")
+
+    def accepted(self, session: Session, client_id: str, version: int, keepalive: int) -> None:
+        """CONNECT accepted: bind the session, arm keep alive (before CONNACK is written)."""
+        self.session = session
+        self.client_id = client_id
+        self.version = version
+        self.v5 = version == 5
+        self.connected = True
+        self.session_overlap = session.overlapping
+        self.start_keepalive(keepalive)

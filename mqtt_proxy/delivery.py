@@ -1,0 +1,542 @@
+"""Delivery: light queue → connections, pulled on notify events, encoded once, written to many.
+
+Theory of operation
+-------------------
+Each queue with local subscribers has a `QueueState`: the online subscriptions reading it, the
+shared groups reading it, the highest sequence notify told us about, and a cache of recent
+resolved messages (`CachedMsg`) shared by every local subscriber of the queue. A notify event (or a
+subscriber becoming writable, or an ack opening its window) marks the queue dirty; one
+`call_soon` per loop tick pumps every dirty queue.
+
+Pumping a queue:
+1. QoS 0 subscribers with no per-subscriber filtering (no overlap, no no-local) are grouped into
+   cohorts by (position, protocol version, retain-as-published, subscription id). A cohort's
+   PUBLISH bytes for the whole range are joined once and the same `bytes` object is written to each
+   member's transport: encode once, write many.
+2. Everything else (QoS 1/2, overlap, no-local) goes message by message, still sharing each
+   message's template per (QoS, retain, version, subscription ids); only the packet id is patched.
+3. Shared groups hand each message to one member with room (round robin).
+A subscriber whose transport is paused (`pause_writing`) or whose in-flight window is full is
+skipped and resumed by `resume_writing` / the ack that frees its window.
+
+Positions: `sub.pos` is the next sequence to read; QoS 0 advances it on write, QoS 1/2 leaves the
+sequence in `sub.pending` until the ack, and the stored position is the acked prefix
+(`Subscription.acked_pos`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from itertools import islice
+from typing import TYPE_CHECKING, Any
+
+from mqtt_proxy.codec import PublishTemplate
+from mqtt_proxy.outbound import delivery_properties
+from mqtt_proxy.session import Inflight, Session, Subscription
+from mqtt_proxy.subscriptions import topic_matches
+
+if TYPE_CHECKING:
+    from mqtt_proxy.connection import MqttConnection
+
+log = logging.getLogger("lightgate.mqtt.delivery")
+
+INTERNAL_TOPIC_PREFIX = "__lightgate"
+
+
+class CachedMsg:
+    """A resolved message plus its encoded PUBLISH templates, keyed by what differs per receiver."""
+
+    __slots__ = (
+        "topic",
+        "payload",
+        "qos",
+        "retain",
+        "client_id",
+        "props",
+        "ts_ms",
+        "expire_at_ms",
+        "templates",
+    )
+
+    def __init__(
+        self,
+        topic: str,
+        payload: bytes,
+        qos: int,
+        retain: bool,
+        client_id: str,
+        props: Any,
+        ts_ms: int,
+    ) -> None:
+        self.topic = topic
+        self.payload = payload
+        self.qos = qos
+        self.retain = retain
+        self.client_id = client_id
+        self.props = props
+        self.ts_ms = ts_ms
+        expiry = props.message_expiry if props is not None else None
+        self.expire_at_ms = ts_ms + expiry * 1000 if expiry is not None else None
+        self.templates: dict[tuple[Any, ...], PublishTemplate] = {}
+
+    @classmethod
+    def from_stored(cls, m: Any) -> CachedMsg:
+        return cls(m.topic, m.payload, m.qos, m.retain, m.client_id, m.properties, m.timestamp_ms)
+
+    def expired(self, now_ms: int) -> bool:
+        return self.expire_at_ms is not None and now_ms >= self.expire_at_ms
+
+    def template(
+        self, qos: int, retain: bool, v5: bool, sub_ids: tuple[int, ...], now_ms: int
+    ) -> PublishTemplate:
+        """The PUBLISH for one kind of receiver, built once per (QoS, retain, version, ids).
+        A v5 message with an expiry is rebuilt per pump: its remaining lifetime changes."""
+        key = (qos, retain, v5, sub_ids)
+        tpl = self.templates.get(key)
+        if tpl is None or (v5 and self.expire_at_ms is not None):
+            props = None
+            if v5:
+                expiry = None
+                if self.expire_at_ms is not None:
+                    expiry = max(0, (self.expire_at_ms - now_ms + 999) // 1000)
+                props = delivery_properties(self.props, expiry, sub_ids)
+            tpl = PublishTemplate.build(
+                self.topic, self.payload, qos, retain, props, 5 if v5 else 4
+            )
+            self.templates[key] = tpl
+        return tpl
+
+
+@dataclass(slots=True, eq=False)
+class SharedGroup:
+    """`$share/<group>/<filter>`: one position, each message to one member."""
+
+    key: str  # "<group>/<filter>"
+    queue: str
+    pos: int = 0
+    members: list[Subscription] = field(default_factory=list)
+    pending: dict[int, tuple[Session, int]] = field(default_factory=dict)  # seq -> (session, pid)
+    redeliver: list[int] = field(default_factory=list)  # seqs orphaned by a leaving member
+    rr: int = 0
+
+    def acked_pos(self) -> int:
+        low = self.pos
+        if self.pending:
+            low = min(low, min(self.pending))
+        if self.redeliver:
+            low = min(low, min(self.redeliver))
+        return low
+
+
+class QueueState:
+    __slots__ = ("name", "subs", "groups", "cache", "last_seq", "read_end")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.subs: list[Subscription] = []
+        self.groups: dict[str, SharedGroup] = {}
+        self.cache: dict[int, CachedMsg | None] = {}
+        self.last_seq = -1  # highest sequence announced by notify or seen in a read
+        self.read_end = 0  # next_seq of the last read: nothing at or past it is known yet
+
+
+class Delivery:
+    """Pull-side delivery for one proxy. Event-loop-only."""
+
+    def __init__(
+        self,
+        reader: Any,
+        settings: Any,
+        stats: dict[str, int],
+        on_interest: Callable[[str, bool], None],
+    ) -> None:
+        self._reader = reader  # LightQueues-like: read(queue, from_seq, max_n), resolve(entries)
+        self._batch = settings.read_batch
+        self._cache_max = settings.cache_per_queue
+        self._stats = stats
+        self._on_interest = on_interest
+        self.queues: dict[str, QueueState] = {}
+        self._dirty: set[QueueState] = set()
+        self._scheduled = False
+        self._loop = asyncio.get_running_loop()
+
+    # -- membership ------------------------------------------------------------------------
+    def attach(self, sub: Subscription) -> None:
+        qs = self.queues.get(sub.queue)
+        if qs is None:
+            qs = self.queues[sub.queue] = QueueState(sub.queue)
+            self._on_interest(sub.queue, True)
+        group = sub.spec.share_group
+        if group is None:
+            qs.subs.append(sub)
+        else:
+            key = f"{group}/{sub.queue}"
+            g = qs.groups.get(key)
+            if g is None:
+                g = qs.groups[key] = SharedGroup(key, sub.queue, pos=sub.pos)
+            g.members.append(sub)
+        self.mark(qs)
+
+    def detach(self, sub: Subscription) -> None:
+        qs = self.queues.get(sub.queue)
+        if qs is None:
+            return
+        group = sub.spec.share_group
+        if group is None:
+            try:
+                qs.subs.remove(sub)
+            except ValueError:
+                pass
+        else:
+            g = qs.groups.get(f"{group}/{sub.queue}")
+            if g is not None:
+                self._leave_group(qs, g, sub)
+        if not qs.subs and not qs.groups:
+            del self.queues[sub.queue]
+            self._dirty.discard(qs)
+            self._on_interest(sub.queue, False)
+
+    def group_of(self, sub: Subscription) -> SharedGroup | None:
+        return self.group_of_key(sub.spec)
+
+    def group_of_key(self, spec: Any) -> SharedGroup | None:
+        qs = self.queues.get(spec.filter)
+        if qs is None or spec.share_group is None:
+            return None
+        return qs.groups.get(f"{spec.share_group}/{spec.filter}")
+
+    def _leave_group(self, qs: QueueState, g: SharedGroup, sub: Subscription) -> None:
+        """A member leaves: its unacked messages go back to the group for another member."""
+        try:
+            g.members.remove(sub)
+        except ValueError:
+            return
+        session = sub.session
+        for seq, (owner, pid) in list(g.pending.items()):
+            if owner is session:
+                del g.pending[seq]
+                session.inflight.pop(pid, None)
+                g.redeliver.append(seq)
+        g.redeliver.sort()
+        if not g.members:
+            del qs.groups[g.key]
+        else:
+            self.mark(qs)
+
+    # -- scheduling ------------------------------------------------------------------------
+    def on_event(self, queue: str, last_seq: int) -> None:
+        qs = self.queues.get(queue)
+        if qs is None:
+            return
+        if last_seq > qs.last_seq:
+            qs.last_seq = last_seq
+        self.mark(qs)
+
+    def mark(self, qs: QueueState) -> None:
+        self._dirty.add(qs)
+        if not self._scheduled:
+            self._scheduled = True
+            self._loop.call_soon(self._run)
+
+    def mark_session(self, session: Session) -> None:
+        for sub in session.subs.values():
+            if sub.local:
+                continue
+            qs = self.queues.get(sub.queue)
+            if qs is not None:
+                self.mark(qs)
+
+    def mark_all(self) -> None:
+        """Periodic resync: a lost notify event never loses a message."""
+        for qs in self.queues.values():
+            self.mark(qs)
+
+    def _run(self) -> None:
+        self._scheduled = False
+        dirty, self._dirty = self._dirty, set()
+        for qs in dirty:
+            if qs.name in self.queues:
+                try:
+                    self._pump(qs)
+                except Exception:
+                    log.exception("delivery failed on queue %s", qs.name)
+
+    # -- reading -------------------------------------------------------------------------
+    def _load(self, qs: QueueState, from_seq: int) -> int:
+        """Make sure the cache holds a batch from `from_seq`; return the first valid sequence
+        (> from_seq when retention trimmed the queue)."""
+        res = self._reader.read(qs.name, from_seq, self._batch)
+        entries = res.entries
+        start = max(from_seq, res.start_seq)
+        if entries:
+            msgs = self._reader.resolve(entries)
+            cache = qs.cache
+            seq = start
+            for m in msgs:
+                if m is None or m.topic.startswith(INTERNAL_TOPIC_PREFIX):
+                    cache[seq] = None
+                else:
+                    cache[seq] = CachedMsg.from_stored(m)
+                seq += 1
+            over = len(cache) - self._cache_max
+            if over > 0:
+                for k in list(islice(cache, over)):
+                    if k < start:
+                        del cache[k]
+        if res.next_seq > qs.read_end:
+            qs.read_end = res.next_seq
+        if res.next_seq - 1 > qs.last_seq:
+            qs.last_seq = res.next_seq - 1
+        return start
+
+    def _range(self, qs: QueueState, pos: int) -> tuple[int, int]:
+        """Ensure messages from `pos` are cached; return (first valid seq, end exclusive)."""
+        cache = qs.cache
+        if pos not in cache:
+            if pos >= qs.read_end and pos > qs.last_seq:
+                return pos, pos
+            pos = self._load(qs, pos)
+        end = pos
+        limit = pos + self._batch
+        while end < limit and end in cache:
+            end += 1
+        return pos, end
+
+    # -- pumping -------------------------------------------------------------------------
+    def _pump(self, qs: QueueState) -> None:
+        now_ms = int(time.time() * 1000)
+        cohorts: dict[tuple[Any, ...], list[Subscription]] = {}
+        for sub in qs.subs:
+            conn = sub.session.conn
+            if conn is None or not conn.writable:
+                continue
+            if sub.qos == 0 and not sub.no_local and not conn.session_overlap:
+                key = (sub.pos, conn.v5, sub.retain_as_published, sub.sub_id)
+                cohort = cohorts.get(key)
+                if cohort is None:
+                    cohorts[key] = [sub]
+                else:
+                    cohort.append(sub)
+            else:
+                self._pump_one(qs, sub, conn, now_ms)
+        for (pos, v5, rap, sid), subs in cohorts.items():
+            self._pump_cohort(qs, subs, pos, v5, rap, sid, now_ms)
+        for g in list(qs.groups.values()):
+            self._pump_group(qs, g, now_ms)
+        if qs.cache:
+            self._trim(qs)
+
+    def _trim(self, qs: QueueState) -> None:
+        low = min((s.pos for s in qs.subs), default=qs.read_end)
+        for g in qs.groups.values():
+            low = min(low, g.acked_pos())
+        cache = qs.cache
+        if cache and next(iter(cache)) < low:
+            for k in [k for k in cache if k < low]:
+                del cache[k]
+
+    def _pump_cohort(
+        self,
+        qs: QueueState,
+        subs: list[Subscription],
+        pos: int,
+        v5: bool,
+        rap: bool,
+        sid: int | None,
+        now_ms: int,
+    ) -> None:
+        sub_ids = (sid,) if (v5 and sid) else ()
+        while True:
+            start, end = self._range(qs, pos)
+            if start >= end:
+                if start != pos:
+                    for sub in subs:
+                        sub.pos = start
+                return
+            chunks = []
+            cache = qs.cache
+            for seq in range(start, end):
+                m = cache[seq]
+                if m is None or m.expired(now_ms):
+                    continue
+                chunks.append(m.template(0, m.retain and rap, v5, sub_ids, now_ms).data)
+            n = len(chunks)
+            if n:
+                data = b"".join(chunks)
+                nbytes = len(data)
+                still = []
+                for sub in subs:
+                    conn = sub.session.conn
+                    conn.write_delivery(data, n, nbytes)
+                    sub.pos = end
+                    if conn.writable:
+                        still.append(sub)
+                subs = still
+            else:
+                for sub in subs:
+                    sub.pos = end
+            pos = end
+            if not subs:
+                return
+
+    def _pump_one(
+        self, qs: QueueState, sub: Subscription, conn: MqttConnection, now_ms: int
+    ) -> None:
+        session = sub.session
+        v5 = conn.v5
+        out: list[bytes] = []
+        nbytes = 0
+        while conn.writable:
+            start, end = self._range(qs, sub.pos)
+            if start >= end:
+                sub.pos = start
+                break
+            cache = qs.cache
+            seq = start
+            blocked = False
+            while seq < end:
+                m = cache[seq]
+                if m is None or seq in sub.pending or m.expired(now_ms):
+                    seq += 1
+                    continue
+                if sub.no_local and m.client_id == session.client_id:
+                    seq += 1
+                    continue
+                qos = m.qos if m.qos < sub.qos else sub.qos
+                sub_ids: tuple[int, ...] = (sub.sub_id,) if (v5 and sub.sub_id) else ()
+                if conn.session_overlap:
+                    decision = _overlap_owner(session, sub, m)
+                    if decision is None:
+                        seq += 1
+                        continue
+                    qos = m.qos if m.qos < decision[0] else decision[0]
+                    sub_ids = decision[1] if v5 else ()
+                if qos and len(session.inflight) >= conn.out_window:
+                    blocked = True
+                    break
+                tpl = m.template(qos, m.retain and sub.retain_as_published, v5, sub_ids, now_ms)
+                if qos:
+                    pid = session.alloc_pid()
+                    data = tpl.packet(pid)
+                    session.inflight[pid] = Inflight(qs.name, seq, qos, data, False, sub.spec.raw)
+                    sub.pending[seq] = pid
+                    session.dirty = True
+                else:
+                    data = tpl.data
+                out.append(data)
+                nbytes += len(data)
+                seq += 1
+            sub.pos = seq
+            if blocked or len(out) > 512:
+                break
+        if out:
+            conn.write_delivery(b"".join(out), len(out), nbytes)
+
+    def _pump_group(self, qs: QueueState, g: SharedGroup, now_ms: int) -> None:
+        members = g.members
+        if not members:
+            return
+        while True:
+            if g.redeliver:
+                seq = g.redeliver[0]
+                if seq not in qs.cache:
+                    self._load(qs, seq)
+                m = qs.cache.get(seq)
+            else:
+                start, end = self._range(qs, g.pos)
+                if start >= end:
+                    g.pos = start
+                    return
+                seq = start
+                m = qs.cache[seq]
+            if m is not None and not m.expired(now_ms):
+                target = self._pick_member(g, m)
+                if target is None:
+                    return
+                sub, conn = target
+                self._send_group(qs, g, sub, conn, seq, m, now_ms)
+            if g.redeliver and g.redeliver[0] == seq:
+                g.redeliver.pop(0)
+            else:
+                g.pos = seq + 1
+
+    def _pick_member(self, g: SharedGroup, m: CachedMsg) -> tuple[Subscription, Any] | None:
+        members = g.members
+        n = len(members)
+        for i in range(n):
+            sub = members[(g.rr + i) % n]
+            conn = sub.session.conn
+            if conn is None or not conn.writable:
+                continue
+            qos = min(m.qos, sub.qos)
+            if qos and len(sub.session.inflight) >= conn.out_window:
+                continue
+            g.rr = (g.rr + i + 1) % n
+            return sub, conn
+        return None
+
+    def _send_group(
+        self,
+        qs: QueueState,
+        g: SharedGroup,
+        sub: Subscription,
+        conn: Any,
+        seq: int,
+        m: CachedMsg,
+        now_ms: int,
+    ) -> None:
+        v5 = conn.v5
+        qos = min(m.qos, sub.qos)
+        sub_ids = (sub.sub_id,) if (v5 and sub.sub_id) else ()
+        tpl = m.template(qos, m.retain and sub.retain_as_published, v5, sub_ids, now_ms)
+        session = sub.session
+        if qos:
+            pid = session.alloc_pid()
+            data = tpl.packet(pid)
+            session.inflight[pid] = Inflight(qs.name, seq, qos, data, False, sub.spec.raw)
+            g.pending[seq] = (session, pid)
+        else:
+            data = tpl.data
+        conn.write_delivery(data, 1, len(data))
+
+    # -- acks ------------------------------------------------------------------------------
+    def acked(self, session: Session, inf: Inflight) -> None:
+        """An outbound QoS 1/2 message completed: credit its subscription or group."""
+        sub = session.subs.get(inf.filter_raw)
+        if sub is None or inf.seq < 0:
+            return
+        if sub.spec.share_group is None:
+            sub.pending.pop(inf.seq, None)
+        else:
+            g = self.group_of(sub)
+            if g is not None:
+                g.pending.pop(inf.seq, None)
+        session.dirty = True
+
+
+def _overlap_owner(
+    session: Session, sub: Subscription, m: CachedMsg
+) -> tuple[int, tuple[int, ...]] | None:
+    """Overlapping subscriptions: one copy per message, delivered by the matching subscription
+    with the highest QoS (ties: the smallest filter), at the maximum QoS, carrying every matching
+    subscription identifier (MQTT 3.1.1 §3.3.5, MQTT 5 §3.3.4). None: another sub delivers it."""
+    best: Subscription | None = None
+    ids: list[int] = []
+    topic = m.topic
+    own = m.client_id == session.client_id
+    for s in session.subs.values():
+        if s.local or s.spec.share_group is not None or (s.no_local and own):
+            continue
+        if s is not sub and not topic_matches(s.queue, topic):
+            continue
+        if s.sub_id:
+            ids.append(s.sub_id)
+        if best is None or s.qos > best.qos or (s.qos == best.qos and s.spec.raw < best.spec.raw):
+            best = s
+    if best is not sub:
+        return None
+    return best.qos, tuple(sorted(ids))

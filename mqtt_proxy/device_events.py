@@ -1,0 +1,90 @@
+"""Device connect/disconnect events, appended to the system log topic `__lightgate_device_events`.
+
+Each event is one Kafka record: key = client id, value = JSON
+`{"event": "connect"|"disconnect", "client_id", "ts", "reason", "remote"}`, so Kafka consumers and
+Spark see device presence next to device data. The topic is internal: its records are not MQTT
+messages (the proxy never delivers `__lightgate*` topics to MQTT subscribers; see delivery.py).
+
+Events are buffered and appended once per loop tick as one RecordBatch per partition (aiokafka's
+C builder), so a connect storm costs one append per tick, not one per connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import zlib
+from typing import Any
+
+log = logging.getLogger("lightgate.mqtt.events")
+
+TOPIC = "__lightgate_device_events"
+
+
+def _builder() -> Any:
+    from aiokafka.record.default_records import DefaultRecordBatchBuilder
+
+    return DefaultRecordBatchBuilder(
+        magic=2,
+        compression_type=0,
+        is_transactional=0,
+        producer_id=-1,
+        producer_epoch=-1,
+        base_sequence=-1,
+        batch_size=1 << 30,
+    )
+
+
+class DeviceEvents:
+    __slots__ = ("_store", "_pending", "_scheduled", "_partitions", "enabled")
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+        self._pending: list[tuple[str, bytes, int]] = []
+        self._scheduled = False
+        self._partitions = 0
+        self.enabled = hasattr(store, "append_batch")
+
+    def connect(self, client_id: str, remote: str) -> None:
+        self._add("connect", client_id, "", remote)
+
+    def disconnect(self, client_id: str, reason: str, remote: str) -> None:
+        self._add("disconnect", client_id, reason, remote)
+
+    def _add(self, event: str, client_id: str, reason: str, remote: str) -> None:
+        if not self.enabled:
+            return
+        ts = int(time.time() * 1000)
+        value = json.dumps(
+            {"event": event, "client_id": client_id, "ts": ts, "reason": reason, "remote": remote},
+            separators=(",", ":"),
+        ).encode()
+        self._pending.append((client_id, value, ts))
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self.flush)
+
+    def flush(self) -> None:
+        self._scheduled = False
+        pending, self._pending = self._pending, []
+        if not pending:
+            return
+        store = self._store
+        try:
+            if not self._partitions:
+                self._partitions = store.ensure_topic(TOPIC) or 1
+            by_part: dict[int, list[Any]] = {}  # partition -> [builder, records so far]
+            for key, value, ts in pending:
+                kb = key.encode()
+                part = zlib.crc32(kb) % self._partitions
+                slot = by_part.get(part)
+                if slot is None:
+                    slot = by_part[part] = [_builder(), 0]
+                slot[0].append(slot[1], timestamp=ts, key=kb, value=value, headers=[])
+                slot[1] += 1
+            for part, (builder, _n) in by_part.items():
+                store.append_batch(TOPIC, part, bytes(builder.build()))
+        except Exception:
+            log.exception("could not append %d device events", len(pending))

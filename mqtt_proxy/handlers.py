@@ -1,0 +1,338 @@
+"""Packet handlers: what the server does with each MQTT packet of a connection.
+
+The codec (`mqtt_proxy.codec`) turns bytes into packet events and checks the wire rules; these
+functions hold the broker rules: CONNECT negotiation, PUBLISH to the store, acks,
+SUBSCRIBE/UNSUBSCRIBE with ACLs and `$share`/`$replay`, DISCONNECT. `DISPATCH` maps each event
+type to its handler; `MqttConnection._handle` calls PUBLISH's directly (the hot path).
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from typing import TYPE_CHECKING, Any
+
+from mqtt_proxy.codec import (
+    EMPTY_PROPERTIES,
+    PINGRESP,
+    Auth,
+    Connack,
+    Connect,
+    Disconnect,
+    Pingreq,
+    Pingresp,
+    Properties,
+    Puback,
+    Pubcomp,
+    Publish,
+    Pubrec,
+    Pubrel,
+    Suback,
+    Subscribe,
+    Unsuback,
+    Unsubscribe,
+)
+from mqtt_proxy.session import Will
+from mqtt_proxy.subscriptions import FilterError, parse_filter
+
+if TYPE_CHECKING:
+    from mqtt_proxy.connection import MqttConnection
+
+log = logging.getLogger("lightgate.mqtt")
+
+# Reason codes (MQTT 5 §2.4) and their 3.1.1 CONNACK equivalents.
+SUCCESS = 0x00
+UNSPECIFIED = 0x80
+MALFORMED = 0x81
+PROTOCOL_ERROR = 0x82
+IMPLEMENTATION_SPECIFIC = 0x83
+UNSUPPORTED_VERSION = 0x84
+BAD_CLIENT_ID = 0x85
+BAD_CREDENTIALS = 0x86
+NOT_AUTHORIZED = 0x87
+TOPIC_FILTER_INVALID = 0x8F
+TOPIC_NAME_INVALID = 0x90
+PACKET_ID_IN_USE = 0x91
+PACKET_ID_NOT_FOUND = 0x92
+RECEIVE_MAX_EXCEEDED = 0x93
+TOPIC_ALIAS_INVALID = 0x94
+BAD_AUTH_METHOD = 0x8C
+SHARED_NOT_SUPPORTED = 0x9E
+SUB_IDS_NOT_SUPPORTED = 0xA1
+
+
+class Refuse(Exception):
+    """CONNECT refused with a reason code (CONNACK, then close)."""
+
+    def __init__(self, reason: int, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+
+
+def handle_connect(conn: MqttConnection, c: Connect) -> None:
+    """Negotiate, authenticate, open or resume the session, CONNACK, resume delivery."""
+    server = conn.server
+    s = server.settings
+    if conn.connected or conn.session is not None:
+        conn.protocol_error(PROTOCOL_ERROR, "second CONNECT [MQTT-3.1.0-2]")
+        return
+    version = c.protocol_level
+    v5 = version == 5
+    conn.version = version
+    conn.v5 = v5
+    cp = c.properties
+    try:
+        if cp.authentication_method is not None:
+            raise Refuse(BAD_AUTH_METHOD, f"authentication method {cp.authentication_method!r}")
+        client_id = c.client_id
+        assigned = None
+        if not client_id:
+            if not v5 and not c.clean_start:
+                raise Refuse(BAD_CLIENT_ID, "empty client id needs clean session [MQTT-3.1.3-8]")
+            client_id = assigned = "lg-" + secrets.token_hex(8)
+        if not server.check_auth(client_id, c.username, c.password):
+            raise Refuse(
+                BAD_CREDENTIALS if c.username is not None else NOT_AUTHORIZED,
+                "authentication failed",
+            )
+        keepalive = c.keep_alive
+        server_keepalive = None
+        if v5:
+            if keepalive == 0 or keepalive > s.max_keepalive:
+                keepalive = server_keepalive = s.max_keepalive
+        elif keepalive > s.max_keepalive:
+            # 3.1.1 cannot be told a shorter keep alive; refuse it as Mosquitto does.
+            raise Refuse(BAD_CLIENT_ID, f"keep alive {keepalive} > max_keepalive {s.max_keepalive}")
+        if v5:
+            expiry = min(cp.session_expiry_interval or 0, s.max_session_expiry)
+        else:
+            expiry = 0 if c.clean_start else s.max_session_expiry
+        will = None
+        w = c.will
+        if w is not None:
+            if w.topic.startswith("$") or not server.may_publish(client_id, w.topic):
+                raise Refuse(NOT_AUTHORIZED, f"will topic {w.topic!r} not authorized")
+            wp = w.properties
+            will = Will(
+                w.topic,
+                w.payload,
+                w.qos,
+                w.retain,
+                wp.will_delay_interval or 0,
+                server.message_properties(wp),
+            )
+    except Refuse as r:
+        server.counters["connect_refused"] += 1
+        log.info("CONNECT from %s (%r) refused: 0x%02x %s", conn.remote, c.client_id, r.reason, r)
+        conn.disconnect_reason = str(r)
+        conn.send_connack(False, r.reason, EMPTY_PROPERTIES)
+        conn.close_with(0, send_disconnect=False)
+        return
+    if v5:
+        if cp.receive_maximum:
+            conn.out_window = min(conn.out_window, cp.receive_maximum)
+        conn.max_out_packet = cp.maximum_packet_size or 0
+    session, present = server.sessions.open(conn, client_id, c.clean_start, expiry, version, will)
+    conn.accepted(session, client_id, version, keepalive)
+    props = EMPTY_PROPERTIES
+    if v5:
+        props = Properties(
+            receive_maximum=s.receive_maximum,
+            maximum_packet_size=s.max_packet_size,
+            topic_alias_maximum=s.max_topic_alias,
+            assigned_client_identifier=assigned,
+            server_keep_alive=server_keepalive,
+            session_expiry_interval=expiry
+            if cp.session_expiry_interval not in (None, expiry)
+            else None,
+        )
+    conn.send_connack(present, SUCCESS, props)
+    server.counters["connects"] += 1
+    server.events.connect(client_id, conn.remote)
+    server.sessions.resume(session)
+
+
+def handle_publish(conn: MqttConnection, p: Publish) -> None:
+    """Inbound PUBLISH (aliases already resolved and Receive Maximum checked by the codec):
+    QoS 2 de-duplication, `$` topics, ACL, then into this tick's append batch."""
+    server = conn.server
+    topic, _payload, qos, _retain, _dup, pid, props = p
+    if qos == 2:
+        session = conn.session
+        if pid in session.qos2_pending:  # type: ignore[union-attr]
+            return  # a resend while the first copy is being stored: PUBREC follows
+        if pid in session.qos2_in:  # type: ignore[union-attr]
+            # A resend of a QoS 2 message already stored: not stored twice [MQTT-4.3.3-10].
+            conn.ack_durable(pid, 5)
+            return
+    counters = server.counters
+    counters["messages_received"] += 1
+    if topic[0] == "$" or not server.may_publish(conn.client_id, topic):
+        # `$` topics are never stored as device data; a refused topic is acked and dropped.
+        counters["publish_dropped"] += 1
+        if qos:
+            reason = NOT_AUTHORIZED if topic[0] != "$" else SUCCESS
+            conn.send((Puback if qos == 1 else Pubrec)(pid, reason if conn.v5 else 0))
+        return
+    msg = server.make_message(topic, p.payload, qos, p.retain, props, conn.client_id)
+    if qos:
+        if qos == 2:
+            session = conn.session
+            session.qos2_in.add(pid)  # type: ignore[union-attr]
+            session.qos2_pending.add(pid)  # type: ignore[union-attr]
+            session.dirty = session.persistent  # type: ignore[union-attr]
+        server.inbound.add(msg, conn, pid, qos)
+    else:
+        server.inbound.add(msg)
+
+
+def _on_puback(conn: MqttConnection, p: Puback) -> None:
+    _outbound_done(conn, p.packet_id, 1)
+
+
+def _on_pubcomp(conn: MqttConnection, p: Pubcomp) -> None:
+    _outbound_done(conn, p.packet_id, 2)
+
+
+def _outbound_done(conn: MqttConnection, pid: int, qos: int) -> None:
+    session = conn.session
+    assert session is not None
+    inf = session.inflight.get(pid)
+    if inf is None or inf.qos != qos or (qos == 2 and not inf.released):
+        return
+    del session.inflight[pid]
+    delivery = conn.server.delivery
+    delivery.acked(session, inf)
+    delivery.mark_session(session)
+
+
+def _on_pubrec(conn: MqttConnection, p: Pubrec) -> None:
+    session = conn.session
+    assert session is not None
+    pid = p.packet_id
+    inf = session.inflight.get(pid)
+    if inf is None:
+        conn.send(Pubrel(pid, PACKET_ID_NOT_FOUND if conn.v5 else 0))  # MQTT 5 §4.3.3
+        return
+    if inf.qos != 2:
+        return
+    if p.reason_code >= 0x80:
+        # MQTT 5 §4.3.3: an error PUBREC ends the exchange; the message counts as handled.
+        _outbound_done_now(conn, pid)
+        return
+    inf.released = True
+    session.dirty = session.persistent
+    conn.send(Pubrel(pid))
+
+
+def _outbound_done_now(conn: MqttConnection, pid: int) -> None:
+    session = conn.session
+    assert session is not None
+    inf = session.inflight.pop(pid)
+    conn.server.delivery.acked(session, inf)
+    conn.server.delivery.mark_session(session)
+
+
+def _on_pubrel(conn: MqttConnection, p: Pubrel) -> None:
+    """PUBREL of an inbound QoS 2: forget the id (de-dup ends), PUBCOMP."""
+    session = conn.session
+    assert session is not None
+    pid = p.packet_id
+    if pid in session.qos2_pending:
+        return  # not durable yet: PUBREC has not been sent, so this PUBREL is premature
+    found = pid in session.qos2_in
+    if found:
+        session.qos2_in.discard(pid)
+        session.dirty = session.persistent
+    conn.send(Pubcomp(pid, PACKET_ID_NOT_FOUND if conn.v5 and not found else 0))
+
+
+def handle_subscribe(conn: MqttConnection, p: Subscribe) -> None:
+    server = conn.server
+    session = conn.session
+    assert session is not None
+    v5 = conn.v5
+    props = p.properties
+    sub_id = props.subscription_identifiers[0] if props.subscription_identifiers else None
+    replay_since = None
+    for k, v in props.user_properties:
+        if k == "replay-since":
+            replay_since = v
+    codes = []
+    accepted = []
+    for ts in p.subscriptions:
+        raw = ts.filter
+        try:
+            spec = parse_filter(raw, replay_since)
+        except FilterError as exc:
+            log.info("client %r: SUBSCRIBE %r refused: %s", conn.client_id, raw, exc)
+            codes.append(TOPIC_FILTER_INVALID if v5 else 0x80)
+            continue
+        if not server.may_subscribe(conn.client_id, spec.filter):
+            codes.append(NOT_AUTHORIZED if v5 else 0x80)
+            continue
+        if spec.replay_since_ms is not None:
+            spec = server.backend.bound_replay(spec, server.settings.max_replay_depth_ms)
+        accepted.append((spec, ts))
+        codes.append(ts.qos)
+    conn.send(Suback(p.packet_id, codes))
+    for spec, ts in accepted:
+        server.sessions.subscribe(
+            session, spec, ts.qos, ts.no_local, ts.retain_as_published, ts.retain_handling, sub_id
+        )
+
+
+def handle_unsubscribe(conn: MqttConnection, p: Unsubscribe) -> None:
+    session = conn.session
+    assert session is not None
+    unsub = conn.server.sessions.unsubscribe
+    codes = [0x00 if unsub(session, f) else 0x11 for f in p.filters]
+    conn.send(Unsuback(p.packet_id, codes if conn.v5 else ()))
+
+
+def handle_disconnect(conn: MqttConnection, p: Disconnect) -> None:
+    session = conn.session
+    reason = p.reason_code
+    session_expiry = p.properties.session_expiry_interval
+    if session_expiry is not None and session is not None:
+        if session.expiry == 0 and session_expiry > 0:
+            # MQTT 5 §3.14.2.2.2: a session that was not persistent cannot become so now.
+            conn.protocol_error(PROTOCOL_ERROR, "session expiry set on DISCONNECT after 0")
+            return
+        session.expiry = min(session_expiry, conn.server.settings.max_session_expiry)
+        session.persistent = session.expiry > 0
+    # MQTT 5 §3.1.2.5: only reason 0x00 discards the will (0x04 and errors publish it).
+    conn.will_on_close = reason != 0
+    conn.disconnect_reason = "disconnect" if reason in (0, 4) else f"client reason 0x{reason:02x}"
+    conn.close_with(0, send_disconnect=False)
+
+
+def _on_pingreq(conn: MqttConnection, p: Pingreq) -> None:
+    conn.write(PINGRESP)
+
+
+def _on_auth(conn: MqttConnection, p: Auth) -> None:
+    # We offer no enhanced authentication, so no AUTH exchange was ever started [MQTT-4.12.0-1].
+    conn.protocol_error(PROTOCOL_ERROR, "AUTH without enhanced authentication")
+
+
+def _unexpected(conn: MqttConnection, p: Any) -> None:
+    conn.protocol_error(PROTOCOL_ERROR, f"{type(p).__name__} is not sent to a server")
+
+
+# The codec's state table already refused anything out of order, so handlers need no state check.
+DISPATCH: dict[type, Any] = {
+    Connect: handle_connect,
+    Publish: handle_publish,
+    Puback: _on_puback,
+    Pubrec: _on_pubrec,
+    Pubrel: _on_pubrel,
+    Pubcomp: _on_pubcomp,
+    Subscribe: handle_subscribe,
+    Unsubscribe: handle_unsubscribe,
+    Pingreq: _on_pingreq,
+    Disconnect: handle_disconnect,
+    Auth: _on_auth,
+}
+for _t in (Connack, Suback, Unsuback, Pingresp):
+    DISPATCH[_t] = _unexpected

@@ -1,0 +1,98 @@
+"""Inbound PUBLISH → store, batched per event-loop tick; acks only once the batch is durable.
+
+Every PUBLISH parsed in one loop iteration (across all connections) goes into one
+`store.append_mqtt` call, so the store builds one RecordBatch per partition and group-commits one
+fsync for all of them. PUBACK / PUBREC wait for `AppendResult.durable` (DEVELOPERS.md:
+acknowledged means durable); QoS 0 publishes are fire-and-forget and never wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from mqtt_proxy.server import MqttServer
+
+log = logging.getLogger("lightgate.mqtt.inbound")
+
+PUBACK, PUBREC = 4, 5
+
+
+class Inbound:
+    __slots__ = (
+        "_server",
+        "_msgs",
+        "_acks",
+        "_retained",
+        "_scheduled",
+        "inflight",
+        "_futs",
+        "_loop",
+    )
+
+    def __init__(self, server: MqttServer) -> None:
+        self._server = server
+        self._msgs: list[Any] = []
+        self._acks: list[tuple[Any, int, int]] = []  # (conn, packet id, ack packet type)
+        self._retained: list[int] = []  # indexes into _msgs of retain=1 publishes
+        self._scheduled = False
+        self.inflight = 0  # appended batches whose `durable` has not resolved yet
+        self._futs: set[asyncio.Future[None]] = set()
+        self._loop = asyncio.get_running_loop()
+
+    def add(self, msg: Any, conn: Any = None, pid: int = 0, qos: int = 0) -> None:
+        """Queue one message for this tick's append; `conn`/`pid` get the ack when durable."""
+        if msg.retain:
+            self._retained.append(len(self._msgs))
+        self._msgs.append(msg)
+        if qos:
+            self._acks.append((conn, pid, PUBACK if qos == 1 else PUBREC))
+        if not self._scheduled:
+            self._scheduled = True
+            self._loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        self._scheduled = False
+        msgs = self._msgs
+        if not msgs:
+            return
+        acks, retained = self._acks, self._retained
+        self._msgs, self._acks, self._retained = [], [], []
+        server = self._server
+        try:
+            res = server.store.append_mqtt(msgs)
+        except Exception:
+            log.exception("append of %d MQTT messages failed", len(msgs))
+            for conn, _pid, _ack in acks:
+                conn.fail(0x80, "store append failed")
+            return
+        if retained:
+            backend = server.backend
+            offsets = res.offsets
+            for i in retained:
+                backend.retain(msgs[i], offsets[i])
+        fut = res.durable
+        if acks:
+            self.inflight += 1
+            self._futs.add(fut)
+            fut.add_done_callback(lambda f, acks=acks: self._durable(f, acks))
+
+    def _durable(self, fut: asyncio.Future[None], acks: list[tuple[Any, int, int]]) -> None:
+        self.inflight -= 1
+        self._futs.discard(fut)
+        if fut.cancelled() or fut.exception() is not None:
+            log.error("append not durable: %r", None if fut.cancelled() else fut.exception())
+            for conn, pid, ack in acks:
+                if ack == PUBREC and conn.session is not None:
+                    conn.session.qos2_in.discard(pid)
+                conn.fail(0x80, "store append not durable")
+            return
+        for conn, pid, ack in acks:
+            conn.ack_durable(pid, ack)
+
+    async def drain(self) -> None:
+        """Wait for every outstanding append to be durable (graceful close)."""
+        if self._futs:
+            await asyncio.wait(list(self._futs), timeout=10)

@@ -1,0 +1,259 @@
+"""The MQTT server: listeners, the session registry, hooks, inbound batching, stats.
+
+`MqttServer(store, queues, notifier, settings)` is what `lightgate serve` embeds:
+
+    server = MqttServer(store, queues, notifier, ProxySettings.from_config(cfg))
+    server.authenticate = my_auth            # (client_id, username, password) -> bool
+    server.authorize_subscribe = my_acl      # (client_id, filter) -> bool
+    server.authorize_publish = my_acl        # (client_id, topic) -> bool
+    await server.start()                     # notify consumer, session restore, $SYS timer
+    host, port = await server.start_tcp("127.0.0.1", 1883)
+    await server.start_ws("127.0.0.1", 8083) ; await server.start_tls(host, 8883, ssl_ctx)
+    ...
+    await server.close()                     # stop accepting, flush, persist sessions
+
+Per-connection protocol work lives in `connection.py`, session state in `session.py`, the pull
+side in `delivery.py`; this module owns what crosses connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+import time
+from collections.abc import Callable
+from typing import Any
+
+from mqtt_proxy.backend import Backend
+from mqtt_proxy.codec import EMPTY_PROPERTIES
+from mqtt_proxy.delivery import Delivery
+from mqtt_proxy.device_events import DeviceEvents
+from mqtt_proxy.inbound import Inbound
+from mqtt_proxy.sessions import SessionManager
+from mqtt_proxy.settings import ProxySettings
+from mqtt_proxy.sys_topics import SysPublisher
+from mqtt_proxy.websocket import WebSocketProtocol
+from store.mapping import MqttMessage, MqttProperties
+
+log = logging.getLogger("lightgate.mqtt")
+
+VERSION = "lightgate-0.1.0"
+
+AuthHook = Callable[[str, str | None, bytes | None], bool]
+AclHook = Callable[[str, str], bool]
+
+
+class MqttServer:
+    """One MQTT proxy: every listener of this process shares its sessions and delivery."""
+
+    def __init__(
+        self,
+        store: Any,
+        queues: Any,
+        notifier: Any,
+        settings: ProxySettings | None = None,
+        *,
+        proxy_id: str = "mqtt-0",
+    ) -> None:
+        """Construct inside the running event loop: the server binds to it."""
+        self.loop = asyncio.get_running_loop()
+        self.settings = settings or ProxySettings()
+        self.proxy_id = proxy_id
+        self.store = store
+        self.backend = Backend(store, queues, notifier, proxy_id)
+        # Hooks the embedder may set; None allows everything (subject to allow_anonymous).
+        self.authenticate: AuthHook | None = None
+        self.authorize_subscribe: AclHook | None = None
+        self.authorize_publish: AclHook | None = None
+        self.counters: dict[str, int] = dict.fromkeys(
+            (
+                "connects",
+                "connect_refused",
+                "disconnects",
+                "protocol_errors",
+                "takeovers",
+                "messages_received",
+                "messages_sent",
+                "bytes_received",
+                "bytes_sent",
+                "publish_dropped",
+                "subscriptions",
+                "wills_published",
+                "sessions_expired",
+            ),
+            0,
+        )
+        self.started_at = time.time()
+        self.conns: dict[str, Any] = {}  # client id -> live MqttConnection
+        self.delivery = Delivery(
+            self.backend, self.settings, self.counters, self.backend.set_interest
+        )
+        self.inbound = Inbound(self)
+        self.sessions = SessionManager(self)
+        self.events = DeviceEvents(store)
+        self.sys = SysPublisher(self)
+        self._servers: list[asyncio.AbstractServer] = []
+        self._tasks: list[asyncio.Task[None]] = []
+        self._closing = False
+
+    # -- lifecycle -------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Restore persistent sessions, start the notify consumer, resync and $SYS timers."""
+        self.sessions.restore()
+        loop = asyncio.get_running_loop()
+        self._tasks.append(loop.create_task(self._consume_events()))
+        self._tasks.append(loop.create_task(self._periodic()))
+        for t in self._tasks:
+            t.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None and not self._closing:
+            log.error("mqtt background task failed", exc_info=task.exception())
+
+    async def _consume_events(self) -> None:
+        on_event = self.delivery.on_event
+        async for ev in self.backend.events():
+            on_event(ev.queue, ev.last_seq)
+
+    async def _periodic(self) -> None:
+        s = self.settings
+        flush_every = s.session_flush_ms / 1000
+        next_sys = time.monotonic() + s.sys_interval_s
+        next_resync = time.monotonic() + 1.0
+        while True:
+            await asyncio.sleep(flush_every)
+            self.sessions.flush()
+            now = time.monotonic()
+            if now >= next_resync:
+                next_resync = now + 1.0
+                self.delivery.mark_all()
+            if s.sys_interval_s > 0 and now >= next_sys:
+                next_sys = now + s.sys_interval_s
+                self.sys.publish()
+
+    def _make_conn(self) -> Any:
+        from mqtt_proxy.connection import MqttConnection
+
+        return MqttConnection(self)
+
+    async def _listen(
+        self,
+        factory: Callable[[], asyncio.Protocol],
+        host: str,
+        port: int,
+        ssl_ctx: ssl.SSLContext | None = None,
+    ) -> tuple[str, int]:
+        if not self._tasks:
+            await self.start()
+        loop = asyncio.get_running_loop()
+        srv = await loop.create_server(
+            factory, host, port, ssl=ssl_ctx, reuse_address=True, backlog=4096
+        )
+        self._servers.append(srv)
+        addr = srv.sockets[0].getsockname()
+        return addr[0], addr[1]
+
+    async def start_tcp(self, host: str, port: int) -> tuple[str, int]:
+        return await self._listen(self._make_conn, host, port)
+
+    async def start_tls(self, host: str, port: int, ssl_ctx: ssl.SSLContext) -> tuple[str, int]:
+        return await self._listen(self._make_conn, host, port, ssl_ctx)
+
+    async def start_ws(self, host: str, port: int) -> tuple[str, int]:
+        path = self.settings.ws_path
+        return await self._listen(lambda: WebSocketProtocol(self._make_conn, path), host, port)
+
+    async def close(self) -> None:
+        """Graceful: stop accepting, close connections (no wills), flush appends, persist."""
+        if self._closing:
+            return
+        self._closing = True
+        for srv in self._servers:
+            srv.close()
+        for conn in list(self.conns.values()):
+            conn.shutdown()
+        self.inbound.flush()
+        await self.inbound.drain()
+        self.sessions.flush(force=True)
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            try:
+                await t
+            except BaseException:
+                pass
+        for srv in self._servers:
+            try:
+                await asyncio.wait_for(srv.wait_closed(), 2.0)
+            except (TimeoutError, Exception):
+                pass
+        self.backend.close()
+
+    # -- messages --------------------------------------------------------------------------
+    @staticmethod
+    def message_properties(p: Any) -> MqttProperties | None:
+        """The v5 properties a stored message carries (INTERFACES.md headers), or None."""
+        if p is EMPTY_PROPERTIES:
+            return None
+        if (
+            p.payload_format_indicator is None
+            and p.message_expiry_interval is None
+            and p.content_type is None
+            and p.response_topic is None
+            and p.correlation_data is None
+            and not p.user_properties
+        ):
+            return None
+        return MqttProperties(
+            p.payload_format_indicator,
+            p.message_expiry_interval,
+            p.content_type,
+            p.response_topic,
+            p.correlation_data,
+            p.user_properties,
+        )
+
+    def make_message(
+        self, topic: str, payload: bytes, qos: int, retain: bool, props: Any, client_id: str
+    ) -> MqttMessage:
+        mp = None if props is EMPTY_PROPERTIES else self.message_properties(props)
+        return MqttMessage(topic, payload, qos, client_id, retain, mp)
+
+    def publish_message(
+        self,
+        topic: str,
+        payload: bytes,
+        qos: int,
+        retain: bool,
+        props: MqttProperties | None,
+        client_id: str = "",
+    ) -> None:
+        """A message the broker itself publishes (wills): into the next append batch."""
+        self.inbound.add(MqttMessage(topic, payload, qos, client_id, retain, props))
+
+    # -- hooks -----------------------------------------------------------------------------
+    def check_auth(self, client_id: str, username: str | None, password: bytes | None) -> bool:
+        if self.authenticate is not None:
+            return bool(self.authenticate(client_id, username, password))
+        return self.settings.allow_anonymous or username is not None
+
+    def may_subscribe(self, client_id: str, filt: str) -> bool:
+        hook = self.authorize_subscribe
+        return True if hook is None else bool(hook(client_id, filt))
+
+    def may_publish(self, client_id: str, topic: str) -> bool:
+        hook = self.authorize_publish
+        return True if hook is None else bool(hook(client_id, topic))
+
+    # -- stats -----------------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        """Counters for /metrics and $SYS (monotonic totals plus a few gauges)."""
+        out: dict[str, Any] = dict(self.counters)
+        out["clients_connected"] = len(self.conns)
+        out["sessions"] = len(self.sessions.sessions)
+        out["queues_active"] = len(self.delivery.queues)
+        out["inflight_appends"] = self.inbound.inflight
+        out["uptime_s"] = int(time.time() - self.started_at)
+        out["version"] = VERSION
+        return out

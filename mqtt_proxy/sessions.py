@@ -1,0 +1,316 @@
+"""Session registry: open/resume on CONNECT, takeover, wills, expiry, persistence, subscribe.
+
+Theory of operation
+-------------------
+`sessions` maps client id → `Session`, online or (persistent only) offline. CONNECT either starts
+a fresh session (clean start / clean session, or none stored) or resumes the stored one
+(`session present`). A persistent session (v3 clean session 0, or v5 session expiry > 0) survives
+its connection: its subscriptions keep their light-queue positions, and on reconnect delivery
+simply pulls from there, so offline messages arrive in order. Its expiry timer starts at
+disconnect; expiry deletes it and releases its wildcard filters.
+
+Persistence: dirty persistent sessions are written to the light-queue DB's session store every
+`session_flush_ms`, at disconnect and on graceful close. Connected persistent sessions are also
+snapshotted about once a second because QoS 0 delivery moves positions without marking them
+dirty (a restart then re-sends at most about a second of QoS 0 messages, which is allowed).
+
+Wills: published on a close that was not a normal DISCONNECT, after
+min(will delay, session expiry); a reconnect to the session before then cancels it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from mqtt_proxy.delivery import CachedMsg
+from mqtt_proxy.session import Inflight, Session, Subscription, Will
+from mqtt_proxy.subscriptions import FilterSpec
+
+if TYPE_CHECKING:
+    from mqtt_proxy.connection import MqttConnection
+    from mqtt_proxy.server import MqttServer
+
+log = logging.getLogger("lightgate.mqtt.sessions")
+
+NEVER_EXPIRES = 0xFFFFFFFF
+
+
+class SessionManager:
+    def __init__(self, server: MqttServer) -> None:
+        self.server = server
+        self.sessions: dict[str, Session] = {}
+        self._flushes = 0
+
+    # -- restore / persist ---------------------------------------------------------------------
+    def restore(self) -> None:
+        """Load persistent sessions after a restart; they are offline until their client returns."""
+        now = time.time()
+        backend = self.server.backend
+        for state in backend.load_sessions():
+            try:
+                s = Session.from_state(state)
+            except Exception:
+                log.exception("dropping unreadable session %r", state.get("client_id"))
+                continue
+            if not s.disconnected_at:
+                s.disconnected_at = now  # it was online when the gateway stopped
+            for pid, inf in s.inflight.items():
+                sub = s.subs.get(inf.filter_raw)
+                if sub is not None and inf.seq >= 0 and sub.spec.share_group is None:
+                    sub.pending[inf.seq] = pid
+                    if inf.seq >= sub.pos:
+                        sub.pos = inf.seq + 1
+            for sub in s.subs.values():
+                if not sub.local:
+                    backend.hold(sub.spec)
+            self.sessions[s.client_id] = s
+            self._arm_expiry(s, now)
+        if self.sessions:
+            log.info("restored %d persistent MQTT sessions", len(self.sessions))
+
+    def flush(self, force: bool = False) -> None:
+        self._flushes += 1
+        snapshot = force or self._flushes % 10 == 0
+        backend = self.server.backend
+        for s in self.sessions.values():
+            if s.persistent and (s.dirty or (snapshot and s.conn is not None)):
+                s.dirty = False
+                backend.save_session(s.client_id, s.to_state())
+
+    # -- connect -------------------------------------------------------------------------------
+    def open(
+        self,
+        conn: MqttConnection,
+        client_id: str,
+        clean: bool,
+        expiry: int,
+        version: int,
+        will: Will | None,
+    ) -> tuple[Session, bool]:
+        """Start or resume the session of `client_id` for `conn` (already authenticated)."""
+        server = self.server
+        old = server.conns.get(client_id)
+        if old is not None and old is not conn:
+            old.taken_over()
+        session = self.sessions.get(client_id)
+        present = False
+        if session is not None and clean:
+            self._end(session, publish_will=True)
+            session = None
+        if session is not None:
+            present = True
+            for t in (session.expiry_timer, session.will_timer):
+                if t is not None:
+                    t.cancel()
+            session.expiry_timer = session.will_timer = None
+        else:
+            session = Session(client_id=client_id)
+            self.sessions[client_id] = session
+        session.persistent = expiry > 0
+        session.expiry = expiry
+        session.version = version
+        session.will = will
+        session.conn = conn
+        session.dirty = session.persistent
+        if not session.persistent and present:
+            # Resumed with expiry 0 (v5): nothing to keep in the store any more.
+            server.backend.delete_session(client_id)
+        server.conns[client_id] = conn
+        return session, present
+
+    def resume(self, session: Session) -> None:
+        """After CONNACK: attach subscriptions to delivery, resend in-flight messages with DUP."""
+        conn = session.conn
+        assert conn is not None
+        delivery = self.server.delivery
+        for sub in session.subs.values():
+            if not sub.local:
+                delivery.attach(sub)
+        if session.inflight:
+            out = []
+            for pid, inf in sorted(session.inflight.items(), key=lambda kv: kv[1].seq):
+                if inf.released:
+                    out.append(bytes((0x62, 2, pid >> 8, pid & 0xFF)))  # PUBREL
+                else:
+                    data = bytearray(inf.data)
+                    data[0] |= 0x08  # DUP
+                    out.append(bytes(data))
+            conn.write(b"".join(out))
+        conn.session_overlap = session.overlapping
+
+    def disconnected(self, conn: MqttConnection, reason: str) -> None:
+        """The connection of a session went away (any cause)."""
+        server = self.server
+        session = conn.session
+        if session is None:
+            return
+        cid = session.client_id
+        if server.conns.get(cid) is conn:
+            del server.conns[cid]
+        server.counters["disconnects"] += 1
+        server.events.disconnect(cid, reason, conn.remote)
+        if session.conn is not conn:
+            return  # already taken over by a newer connection
+        session.conn = None
+        delivery = server.delivery
+        for sub in session.subs.values():
+            if not sub.local:
+                delivery.detach(sub)
+        will = session.will if conn.will_on_close else None
+        session.will = None
+        if not session.persistent:
+            self._end(session, publish_will=False)
+            if will is not None:
+                self.publish_will(will)
+            return
+        session.disconnected_at = time.time()
+        session.dirty = True
+        if will is not None:
+            delay = min(will.delay, session.expiry)
+            if delay <= 0:
+                self.publish_will(will)
+            else:
+                session.will = will  # kept so expiry publishes it if it comes first
+                session.will_timer = asyncio.get_running_loop().call_later(
+                    delay, self._will_due, session
+                )
+        self._arm_expiry(session, session.disconnected_at)
+
+    def _will_due(self, session: Session) -> None:
+        session.will_timer = None
+        if session.conn is None and session.will is not None:
+            will, session.will = session.will, None
+            session.dirty = True
+            self.publish_will(will)
+
+    def publish_will(self, will: Will) -> None:
+        self.server.counters["wills_published"] += 1
+        self.server.publish_message(
+            will.topic, will.payload, will.qos, will.retain, will.properties, client_id=""
+        )
+
+    def _arm_expiry(self, session: Session, since: float) -> None:
+        if session.expiry >= NEVER_EXPIRES:
+            return
+        left = session.disconnected_at + session.expiry - time.time() if since else session.expiry
+        session.expiry_timer = asyncio.get_running_loop().call_later(
+            max(0.0, left), self._expire, session
+        )
+
+    def _expire(self, session: Session) -> None:
+        session.expiry_timer = None
+        if session.conn is not None or self.sessions.get(session.client_id) is not session:
+            return
+        self.server.counters["sessions_expired"] += 1
+        log.info("session %r expired", session.client_id)
+        self._end(session, publish_will=True)
+
+    def _end(self, session: Session, publish_will: bool) -> None:
+        """Delete a session: release its filters, its stored state, its pending will."""
+        for t in (session.expiry_timer, session.will_timer):
+            if t is not None:
+                t.cancel()
+        session.expiry_timer = session.will_timer = None
+        server = self.server
+        delivery = server.delivery
+        for sub in session.subs.values():
+            if not sub.local:
+                if session.conn is not None:
+                    delivery.detach(sub)
+                server.backend.release(sub.spec)
+        session.subs.clear()
+        if publish_will and session.will is not None:
+            will, session.will = session.will, None
+            self.publish_will(will)
+        if self.sessions.get(session.client_id) is session:
+            del self.sessions[session.client_id]
+        server.backend.delete_session(session.client_id)
+
+    # -- subscribe -----------------------------------------------------------------------------
+    def subscribe(
+        self,
+        session: Session,
+        spec: FilterSpec,
+        qos: int,
+        no_local: bool,
+        rap: bool,
+        rh: int,
+        sub_id: int | None,
+    ) -> None:
+        """Add or replace one subscription; send retained messages per retain handling."""
+        server = self.server
+        existing = session.subs.get(spec.raw)
+        local = spec.filter.startswith("$") and spec.replay_since_ms is None
+        if existing is not None:
+            existing.qos, existing.no_local = qos, no_local
+            existing.retain_as_published, existing.retain_handling = rap, rh
+            existing.sub_id = sub_id
+            sub = existing
+            is_new = False
+        else:
+            sub = Subscription(session, spec, qos, no_local, rap, rh, sub_id, local=local)
+            is_new = True
+            if not local:
+                group = server.delivery.group_of_key(spec)
+                if group is not None:
+                    sub.pos = group.pos
+                else:
+                    sub.pos = server.backend.subscribe_position(spec)
+                server.backend.hold(spec)
+            session.subs[spec.raw] = sub
+            server.counters["subscriptions"] += 1
+            if session.conn is not None and not local:
+                server.delivery.attach(sub)
+        session.dirty = session.persistent
+        if session.conn is not None:
+            session.conn.session_overlap = session.overlapping
+        if spec.share_group is None and (rh == 0 or (rh == 1 and is_new)):
+            if local:
+                server.sys.send_current(sub)
+            else:
+                self.send_retained(sub)
+
+    def unsubscribe(self, session: Session, raw: str) -> bool:
+        sub = session.subs.pop(raw, None)
+        if sub is None:
+            return False
+        if not sub.local:
+            if session.conn is not None:
+                self.server.delivery.detach(sub)
+            self.server.backend.release(sub.spec)
+        session.dirty = session.persistent
+        if session.conn is not None:
+            session.conn.session_overlap = session.overlapping
+        return True
+
+    def send_retained(self, sub: Subscription) -> None:
+        conn = sub.session.conn
+        if conn is None:
+            return
+        msgs = self.server.backend.retained_for(sub.spec.filter)
+        if not msgs:
+            return
+        now_ms = int(time.time() * 1000)
+        session = sub.session
+        out = []
+        for stored in msgs:
+            m = CachedMsg.from_stored(stored)
+            if m.expired(now_ms):
+                continue
+            qos = min(m.qos, sub.qos)
+            sids = (sub.sub_id,) if (conn.v5 and sub.sub_id) else ()
+            tpl = m.template(qos, True, conn.v5, sids, now_ms)
+            if qos:
+                if len(session.inflight) >= 65000:
+                    break
+                pid = session.alloc_pid()
+                data = tpl.packet(pid)
+                session.inflight[pid] = Inflight("", -1, qos, data, False, sub.spec.raw)
+            else:
+                data = tpl.data
+            out.append(data)
+        if out:
+            conn.write_delivery(b"".join(out), len(out), sum(map(len, out)))

@@ -1,0 +1,35 @@
+"""MQTT proxy settings: the subset of the gateway config the proxy reads.
+
+A plain dataclass so `mqtt_proxy` never imports `lightgate` (arrows point down); the embedder
+builds it from `GatewayConfig` with `ProxySettings.from_mapping(vars-like object)`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+
+@dataclass(slots=True)
+class ProxySettings:
+    max_packet_size: int = 1024 * 1024
+    max_keepalive: int = 600
+    receive_maximum: int = 64
+    max_session_expiry: int = 7 * 24 * 3600
+    max_replay_depth_ms: int = 7 * 24 * 3600 * 1000
+    sys_interval_s: int = 10
+    allow_anonymous: bool = True
+    filter_grace_ms: int = 60_000
+    # Not in the gateway config (yet): internal knobs with sensible defaults.
+    max_topic_alias: int = 64
+    session_flush_ms: int = 100
+    cache_per_queue: int = 1024
+    read_batch: int = 256
+    write_high_water: int = 256 * 1024
+    ws_path: str = "/mqtt"
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> ProxySettings:
+        """Copy the fields this class knows from any object with those attributes (GatewayConfig)."""
+        values = {f.name: getattr(cfg, f.name) for f in fields(cls) if hasattr(cfg, f.name)}
+        return cls(**values)

@@ -1,0 +1,126 @@
+"""Topic filters as the proxy sees them: validation, matching, `$share/...` and `$replay/...`.
+
+A SUBSCRIBE filter names one light queue: the exact topic for a filter without wildcards, the
+filter itself otherwise. Two prefixes are peeled off first:
+- `$share/<group>/<filter>` (MQTT 5 §4.8.2, accepted from 3.1.1 clients too, as Mosquitto does):
+  the members of a group share one position; each message goes to one member.
+- `$replay/<since>/<filter>` (INTERFACES.md "Replay from the log"): the subscription starts at
+  `<since>` instead of the live end. `<since>` is Unix ms, ISO-8601 UTC or `-<n>{s,m,h,d}`.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+
+class FilterError(ValueError):
+    """The filter is malformed (SUBACK 0x8F topic filter invalid / v3 0x80)."""
+
+
+@dataclass(frozen=True, slots=True)
+class FilterSpec:
+    """A parsed SUBSCRIBE filter. `raw` is what the client sent (the key for UNSUBSCRIBE)."""
+
+    raw: str
+    filter: str
+    share_group: str | None = None
+    replay_since_ms: int | None = None
+
+    @property
+    def wildcard(self) -> bool:
+        return is_wildcard(self.filter)
+
+
+def is_wildcard(filt: str) -> bool:
+    return "+" in filt or "#" in filt
+
+
+def validate_filter(filt: str) -> None:
+    """MQTT 5 §4.7.1: `#` alone and last, `+` alone in its level, non-empty, no NUL."""
+    if not filt or "\x00" in filt:
+        raise FilterError("empty topic filter" if not filt else "NUL in topic filter")
+    if "+" not in filt and "#" not in filt:
+        return
+    levels = filt.split("/")
+    last = len(levels) - 1
+    for i, level in enumerate(levels):
+        if "#" in level and (level != "#" or i != last):
+            raise FilterError(f"'#' must be a whole, last level: {filt!r}")
+        if "+" in level and level != "+":
+            raise FilterError(f"'+' must be a whole level: {filt!r}")
+
+
+def validate_topic(topic: str) -> None:
+    """A PUBLISH topic name: non-empty, no wildcards, no NUL (MQTT 5 §4.7.3)."""
+    if not topic:
+        raise FilterError("empty topic name")
+    if "+" in topic or "#" in topic or "\x00" in topic:
+        raise FilterError(f"wildcard or NUL in topic name: {topic!r}")
+
+
+def topic_matches(filt: str, topic: str) -> bool:
+    """Does `topic` match `filt`? Filters starting with a wildcard do not match `$` topics."""
+    if filt == topic:
+        return True
+    if topic[:1] == "$" and filt[:1] in ("+", "#"):
+        return False
+    if "+" not in filt and "#" not in filt:
+        return False
+    f_levels = filt.split("/")
+    t_levels = topic.split("/")
+    for i, f in enumerate(f_levels):
+        if f == "#":
+            return True
+        if i >= len(t_levels):
+            return False
+        if f != "+" and f != t_levels[i]:
+            return False
+    return len(f_levels) == len(t_levels)
+
+
+_DURATION = re.compile(r"^-(\d+(?:\.\d+)?)(ms|s|m|h|d)$")
+_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def parse_since(text: str, now_ms: int | None = None) -> int:
+    """`<since>` → Unix ms. Accepts `1764000000000`, `2026-11-22T10:00:00Z`, `-15m`."""
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    text = text.strip()
+    if text.isdigit():
+        return int(text)
+    m = _DURATION.match(text)
+    if m:
+        return now_ms - int(float(m.group(1)) * _UNIT_MS[m.group(2)])
+    try:
+        dt = datetime.fromisoformat(text.replace("Z", "+00:00") if text.endswith("Z") else text)
+    except ValueError:
+        raise FilterError(f"bad replay time {text!r}") from None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=UTC)
+    return int(dt.timestamp() * 1000)
+
+
+def parse_filter(
+    raw: str, replay_since: str | None = None, now_ms: int | None = None
+) -> FilterSpec:
+    """Peel `$share/` and `$replay/`, validate the rest. Raises FilterError."""
+    filt = raw
+    group: str | None = None
+    since: int | None = None
+    if filt.startswith("$share/"):
+        parts = filt.split("/", 2)
+        if len(parts) < 3 or not parts[1] or "+" in parts[1] or "#" in parts[1] or not parts[2]:
+            raise FilterError(f"bad shared subscription {raw!r}")
+        group, filt = parts[1], parts[2]
+    if filt.startswith("$replay/"):
+        parts = filt.split("/", 2)
+        if len(parts) < 3 or not parts[2]:
+            raise FilterError(f"bad replay subscription {raw!r}")
+        since, filt = parse_since(parts[1], now_ms), parts[2]
+    elif replay_since is not None:
+        since = parse_since(replay_since, now_ms)
+    validate_filter(filt)
+    return FilterSpec(raw=raw, filter=filt, share_group=group, replay_since_ms=since)

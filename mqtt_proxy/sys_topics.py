@@ -1,0 +1,79 @@
+"""`$SYS/broker/...` statistics, published by the proxy itself (never stored in the log).
+
+`$` topics are not device data (INTERFACES.md), so these messages bypass the store and the light
+queues: every `sys_interval_s` the proxy encodes each value once and writes it to the local
+subscribers whose `$SYS` filter matches, and a new subscriber gets the current values at once
+(as retained messages, as Mosquitto does). Names follow Mosquitto's `$SYS` tree.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from mqtt_proxy.codec import EMPTY_PROPERTIES, Properties, PublishTemplate
+from mqtt_proxy.subscriptions import topic_matches
+
+if TYPE_CHECKING:
+    from mqtt_proxy.server import MqttServer
+    from mqtt_proxy.session import Subscription
+
+
+class SysPublisher:
+    def __init__(self, server: MqttServer) -> None:
+        self.server = server
+
+    def values(self) -> dict[str, str]:
+        st = self.server.stats()
+        return {
+            "$SYS/broker/version": str(st["version"]),
+            "$SYS/broker/uptime": f"{st['uptime_s']} seconds",
+            "$SYS/broker/clients/connected": str(st["clients_connected"]),
+            "$SYS/broker/clients/total": str(st["sessions"]),
+            "$SYS/broker/messages/received": str(st["messages_received"]),
+            "$SYS/broker/messages/sent": str(st["messages_sent"]),
+            "$SYS/broker/publish/messages/dropped": str(st["publish_dropped"]),
+            "$SYS/broker/bytes/received": str(st["bytes_received"]),
+            "$SYS/broker/bytes/sent": str(st["bytes_sent"]),
+            "$SYS/broker/subscriptions/count": str(
+                sum(len(s.subs) for s in self.server.sessions.sessions.values())
+            ),
+        }
+
+    def _send(self, subs: list[Subscription], values: dict[str, str], retain: bool) -> None:
+        """QoS 0 only: statistics are a snapshot, a lost one is replaced next interval."""
+        cache: dict[tuple[str, bool, int | None], bytes] = {}
+        for sub in subs:
+            conn = sub.session.conn
+            if conn is None or not conn.writable:
+                continue
+            out = []
+            sid = sub.sub_id if conn.v5 else None
+            for topic, value in values.items():
+                if not topic_matches(sub.spec.filter, topic):
+                    continue
+                key = (topic, conn.v5, sid)
+                data = cache.get(key)
+                if data is None:
+                    props = Properties(subscription_identifiers=(sid,)) if sid else EMPTY_PROPERTIES
+                    data = PublishTemplate.build(
+                        topic, value.encode(), 0, retain, props, 5 if conn.v5 else 4
+                    ).data
+                    cache[key] = data
+                out.append(data)
+            if out:
+                conn.write_delivery(b"".join(out), len(out), sum(map(len, out)))
+
+    def publish(self) -> None:
+        subs = [
+            sub
+            for conn in self.server.conns.values()
+            if conn.session is not None
+            for sub in conn.session.subs.values()
+            if sub.local and sub.spec.filter.startswith("$SYS")
+        ]
+        if subs:
+            self._send(subs, self.values(), False)
+
+    def send_current(self, sub: Subscription) -> None:
+        if sub.spec.filter.startswith("$SYS"):
+            self._send([sub], self.values(), True)

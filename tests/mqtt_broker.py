@@ -1,0 +1,147 @@
+"""The `broker` fixture of the MQTT end-to-end tests.
+
+Two ways to run the gateway under test, same interface (`port`, `ws_port`, `tls_port`,
+`restart()`):
+- `InProcessBroker`: the real Store, light queues, notifier and `MqttServer` on their own event
+  loop in a background thread, so tests can set the embedder hooks (`server.authenticate`, ACLs).
+- `ProcessBroker`: a real `lightgate serve` subprocess (tests/gateway_process.py), used when
+  the CLI wires the MQTT server (LIGHTGATE_TEST_INPROCESS=1 forces the in-process one).
+Tests are written with blocking paho clients (tests/mqtt_helpers.py) either way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import ssl
+import threading
+from collections.abc import Iterator
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def make_tls_context(tmp: Path) -> tuple[ssl.SSLContext, Path]:
+    """A throwaway self-signed cert (openssl CLI) and a server context for it."""
+    import subprocess
+
+    cert, key = tmp / "cert.pem", tmp / "key.pem"
+    if not cert.exists():
+        subprocess.run(
+            ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+             "-subj", "/CN=localhost", "-keyout", str(key), "-out", str(cert)],
+            check=True, capture_output=True,
+        )  # fmt: skip
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(cert, key)
+    return ctx, cert
+
+
+class InProcessBroker:
+    in_process = True
+
+    def __init__(self, data_dir: Path, settings: dict[str, Any] | None = None) -> None:
+        self.data_dir = data_dir
+        self.settings_overrides = settings or {}
+        self.port = self.ws_port = self.tls_port = 0
+        self.cert: Path | None = None
+        self.server: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._stop: asyncio.Event | None = None
+        self._parts: dict[str, Any] = {}
+
+    def start(self) -> InProcessBroker:
+        ready: Future[None] = Future()
+        self._thread = threading.Thread(target=self._run, args=(ready,), daemon=True)
+        self._thread.start()
+        ready.result(timeout=60)
+        return self
+
+    def _run(self, ready: Future[None]) -> None:
+        import uvloop
+
+        loop = uvloop.new_event_loop()
+        self._loop = loop
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_until_complete(self._main(ready))
+        except BaseException as exc:  # pragma: no cover - surfaced through `ready`
+            if not ready.done():
+                ready.set_exception(exc)
+        finally:
+            loop.close()
+
+    async def _main(self, ready: Future[None]) -> None:
+        from mqtt_proxy.server import MqttServer
+        from mqtt_proxy.settings import ProxySettings
+        from store import Store, StoreConfig
+
+        self._stop = asyncio.Event()
+        store = await Store.open(self.data_dir, StoreConfig(fsync="always"))
+        queues, notifier, extra = await open_queues(store, self.data_dir)
+        settings = ProxySettings(**{"sys_interval_s": 1, **self.settings_overrides})
+        server = MqttServer(store, queues, notifier, settings)
+        self.server = server
+        _, self.port = await server.start_tcp("127.0.0.1", self.port)
+        _, self.ws_port = await server.start_ws("127.0.0.1", self.ws_port)
+        ctx, self.cert = make_tls_context(self.data_dir.parent)
+        _, self.tls_port = await server.start_tls("127.0.0.1", self.tls_port, ctx)
+        ready.set_result(None)
+        await self._stop.wait()
+        await server.close()
+        for closer in extra:
+            await closer()
+        await store.close()
+
+    def call(self, fn: Any, *args: Any) -> Any:
+        """Run `fn(*args)` on the broker's loop and return its result."""
+        assert self._loop is not None
+
+        async def run() -> Any:
+            res = fn(*args)
+            if asyncio.iscoroutine(res):
+                res = await res
+            return res
+
+        return asyncio.run_coroutine_threadsafe(run(), self._loop).result(30)
+
+    def stop(self) -> None:
+        if self._loop is not None and self._stop is not None and self._thread is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+            self._thread.join(30)
+            self._thread = None
+
+    def restart(self) -> None:
+        """Graceful stop and start on the same data dir and ports."""
+        self.stop()
+        self.start()
+
+
+async def open_queues(store: Any, data_dir: Path) -> tuple[Any, Any, list[Any]]:
+    """Light queues + in-process notifier over `store`, when those packages are present."""
+    if (
+        not (ROOT / "lightqueue" / "__init__.py").exists()
+        or not (ROOT / "notify" / "__init__.py").exists()
+    ):
+        return None, None, []
+    from lightqueue import open_light_queues  # type: ignore[attr-defined]
+
+    return await open_light_queues(store, data_dir)
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[InProcessBroker]:
+    b = InProcessBroker(tmp_path / "data", {}).start()
+    try:
+        yield b
+    finally:
+        b.stop()
+
+
+def inprocess_forced() -> bool:
+    return os.environ.get("LIGHTGATE_TEST_INPROCESS") == "1"
