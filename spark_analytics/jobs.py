@@ -1,0 +1,482 @@
+"""Device analytics jobs on the log: each writes Parquet plus a PNG chart and returns a `JobResult`.
+
+    spark = make_session()
+    r = message_rates(spark, "./data", "./analytics", window="1 minute")
+    r.table.head()      # pandas; r.parquet, r.chart are the files
+
+Jobs read through the `lightgate` source, so they see exactly what MQTT and Kafka clients see.
+`telemetry` runs as a checkpointed Structured Streaming query (AvailableNow) because a watermark
+only means something there: re-running it reads only new records, and records later than the
+watermark are dropped (and counted) instead of silently reopening closed windows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.window import Window
+
+from spark_analytics import charts
+from spark_analytics.logdir import LogDirError, PartitionTail, list_topics, log_dir
+from spark_analytics.source import INTERNAL_PREFIX
+
+DEVICE_EVENTS_TOPIC = "__lightgate_device_events"
+Progress = Callable[[str], None]
+_NUMERIC = r"^(TINYINT|SMALLINT|INT|BIGINT|FLOAT|DOUBLE|DECIMAL)"
+
+
+class AnalyticsError(Exception):
+    """A job cannot run (missing/empty data dir, bad argument); the message says what to do."""
+
+
+@dataclass(frozen=True)
+class JobResult:
+    name: str
+    parquet: Path
+    chart: Path
+    rows: int
+    table: pd.DataFrame
+    info: dict[str, object]
+
+
+def stderr_progress(msg: str) -> None:
+    print(f"lightgate analytics: {msg}", file=sys.stderr, flush=True)
+
+
+def make_session(master: str = "local[*]", app: str = "lightgate-analytics") -> SparkSession:
+    """A local session with the `lightgate` source registered and the UI off (or the active one)."""
+    import os
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    import spark_analytics
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        spark_analytics.register(active)
+        return active
+    spark = (
+        SparkSession.builder.master(master)
+        .appName(app)
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.sql.session.timeZone", "UTC")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    spark_analytics.register(spark)
+    return spark
+
+
+_DURATION = re.compile(r"^-(\d+(?:\.\d+)?)([smhdw])$")
+_UNIT_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
+
+
+def parse_since(text: str, now_ms: int | None = None) -> int:
+    """Unix ms, ISO-8601 (`2026-11-22T10:00:00Z`) or `-15m`/`-2h`/`-7d` (as `$replay` accepts)."""
+    t = text.strip()
+    if t.isdigit():
+        return int(t)
+    m = _DURATION.match(t)
+    if m:
+        now = int(time.time() * 1000) if now_ms is None else now_ms
+        return now - int(float(m.group(1)) * _UNIT_MS[m.group(2)])
+    try:
+        dt = datetime.fromisoformat(t.replace("Z", "+00:00"))
+    except ValueError:
+        raise AnalyticsError(f"--since {text!r}: expected ms, ISO-8601 or -15m/-2h/-7d") from None
+    if dt.tzinfo is None:
+        raise AnalyticsError(f"--since {text!r}: give a time zone, e.g. {t}Z")
+    return int(dt.timestamp() * 1000)
+
+
+def check_data(data_dir: str | Path, topics: list[str] | None = None) -> dict[str, int]:
+    """Records per topic, or AnalyticsError when there is nothing to analyse."""
+    try:
+        log = log_dir(data_dir)
+    except LogDirError as exc:
+        raise AnalyticsError(f"{exc}. Point --data-dir at the gateway's data dir.") from None
+    known = list_topics(log)
+    names = topics or [t for t in known if not t.startswith(INTERNAL_PREFIX)]
+    counts = {}
+    for t in names:
+        n = 0
+        for p in range(known.get(t, 0)):
+            tail = PartitionTail(log, t, p)
+            n += tail.advance() - tail.start_offset
+        counts[t] = n
+    if not any(counts.values()):
+        what = ", ".join(names) if names else "no topics yet"
+        raise AnalyticsError(
+            f"no records in {data_dir} ({what}); send traffic through the gateway first"
+        )
+    return counts
+
+
+def _read(
+    spark: SparkSession,
+    data_dir: str | Path,
+    since_ms: int | None,
+    until_ms: int | None,
+    options: dict[str, str] | None = None,
+) -> DataFrame:
+    r = spark.read.format("lightgate")
+    if since_ms is not None:
+        r = r.option("startingTimestamp", str(since_ms))
+    for k, v in (options or {}).items():
+        r = r.option(k, v)
+    df = r.load(str(data_dir))
+    if until_ms is not None:
+        df = df.where(F.col("timestamp") < F.timestamp_millis(F.lit(until_ms)))
+    return df
+
+
+def device_col(device_from: str = "client_id") -> Column:
+    """`client_id` (falling back to the MQTT topic for Kafka-produced records) or `topic:N`."""
+    if device_from == "client_id":
+        return F.coalesce(F.col("client_id"), F.col("mqtt_topic"))
+    m = re.fullmatch(r"topic:(\d+)", device_from)
+    if not m:
+        raise AnalyticsError(f"device_from {device_from!r}: use client_id or topic:N")
+    return F.split(F.col("mqtt_topic"), "/").getItem(int(m.group(1)))
+
+
+def _to_pandas(df: DataFrame) -> pd.DataFrame:
+    """toPandas with timestamps marked UTC (Spark hands them over naive, in session time)."""
+    tz = df.sparkSession.conf.get("spark.sql.session.timeZone") or "UTC"
+    out = df.toPandas()
+    for c in out.columns:
+        if pd.api.types.is_datetime64_dtype(out[c]) and getattr(out[c].dt, "tz", None) is None:
+            out[c] = out[c].dt.tz_localize(tz).dt.tz_convert("UTC")
+    return out
+
+
+def _write(df: pd.DataFrame, path: Path) -> None:
+    """Small results: one Parquet file through pyarrow (no Spark job, no _SUCCESS clutter)."""
+    path.mkdir(parents=True, exist_ok=True)
+    for old in path.glob("*.parquet"):
+        old.unlink()
+    tmp = path / ".part-0.parquet.tmp"
+    pq.write_table(pa.Table.from_pandas(df, preserve_index=False), tmp)
+    tmp.replace(path / "part-0.parquet")
+
+
+def message_rates(
+    spark: SparkSession,
+    data_dir: str | Path,
+    out_dir: str | Path,
+    *,
+    window: str = "1 minute",
+    since_ms: int | None = None,
+    until_ms: int | None = None,
+    device_from: str = "client_id",
+    options: dict[str, str] | None = None,
+    progress: Progress = stderr_progress,
+) -> JobResult:
+    """Messages, bytes and messages/s per device per time window (broker receive time)."""
+    out = Path(out_dir)
+    counts = check_data(data_dir, topics_option(options))
+    progress(f"rates 1/3: reading {sum(counts.values()):,} records from {len(counts)} topic(s)")
+    df = _read(spark, data_dir, since_ms, until_ms, options)
+    secs = window_seconds(window)
+    agg = (
+        df.groupBy(device_col(device_from).alias("device"), F.window("timestamp", window))
+        .agg(F.count("*").alias("messages"), F.sum(F.length("value")).alias("bytes"))
+        .select(
+            "device",
+            F.col("window.start").alias("window_start"),
+            F.col("window.end").alias("window_end"),
+            "messages",
+            F.coalesce("bytes", F.lit(0)).alias("bytes"),
+            (F.col("messages") / F.lit(secs)).alias("msgs_per_s"),
+        )
+        .orderBy("window_start", "device")
+    )
+    progress("rates 2/3: aggregating per device and window")
+    table = _to_pandas(agg)
+    progress(f"rates 3/3: writing {len(table):,} rows and a chart to {out}")
+    _write(table, out / "rates")
+    chart = charts.rates_chart(table, out / "rates.png")
+    return JobResult("rates", out / "rates", chart, len(table), table, {"window_s": secs})
+
+
+def top_talkers(
+    spark: SparkSession,
+    data_dir: str | Path,
+    out_dir: str | Path,
+    *,
+    n: int = 10,
+    by: str = "messages",
+    since_ms: int | None = None,
+    until_ms: int | None = None,
+    device_from: str = "client_id",
+    options: dict[str, str] | None = None,
+    progress: Progress = stderr_progress,
+) -> JobResult:
+    """The n devices sending the most messages (or bytes), with topics and first/last seen."""
+    if by not in ("messages", "bytes"):
+        raise AnalyticsError(f"top-talkers --by {by!r}: use messages or bytes")
+    out = Path(out_dir)
+    counts = check_data(data_dir, topics_option(options))
+    progress(f"top-talkers 1/2: scanning {sum(counts.values()):,} records")
+    df = _read(spark, data_dir, since_ms, until_ms, options)
+    top_df = (
+        df.groupBy(device_col(device_from).alias("device"))
+        .agg(
+            F.count("*").alias("messages"),
+            F.coalesce(F.sum(F.length("value")), F.lit(0)).alias("bytes"),
+            F.countDistinct("mqtt_topic").alias("topics"),
+            F.min("timestamp").alias("first_seen"),
+            F.max("timestamp").alias("last_seen"),
+        )
+        .orderBy(F.desc(by), "device")
+        .limit(n)
+    )
+    top = _to_pandas(top_df)
+    progress(f"top-talkers 2/2: writing {len(top)} rows and a chart to {out}")
+    _write(top, out / "top_talkers")
+    chart = charts.top_talkers_chart(top, out / "top_talkers.png", by)
+    return JobResult("top-talkers", out / "top_talkers", chart, len(top), top, {"by": by})
+
+
+def device_sessions(
+    spark: SparkSession,
+    data_dir: str | Path,
+    out_dir: str | Path,
+    *,
+    since_ms: int | None = None,
+    until_ms: int | None = None,
+    progress: Progress = stderr_progress,
+) -> JobResult:
+    """Online/offline intervals per client from connect/disconnect events.
+
+    Each event opens an interval that the client's next event closes: `connect` -> online,
+    `disconnect` -> offline; the closing disconnect's reason is the online interval's reason.
+    A connect after a connect (the gateway died) closes the first one with reason `unknown`.
+    The last interval of a client is open (`end` null).
+    """
+    out = Path(out_dir)
+    try:
+        check_data(data_dir, [DEVICE_EVENTS_TOPIC])
+    except AnalyticsError as exc:
+        raise AnalyticsError(
+            f"{exc}. Device events are written to {DEVICE_EVENTS_TOPIC} by the MQTT proxy."
+        ) from None
+    progress(f"sessions 1/3: reading {DEVICE_EVENTS_TOPIC}")
+    ev = _read(spark, data_dir, since_ms, until_ms, {"topics": DEVICE_EVENTS_TOPIC})
+    j = F.try_parse_json(F.col("value").cast("string"))
+    events = ev.select(
+        F.coalesce(
+            F.try_variant_get(j, "$.client_id", "string"), F.col("key").cast("string")
+        ).alias("client_id"),
+        F.lower(F.try_variant_get(j, "$.event", "string")).alias("event"),
+        F.coalesce(
+            F.timestamp_millis(F.try_variant_get(j, "$.ts", "bigint")),
+            F.try_variant_get(j, "$.ts", "timestamp"),
+            F.col("timestamp"),
+        ).alias("ts"),
+        F.try_variant_get(j, "$.reason", "string").alias("reason"),
+        F.try_variant_get(j, "$.remote", "string").alias("remote"),
+        F.col("offset"),
+    ).where(F.col("event").isin("connect", "disconnect"))
+    w = Window.partitionBy("client_id").orderBy("ts", "offset")
+    nxt_event = F.lead("event").over(w)
+    iv = events.select(
+        "client_id",
+        F.when(F.col("event") == "connect", "online").otherwise("offline").alias("state"),
+        F.col("ts").alias("start"),
+        F.lead("ts").over(w).alias("end"),
+        F.when(
+            F.col("event") == "connect",
+            F.when(nxt_event == "disconnect", F.lead("reason").over(w)).when(
+                nxt_event == "connect", F.lit("unknown")
+            ),
+        ).alias("reason"),
+        F.when(F.col("event") == "connect", F.col("remote")).alias("remote"),
+    ).withColumn(
+        "duration_s",
+        F.col("end").cast("double") - F.col("start").cast("double"),
+    )
+    progress("sessions 2/3: pairing connect/disconnect events per client")
+    table = _to_pandas(iv.orderBy("client_id", "start"))
+    progress(f"sessions 3/3: writing {len(table):,} intervals and a chart to {out}")
+    _write(table, out / "sessions")
+    chart = charts.sessions_chart(table, out / "sessions.png")
+    online = table[table["state"] == "online"]
+    info = {
+        "clients": int(table["client_id"].nunique()),
+        "online_now": int(online["end"].isna().sum()),
+    }
+    return JobResult("sessions", out / "sessions", chart, len(table), table, info)
+
+
+def telemetry(
+    spark: SparkSession,
+    data_dir: str | Path,
+    out_dir: str | Path,
+    *,
+    window: str = "1 minute",
+    watermark: str = "10 minutes",
+    time_field: str | None = "ts",
+    since_ms: int | None = None,
+    device_from: str = "client_id",
+    options: dict[str, str] | None = None,
+    fresh: bool = False,
+    progress: Progress = stderr_progress,
+) -> JobResult:
+    """count/avg/min/max of every numeric JSON field per device per event-time window.
+
+    Event time is the payload's `time_field` (epoch ms or ISO-8601) when present, else the broker
+    receive time. Output columns: device, field, window_start, window_end, count, avg, min, max,
+    closed (the watermark has passed the window: it will not change any more).
+    """
+    out = Path(out_dir)
+    counts = check_data(data_dir, topics_option(options))
+    window_seconds(window)
+    window_seconds(watermark)
+    key = json.dumps([str(data_dir), window, watermark, time_field, since_ms, device_from, options])
+    ckpt = out / "_checkpoints" / ("telemetry-" + hashlib.sha1(key.encode()).hexdigest()[:12])
+    target = out / "telemetry"
+    if fresh:
+        import shutil
+
+        shutil.rmtree(ckpt, ignore_errors=True)
+        shutil.rmtree(target, ignore_errors=True)
+    old = pd.read_parquet(target) if (target / "part-0.parquet").exists() else None
+    state = {"table": old, "batches": 0}
+    progress(
+        f"telemetry 1/3: streaming {sum(counts.values()):,} records (checkpoint {ckpt.name}, "
+        f"window {window}, watermark {watermark})"
+    )
+
+    r = spark.readStream.format("lightgate").option("startingOffsets", "earliest")
+    if since_ms is not None:
+        r = r.option("startingTimestamp", str(since_ms))
+    for k, v in (options or {}).items():
+        r = r.option(k, v)
+    src = r.load(str(data_dir))
+    j = F.try_parse_json(F.col("value").cast("string"))
+    event_time = F.col("timestamp")
+    if time_field:
+        path = f"$.{time_field}"
+        event_time = F.coalesce(
+            F.timestamp_millis(F.try_variant_get(j, path, "bigint")),
+            F.try_variant_get(j, path, "timestamp"),
+            F.col("timestamp"),
+        )
+    fields = src.select(
+        device_col(device_from).alias("device"),
+        event_time.alias("event_time"),
+        F.explode(F.try_variant_get(j, "$", "map<string,variant>")).alias("field", "v"),
+    )
+    numeric = fields.where(F.schema_of_variant("v").rlike(_NUMERIC))
+    if time_field:
+        numeric = numeric.where(F.col("field") != time_field)
+    agg = (
+        numeric.select(
+            "device", "event_time", "field", F.try_variant_get("v", "$", "double").alias("x")
+        )
+        .withWatermark("event_time", watermark)
+        .groupBy("device", "field", F.window("event_time", window))
+        .agg(
+            F.count("x").alias("count"),
+            F.avg("x").alias("avg"),
+            F.min("x").alias("min"),
+            F.max("x").alias("max"),
+        )
+        .select(
+            "device",
+            "field",
+            F.col("window.start").alias("window_start"),
+            F.col("window.end").alias("window_end"),
+            "count",
+            "avg",
+            "min",
+            "max",
+        )
+    )
+
+    def merge(batch: DataFrame, batch_id: int) -> None:
+        upd = _to_pandas(batch)
+        state["batches"] = int(state["batches"]) + 1
+        if upd.empty:
+            return
+        cur = state["table"]
+        if cur is not None and not cur.empty:
+            keys = ["device", "field", "window_start"]
+            cur = cur.drop(columns=["closed"], errors="ignore")
+            both = pd.concat([cur, upd], ignore_index=True)
+            upd = both.drop_duplicates(subset=keys, keep="last")
+        state["table"] = upd
+        _write(_closed(upd, None), target)
+        progress(f"telemetry 2/3: micro-batch {batch_id} done, {len(upd):,} windows so far")
+
+    q = (
+        agg.writeStream.outputMode("update")
+        .foreachBatch(merge)
+        .option("checkpointLocation", str(ckpt))
+        .trigger(availableNow=True)
+        .start()
+    )
+    q.awaitTermination()
+    if q.exception() is not None:
+        raise AnalyticsError(f"telemetry query failed: {q.exception()}")
+    dropped = 0
+    wm = None
+    for p in q.recentProgress:
+        for op in p.get("stateOperators", []):
+            dropped += int(op.get("numRowsDroppedByWatermark", 0))
+        wm = p.get("eventTime", {}).get("watermark", wm)
+    table = state["table"] if state["table"] is not None else _empty_telemetry()
+    table = _closed(table.sort_values(["device", "field", "window_start"]), wm)
+    _write(table, target)
+    progress(f"telemetry 3/3: {len(table):,} windows, {dropped} late record field(s) dropped")
+    chart = charts.telemetry_chart(table, out / "telemetry.png")
+    info = {"late_dropped": dropped, "watermark": wm, "checkpoint": str(ckpt)}
+    return JobResult("telemetry", target, chart, len(table), table.reset_index(drop=True), info)
+
+
+def _closed(table: pd.DataFrame, watermark: str | None) -> pd.DataFrame:
+    t = table.copy()
+    if watermark is None:
+        t["closed"] = False
+    else:
+        wm = pd.Timestamp(watermark)
+        ends = pd.to_datetime(t["window_end"], utc=True)
+        t["closed"] = ends <= (wm if wm.tzinfo else wm.tz_localize("UTC"))
+    return t
+
+
+def _empty_telemetry() -> pd.DataFrame:
+    cols = ["device", "field", "window_start", "window_end", "count", "avg", "min", "max"]
+    return pd.DataFrame({c: [] for c in cols})
+
+
+def topics_option(options: dict[str, str] | None) -> list[str] | None:
+    raw = (options or {}).get("topics")
+    return [t.strip() for t in raw.split(",") if t.strip()] if raw else None
+
+
+_WINDOW = re.compile(r"^\s*(\d+)\s*(second|minute|hour|day|week)s?\s*$", re.IGNORECASE)
+_UNIT_S = {"second": 1, "minute": 60, "hour": 3600, "day": 86400, "week": 604800}
+
+
+def window_seconds(window: str) -> int:
+    """Seconds in a Spark window duration such as '30 seconds' or '1 hour'."""
+    m = _WINDOW.match(window)
+    if not m or int(m.group(1)) <= 0:
+        raise AnalyticsError(f"window {window!r}: expected e.g. '30 seconds', '1 minute', '1 hour'")
+    return int(m.group(1)) * _UNIT_S[m.group(2).lower()]
