@@ -276,3 +276,45 @@ def test_errors_keep_earlier_packets() -> None:
 def test_every_state_in_table() -> None:
     assert set(TRANSITIONS) == set(State)
     assert TRANSITIONS[DISCONNECTED] == {}
+
+
+def test_maximum_qos_and_retain_available() -> None:
+    client, server = pair(5, connack_props={"maximum_qos": 1, "retain_available": 0})
+    xfer(client, server, Publish("a", b"", 1, packet_id=1))
+    with pytest.raises(RemoteProtocolError) as ei:
+        server.receive_data(encode(Publish("a", b"", 2, packet_id=2), 5))
+    assert ei.value.reason_code == 0x9B
+    _, server = pair(5, connack_props={"retain_available": 0})
+    with pytest.raises(RemoteProtocolError) as ei:
+        server.receive_data(encode(Publish("a", b"", retain=True), 5))
+    assert ei.value.reason_code == 0x9A
+
+
+def test_disconnect_session_expiry_after_zero() -> None:
+    client, server = pair(5)  # CONNECT without Session Expiry Interval: 0
+    with pytest.raises(RemoteProtocolError) as ei:
+        server.receive_data(encode(Disconnect(0, make_properties(session_expiry_interval=60)), 5))
+    assert ei.value.reason_code == 0x82
+    client, server = pair(5, connect_props={"session_expiry_interval": 10})
+    xfer(client, server, Disconnect(0, make_properties(session_expiry_interval=60)))
+    assert server.state is DISCONNECTED
+
+
+def test_packets_after_disconnect() -> None:
+    _, server = pair(4)
+    with pytest.raises(RemoteProtocolError) as ei:
+        server.receive_data(b"\xe0\x00\xc0\x00")
+    assert ei.value.packets == [Disconnect()]
+
+
+def test_failed_send_keeps_state() -> None:
+    client, server = pair(4)
+    with pytest.raises(LocalProtocolError):
+        client.send(Disconnect(0x8E))  # v3 cannot carry a reason code
+    assert client.state is CONNECTED  # a refused send changes nothing
+
+
+def test_table_rows_are_reachable() -> None:
+    for state, rows in TRANSITIONS.items():
+        for (role, kind), nxt in rows.items():
+            assert role in (CLIENT, SERVER) and isinstance(nxt, State), (state, kind)

@@ -21,8 +21,8 @@ version is fixed by the CONNECT (the parser decodes v5 properties from the next 
 
 Limits are read from the packets themselves, so there is no second source of truth: our CONNACK
 (server) or CONNECT (client) sets what we accept (Topic Alias Maximum, Receive Maximum, Maximum
-Packet Size); the peer's sets what we may send. Inbound QoS 1/2 PUBLISHes count against our
-Receive Maximum until we send PUBACK / PUBCOMP (or a failing PUBREC); one more is 0x93. Inbound
+Packet Size, Maximum QoS, Retain Available); the peer's sets what we may send. Inbound v5 QoS 1/2
+PUBLISHes count against our Receive Maximum until we send PUBACK / PUBCOMP (or a failing PUBREC); one more is 0x93. Inbound
 topic aliases are resolved so received PUBLISH events always carry the full topic.
 
 On any ProtocolError, `error_bytes(err)` gives the last bytes to write before closing: a CONNACK
@@ -110,6 +110,9 @@ class Connection:
         "peer_topic_alias_maximum",
         "peer_receive_maximum",
         "peer_max_packet_size",
+        "maximum_qos",
+        "retain_available",
+        "_zero_session_expiry",
         "_in_aliases",
         "_out_aliases",
         "_in_flight",
@@ -133,6 +136,9 @@ class Connection:
         self.peer_topic_alias_maximum = 0  # what the peer accepts
         self.peer_receive_maximum = 65535
         self.peer_max_packet_size: int | None = None
+        self.maximum_qos = 2  # v5 limits we announced in CONNACK (server role)
+        self.retain_available = True
+        self._zero_session_expiry = False  # CONNECT said 0: DISCONNECT may not raise it
         self._in_aliases: dict[int, str] = {}
         self._out_aliases: dict[str, int] = {}
         self._in_flight: set[int] = set()  # inbound QoS>0 packet ids not completed yet
@@ -157,7 +163,7 @@ class Connection:
             packets = self.parser.feed(data)
         except RemoteProtocolError as e:
             good = self._receive_all(e.packets)  # may itself raise for an earlier packet
-            e.packets = good  # type: ignore[assignment]
+            e.packets = good
             raise
         return self._receive_all(packets)
 
@@ -167,28 +173,44 @@ class Connection:
             try:
                 out.append(self._receive(p))
             except RemoteProtocolError as e:
-                e.packets = out  # type: ignore[assignment]
+                e.packets = out
                 if e.protocol_level is None:
                     e.protocol_level = self.version
                 raise
             if self.state is DISCONNECTED and i + 1 < len(packets):
-                raise RemoteProtocolError("packets after DISCONNECT", 0x82, self.version)
+                err = RemoteProtocolError("packets after DISCONNECT", 0x82, self.version)
+                err.packets = out
+                raise err
         return out
 
     def _receive(self, p: Any) -> Packet:
-        self._step(self.their_role, p, RemoteProtocolError)
-        t = type(p)
-        if t is Publish:
+        self.state = self._next(self.their_role, p, RemoteProtocolError)
+        if type(p) is Publish:
             return self._receive_publish(p)
         kind = _kind(p)
         if kind in ("PUBACK", "PUBCOMP") or (kind == "PUBREC" and p.reason_code >= 0x80):
             self._out_flight.discard(p.packet_id)
         elif kind in ("CONNECT", "CONNACK", "CONNACK_REFUSED"):
             self._peer_limits(p.properties)
+            if kind == "CONNECT":
+                self._zero_session_expiry = not p.properties.session_expiry_interval
+        elif (
+            kind == "DISCONNECT"
+            and self._zero_session_expiry
+            and self.our_role is SERVER
+            and p.properties.session_expiry_interval
+        ):
+            raise RemoteProtocolError(
+                "DISCONNECT sets a session expiry after CONNECT had 0 [MQTT-3.14.2-2]", 0x82
+            )
         return p
 
     def _receive_publish(self, p: Publish) -> Publish:
         if self.version == 5:
+            if p.qos > self.maximum_qos:
+                raise RemoteProtocolError(f"QoS {p.qos} > maximum QoS {self.maximum_qos}", 0x9B)
+            if p.retain and not self.retain_available:
+                raise RemoteProtocolError("retain not available", 0x9A)
             alias = p.properties.topic_alias
             if alias is not None:
                 if alias > self.topic_alias_maximum:
@@ -231,12 +253,13 @@ class Connection:
         version = self.version
         if version is None:
             raise LocalProtocolError(f"cannot send {kind} before CONNECT")
-        self._step(self.our_role, packet, LocalProtocolError)
+        nxt = self._next(self.our_role, packet, LocalProtocolError)
         data = encode(packet, version)
         if self.peer_max_packet_size is not None and len(data) > self.peer_max_packet_size:
             raise LocalProtocolError(
                 f"{kind} of {len(data)} bytes > peer maximum {self.peer_max_packet_size}", 0x95
             )
+        self.state = nxt
         if kind == "PUBLISH":
             self._sent_publish(packet)
         elif kind in ("PUBACK", "PUBCOMP") or (kind == "PUBREC" and packet.reason_code >= 0x80):
@@ -250,6 +273,10 @@ class Connection:
                 self.receive_maximum = props.receive_maximum
             if props.maximum_packet_size is not None:
                 self.parser.max_packet_size = props.maximum_packet_size
+            if props.maximum_qos is not None:
+                self.maximum_qos = props.maximum_qos
+            if props.retain_available is not None:
+                self.retain_available = bool(props.retain_available)
         return data
 
     def _sent_publish(self, p: Publish) -> None:
@@ -289,7 +316,8 @@ class Connection:
 
     # ---------------------------------------------------------------------------------------
 
-    def _step(self, role: Role, packet: Packet, err: type[ProtocolError]) -> None:
+    def _next(self, role: Role, packet: Packet, err: type[ProtocolError]) -> State:
+        """The state after `role` sends `packet`, or `err` naming the state and the event."""
         kind = _kind(packet)
         nxt = TRANSITIONS[self.state].get((role, kind))
         if nxt is None or (kind == "DISCONNECT" and role is SERVER and self.version != 5):
@@ -298,7 +326,7 @@ class Connection:
                 0x82,
                 self.version,
             )
-        self.state = nxt
+        return nxt
 
     def error_bytes(self, err: ProtocolError | int) -> bytes:
         """The last bytes to send before closing for `err` (or a bare v5 reason code).

@@ -257,6 +257,8 @@ def _reason_encoder(b0: int, ptype: int) -> Callable[[Any, int], bytes]:
         if v != 5:
             if ptype == 15:
                 raise LocalProtocolError("AUTH exists only in MQTT 5")
+            if p.reason_code or p.properties:
+                raise LocalProtocolError("a v3 DISCONNECT carries no reason code or properties")
             return bytes((b0, 0))
         code = p.reason_code
         if code not in allowed:

@@ -13,7 +13,7 @@ one place that maps errors to wire codes instead of one per call site.
 
 from __future__ import annotations
 
-from typing import NoReturn
+from typing import Any, NoReturn
 
 __all__ = ["ProtocolError", "LocalProtocolError", "RemoteProtocolError"]
 
@@ -53,7 +53,7 @@ class RemoteProtocolError(ProtocolError):
     """The peer violated the spec. `packets` holds the complete packets parsed before the bad one
     in the same `feed` call (the server may act on them, e.g. a QoS 0 PUBLISH, or ignore them)."""
 
-    packets: list[object]
+    packets: list[Any]
 
     def __init__(
         self, msg: str, reason_code: int = 0x81, protocol_level: int | None = None

@@ -23,29 +23,6 @@ from .errors import LocalProtocolError
 from .properties import EMPTY_PROPERTIES, Properties
 from .topics import split_shared, topic_filter_error, topic_name_error
 
-__all__ = [
-    "PacketType",
-    "Packet",
-    "Will",
-    "TopicSubscription",
-    "Connect",
-    "Connack",
-    "Publish",
-    "Puback",
-    "Pubrec",
-    "Pubrel",
-    "Pubcomp",
-    "Subscribe",
-    "Suback",
-    "Unsubscribe",
-    "Unsuback",
-    "Pingreq",
-    "Pingresp",
-    "Disconnect",
-    "Auth",
-    "PROTOCOL_NAMES",
-]
-
 
 class PacketType:
     """Fixed-header packet type numbers (high nibble of byte 0)."""
