@@ -1,0 +1,30 @@
+"""Light queues: per-topic and per-filter index queues over the commitlog, in LevelDB.
+
+Derived data: every queue entry points at a record in the commitlog (the source of truth) and
+`rebuild_queues` can recreate them all from it. Sessions and retained messages share the DB under
+their own prefixes and are state, not derived. See docs/light-queues.md.
+"""
+
+from lightqueue.model import Entry, ReadResult, StoredMessage
+from lightqueue.retained import RetainedStore
+from lightqueue.sessions import SessionStore
+from lightqueue.topic_trie import (
+    FilterError,
+    FilterTrie,
+    is_wildcard,
+    topic_matches,
+    validate_filter,
+)
+
+__all__ = [
+    "Entry",
+    "FilterError",
+    "FilterTrie",
+    "ReadResult",
+    "RetainedStore",
+    "SessionStore",
+    "StoredMessage",
+    "is_wildcard",
+    "topic_matches",
+    "validate_filter",
+]

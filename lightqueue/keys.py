@@ -1,0 +1,178 @@
+"""Key layout of the light-queue LevelDB (`DATA/lightqueue`), one prefix byte per kind.
+
+Derived data (rebuilt from the commitlog by `rebuild_queues`, never trusted as truth):
+  q | qid u32 | seq u64            → entry: uvarint log-topic id, uvarint partition, offset as
+                                     minimal big-endian bytes (6 bytes for offsets < 2**32);
+                                     b"" marks a void entry (its record was lost, see dispatcher)
+  m | queue name (UTF-8)           → queue meta: format u8, qid u32, kind u8, start, next (uvarints)
+  c | topic id u32 | partition u32 → dispatcher checkpoint: next offset to index (u64)
+  t | log topic name               → log topic id (u32)
+  g | name                         → global counters (next queue id, next topic id, layout version)
+
+State (not derived; kept by `rebuild_queues`):
+  f | queue name                   → filter / replay record (codec.encode'd dict, see queues.py)
+  s | client id                    → MQTT session (codec.encode'd dict, see sessions.py)
+  r | topic, levels joined by NUL  → retained message (see retained.py)
+
+Fixed-width big-endian ids and sequences keep one queue's entries contiguous and in sequence
+order, so a read is one iterator seek. LevelDB shares key prefixes within a block, so the 13-byte
+entry key costs ~2 bytes on disk; the measured total is in bench/RESULTS.md ("storage").
+"""
+
+from __future__ import annotations
+
+import struct
+
+P_ENTRY = b"q"
+P_META = b"m"
+P_CHECKPOINT = b"c"
+P_TOPIC = b"t"
+P_GLOBAL = b"g"
+P_FILTER = b"f"
+P_SESSION = b"s"
+P_RETAINED = b"r"
+
+LAYOUT_VERSION = 1
+G_LAYOUT = P_GLOBAL + b"layout"
+G_NEXT_QID = P_GLOBAL + b"next_qid"
+G_NEXT_TID = P_GLOBAL + b"next_tid"
+
+KIND_EXACT = 0  # one MQTT topic
+KIND_FILTER = 1  # a wildcard filter, live from its creation point
+KIND_REPLAY = 2  # `$replay/<ms>/<filter>`: history from a time, then live
+KIND_DROPPED = 3  # tombstone of a dropped filter queue: keeps its sequence numbers unique
+
+_U32 = struct.Struct(">I")
+_U64 = struct.Struct(">Q")
+_U32U32 = struct.Struct(">II")
+_META_HEAD = struct.Struct(">BIB")
+META_FORMAT = 1
+
+pack_u32 = _U32.pack
+pack_u64 = _U64.pack
+unpack_u32 = _U32.unpack_from
+unpack_u64 = _U64.unpack_from
+
+
+def entry_prefix(qid: int) -> bytes:
+    return P_ENTRY + _U32.pack(qid)
+
+
+def entry_key(qid: int, seq: int) -> bytes:
+    return P_ENTRY + _U32.pack(qid) + _U64.pack(seq)
+
+
+def entry_key_seq(key: bytes) -> int:
+    return _U64.unpack_from(key, 5)[0]
+
+
+def checkpoint_key(tid: int, partition: int) -> bytes:
+    return P_CHECKPOINT + _U32U32.pack(tid, partition)
+
+
+def parse_checkpoint_key(key: bytes) -> tuple[int, int]:
+    tid, part = _U32U32.unpack_from(key, 1)
+    return tid, part
+
+
+# --- entries --------------------------------------------------------------------------------
+
+_UV = [bytes((i,)) for i in range(128)]
+
+
+def uvarint(v: int) -> bytes:
+    if v < 128:
+        return _UV[v]
+    out = bytearray()
+    while v > 0x7F:
+        out.append((v & 0x7F) | 0x80)
+        v >>= 7
+    out.append(v)
+    return bytes(out)
+
+
+def entry_value_prefix(tid: int, partition: int) -> bytes:
+    """The shared head of every entry of one partition (the dispatcher appends the offset)."""
+    return uvarint(tid) + uvarint(partition)
+
+
+def offset_bytes(offset: int) -> bytes:
+    """Minimal big-endian bytes (offset 0 → one zero byte); the value's end delimits it."""
+    return offset.to_bytes((offset.bit_length() + 7) >> 3 or 1, "big")
+
+
+def encode_entry(tid: int, partition: int, offset: int) -> bytes:
+    return uvarint(tid) + uvarint(partition) + offset_bytes(offset)
+
+
+def decode_entry(v: bytes) -> tuple[int, int, int] | None:
+    """(topic id, partition, offset), or None for a void entry."""
+    if not v:
+        return None
+    b = v[0]
+    if b < 0x80:
+        tid, pos = b, 1
+    else:
+        tid, pos = _get_uvarint(v, 0)
+    b = v[pos]
+    if b < 0x80:
+        part = b
+        pos += 1
+    else:
+        part, pos = _get_uvarint(v, pos)
+    return tid, part, int.from_bytes(v[pos:], "big")
+
+
+def _get_uvarint(buf: bytes, pos: int) -> tuple[int, int]:
+    v = shift = 0
+    while True:
+        b = buf[pos]
+        pos += 1
+        v |= (b & 0x7F) << shift
+        if b < 0x80:
+            return v, pos
+        shift += 7
+
+
+# --- queue metadata -------------------------------------------------------------------------
+
+
+def meta_key(name: str) -> bytes:
+    return P_META + name.encode("utf-8")
+
+
+def encode_meta(qid: int, kind: int, start: int, nxt: int) -> bytes:
+    return _META_HEAD.pack(META_FORMAT, qid, kind) + uvarint(start) + uvarint(nxt)
+
+
+def decode_meta(v: bytes) -> tuple[int, int, int, int]:
+    """(qid, kind, start, next)."""
+    fmt, qid, kind = _META_HEAD.unpack_from(v, 0)
+    if fmt != META_FORMAT:
+        raise ValueError(f"unknown queue meta format {fmt}")
+    start, pos = _get_uvarint(v, _META_HEAD.size)
+    nxt, _ = _get_uvarint(v, pos)
+    return qid, kind, start, nxt
+
+
+# --- retained -------------------------------------------------------------------------------
+
+
+def retained_key(topic: str) -> bytes:
+    """Levels joined by NUL (never in an MQTT topic), so `a/b` sorts with its own subtree only."""
+    return P_RETAINED + topic.replace("/", "\x00").encode("utf-8")
+
+
+def retained_topic(key: bytes) -> str:
+    return key[1:].decode("utf-8").replace("\x00", "/")
+
+
+def prefix_end(prefix: bytes) -> bytes:
+    """Smallest key greater than every key starting with `prefix` (for iterator stops)."""
+    p = bytearray(prefix)
+    while p and p[-1] == 0xFF:
+        p.pop()
+    if not p:
+        raise ValueError("no end for an all-0xff prefix")
+    p[-1] += 1
+    return bytes(p)

@@ -1,0 +1,90 @@
+"""Routing and coalescing of notify events, in process."""
+
+from __future__ import annotations
+
+import asyncio
+
+from notify import InProcessNotifier, QueueEvent
+from notify.frames import REGISTER, FrameDecoder, encode_events, encode_hello, encode_queues
+
+
+async def drain(n: InProcessNotifier, proxy: str, timeout: float = 0.05) -> dict[str, int]:
+    got: dict[str, int] = {}
+
+    async def run() -> None:
+        async for ev in n.events(proxy):
+            got[ev.queue] = ev.last_seq
+
+    try:
+        await asyncio.wait_for(run(), timeout)
+    except TimeoutError:
+        pass
+    return got
+
+
+async def test_routes_only_to_interested_proxies() -> None:
+    n = InProcessNotifier(resync_interval=None)
+    n.register("p1", ["a/b", "x/#"])
+    n.register("p2", ["x/#"])
+    n.register("p3", [])
+    n.publish([("a/b", 3), ("x/#", 9), ("nobody", 1)])
+    assert await drain(n, "p1") == {"a/b": 3, "x/#": 9}
+    assert await drain(n, "p2") == {"x/#": 9}
+    assert await drain(n, "p3") == {}
+    assert n.routes.proxies_for("x/#") == {"p1", "p2"}
+    assert n.routes.proxies_for("nobody") == set()
+
+
+async def test_coalesces_per_queue() -> None:
+    n = InProcessNotifier(resync_interval=None)
+    n.register("p", ["q"])
+    for seq in range(100):
+        n.publish([QueueEvent("q", seq)])
+    n.publish([("q", 50)])  # late, lower: never moves the announcement back
+    assert await drain(n, "p") == {"q": 99}
+    assert n.routes.mailbox("p").delivered == 1
+
+
+async def test_unregister_and_resync() -> None:
+    seqs = {"q1": 10, "q2": 20}
+    n = InProcessNotifier(last_seq_of=seqs.get, resync_interval=0.01)
+    n.register("p", ["q1", "q2"])
+    n.unregister("p", ["q2"])
+    n.start()
+    got = await drain(n, "p", timeout=0.1)  # nothing published: the resync announces
+    assert got == {"q1": 10}
+    await n.close()
+    m = InProcessNotifier(last_seq_of=seqs.get, resync_interval=None)
+    m.register("p", ["q2"], announce=True)  # announce: the current seq at once
+    assert await drain(m, "p") == {"q2": 20}
+
+
+async def test_events_iterator_ends_on_drop() -> None:
+    n = InProcessNotifier(resync_interval=None)
+    n.register("p", ["q"])
+    seen: list[QueueEvent] = []
+
+    async def consume() -> None:
+        async for ev in n.events("p"):
+            seen.append(ev)
+
+    t = asyncio.create_task(consume())
+    await asyncio.sleep(0)
+    n.publish([("q", 1)])
+    await asyncio.sleep(0.01)
+    n.drop("p")
+    await asyncio.wait_for(t, 1)
+    assert seen == [QueueEvent("q", 1)]
+
+
+def test_frames_round_trip_one_byte_at_a_time() -> None:
+    data = (
+        encode_hello("proxy-1")
+        + encode_queues(REGISTER, ["a/+", "ü/#"])
+        + encode_events([("a/+", 5), ("ü/#", 2**40)])
+    )
+    d = FrameDecoder()
+    frames = []
+    for i in range(len(data)):
+        frames += d.feed(data[i : i + 1])
+    assert [f[1] for f in frames] == ["proxy-1", ["a/+", "ü/#"], [("a/+", 5), ("ü/#", 2**40)]]
