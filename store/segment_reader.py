@@ -167,28 +167,38 @@ def iter_batches(
     for i, seg in enumerate(segments):
         if seg.base_offset <= start_offset:
             first = i
+    expected = -1  # base offset the next segment must have: offsets are dense across segments
     for seg in segments[first:]:
         if end_offset is not None and seg.base_offset >= end_offset:
+            return
+        if expected >= 0 and seg.base_offset != expected:
+            # A directory listing taken while segments are created can miss one (readdir is not
+            # atomic), and retention can delete one under us: stop at the prefix we have.
             return
         try:
             fd = os.open(seg.path, os.O_RDONLY)
         except FileNotFoundError:
+            if expected >= 0:
+                return
             continue  # removed by retention after the listing: its data is gone anyway
         try:
             size = os.fstat(fd).st_size
             pos = _index_start(seg, fd, start_offset, size) if start_offset > seg.base_offset else 0
-            complete = yield from _walk(fd, pos, size, start_offset, end_offset, check_crc)
+            nxt = yield from _walk(fd, pos, size, start_offset, end_offset, check_crc)
         finally:
             os.close(fd)
-        if not complete:
+        if nxt < 0:
             return
+        expected = nxt if nxt > 0 else seg.base_offset
 
 
 def _walk(
     fd: int, pos: int, size: int, start: int, end: int | None, check_crc: bool
-) -> Generator[BatchView, None, bool]:
-    """Yield batches from `pos`; return True if the segment ended exactly on a batch boundary."""
+) -> Generator[BatchView, None, int]:
+    """Yield batches from `pos`. Returns the offset after the last batch if the segment ended
+    exactly on a batch boundary (0 if it held none from `pos`), -1 if we had to stop inside it."""
     unpack = HEADER.unpack_from
+    nxt = 0
     crc = crc32c.crc32c
     while pos < size:
         chunk = os.pread(fd, min(READ_CHUNK, size - pos), pos)
@@ -199,28 +209,29 @@ def _walk(
             h = unpack(chunk, off)
             bsize = h[1] + LOG_OVERHEAD
             if h[3] != MAGIC_V2 or bsize < HEADER_SIZE or pos + off + bsize > size:
-                return False  # being written (or torn): readable data ends here
+                return -1  # being written (or torn): readable data ends here
             if off + bsize > n:
                 if off == 0:  # one batch bigger than the chunk
                     chunk = os.pread(fd, bsize, pos)
                     if len(chunk) < bsize:
-                        return False
+                        return -1
                     view, n = memoryview(chunk), len(chunk)
                     continue
                 break
             batch = view[off : off + bsize]
             if check_crc and crc(batch[ATTRIBUTES_OFFSET:]) != h[4]:
-                return False
+                return -1
             last = h[0] + h[6]
             if end is not None and h[0] >= end:
-                return False
+                return -1
             if last >= start:
                 yield BatchView(h[0], last, h[7], h[8], h[12], h[5], batch)
+            nxt = last + 1
             off += bsize
         if off == 0:
-            return False  # a torn header at the end of the file
+            return -1  # a torn header at the end of the file
         pos += off
-    return True
+    return nxt
 
 
 def decode_records(

@@ -127,6 +127,12 @@ def test_reader_stops_at_partial_or_bad_batch(tmp_path: Path) -> None:
     assert [r.value for r in sr.iter_records_from(tmp_path, "t", 0, 1)] == [b"x1", b"x2"]
     assert sr.high_watermark(tmp_path, "t", 0) == 3
     assert sr.list_partitions(tmp_path) == [("t", 0)] and sr.list_topics(tmp_path) == {"t": 1}
+    # A segment missing from a listing (readdir racing a roll, or retention) ends the prefix.
+    f.write_bytes(bytes(a))
+    (d / "00000000000000000002.log").write_bytes(bytes(c))
+    assert [x.base_offset for x in sr.iter_batches(tmp_path, "t", 0)] == [0]
+    (d / "00000000000000000001.log").write_bytes(bytes(b))
+    assert [x.base_offset for x in sr.iter_batches(tmp_path, "t", 0)] == [0, 1, 2]
 
 
 async def test_reader_thread_during_appends(tmp_path: Path) -> None:
