@@ -28,7 +28,10 @@ from amqtt.mqtt.packet import MQTTFixedHeader  # noqa: E402
 from amqtt.mqtt.publish import PublishPacket  # noqa: E402
 
 from mqtt_proxy.codec import (  # noqa: E402
+    SERVER,
+    Connack,
     Connect,
+    Connection,
     Parser,
     Publish,
     PublishTemplate,
@@ -61,6 +64,19 @@ def ours_parse(stream: bytes, version: int | None, connect: bytes = b"") -> Call
         for c in chunks:
             n += len(p.feed(c))
         return n
+
+    return run
+
+
+def ours_connection(stream: bytes) -> Callable[[], int]:
+    """Parser + state machine, as the server uses it."""
+    chunks = [stream[i : i + CHUNK] for i in range(0, len(stream), CHUNK)]
+
+    def run() -> int:
+        conn = Connection(SERVER)
+        conn.receive_data(encode(Connect("bench"), 4))
+        conn.send(Connack())
+        return sum(len(conn.receive_data(c)) for c in chunks)
 
     return run
 
@@ -143,6 +159,11 @@ def main() -> None:
     for name, one in (("parse PUBLISH QoS 0, 64 B", pub0), ("parse PUBLISH QoS 1, 64 B", pub1)):
         row(name, best(ours_parse(one * n, 4), rep), best(amqtt_parse(one * na, na), rep))
     row("parse PUBLISH QoS 0, 64 B, MQTT 5", best(ours_parse(pub0_v5 * n, 5), rep), None)
+    row(
+        "Connection.receive_data PUBLISH QoS 0",
+        best(ours_connection(pub0 * n), rep),
+        best(amqtt_parse(pub0 * na, na), rep),
+    )
     row(
         "parse CONNECT (user, password, will)",
         best(ours_parse_connects(connect, n // 4), rep),
