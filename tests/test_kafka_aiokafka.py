@@ -229,3 +229,28 @@ async def test_offsets_for_times_and_admin_create_topics(tmp_path: Path) -> None
             assert (await consumer.offsets_for_times({tp: base + 10**9}))[tp] is None
         finally:
             await consumer.stop()
+
+
+def test_serves_under_uvloop(tmp_path: Path) -> None:
+    """`lightgate serve` runs on uvloop, whose transports differ from asyncio's."""
+    uvloop = pytest.importorskip("uvloop")
+
+    async def roundtrip() -> None:
+        async with running_gateway(tmp_path / "data") as gw:
+            producer = AIOKafkaProducer(bootstrap_servers=gw.bootstrap, acks="all")
+            await producer.start()
+            await producer.send_and_wait("uv", b"hello")
+            await producer.stop()
+            consumer = AIOKafkaConsumer("uv", bootstrap_servers=gw.bootstrap,
+                                        auto_offset_reset="earliest")  # fmt: skip
+            await consumer.start()
+            try:
+                assert [m.value for m in await consume(consumer, 1)] == [b"hello"]
+            finally:
+                await consumer.stop()
+
+    loop = uvloop.new_event_loop()
+    try:
+        loop.run_until_complete(roundtrip())
+    finally:
+        loop.close()

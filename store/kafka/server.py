@@ -18,7 +18,7 @@ import asyncio
 import logging
 from collections import deque
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from .broker import Broker, ConnInfo
 from .config import KafkaConfig
@@ -88,7 +88,7 @@ class KafkaServer:
 
 class _Connection(asyncio.Protocol):
     __slots__ = ("_server", "_reader", "_transport", "_info", "_pending", "_closing",
-                 "_read_paused", "_write_paused")  # fmt: skip
+                 "_read_paused", "_write_paused", "_flush_scheduled")  # fmt: skip
 
     def __init__(self, server: KafkaServer) -> None:
         self._server = server
@@ -100,12 +100,13 @@ class _Connection(asyncio.Protocol):
         self._closing = False
         self._read_paused = False
         self._write_paused = False
+        self._flush_scheduled = False
 
     # --- asyncio.Protocol ------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        # uvloop's transports are not asyncio.Transport subclasses, hence no isinstance check
+        self._transport = cast(asyncio.Transport, transport)
         peer = transport.get_extra_info("peername") or ("", 0)
         local = transport.get_extra_info("sockname") or ("", 0)
         self._info = ConnInfo(str(peer[0]), str(local[0]), int(local[1]))
@@ -162,9 +163,12 @@ class _Connection(asyncio.Protocol):
     def _on_done(self, task: asyncio.Task[bytes | None]) -> None:
         if not task.cancelled() and task.exception() is not None:
             log.error("kafka handler failed; closing connection", exc_info=task.exception())
-        self._flush()
+        if not self._flush_scheduled:  # coalesce every response done this tick into one write
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
 
     def _flush(self) -> None:
+        self._flush_scheduled = False
         transport = self._transport
         if transport is None or transport.is_closing():
             return
@@ -187,8 +191,13 @@ class _Connection(asyncio.Protocol):
                 if result is not None:  # acks=0 produce: no response
                     chunks.append(result)
             self._pending.popleft()
-        if chunks:
-            transport.writelines(chunks)
+        if chunks:  # one syscall: join small responses, writelines for big ones (fetch)
+            if len(chunks) == 1:
+                transport.write(chunks[0])
+            elif sum(map(len, chunks)) < 65536:
+                transport.write(b"".join(chunks))
+            else:
+                transport.writelines(chunks)
         if self._closing and not self._pending:
             transport.close()
         else:
