@@ -195,15 +195,16 @@ def test_v3_cannot_encode_v5_only() -> None:
         encode(Connack(reason_code=0x8F), 4)  # no v3 code: the server just closes
 
 
-def test_large_packet_gathered_in_chunks() -> None:
+@pytest.mark.parametrize("step", [65536, 1000, 65537])
+def test_large_packet_gathered_in_chunks(step: int) -> None:
     big = encode(Publish("t", b"x" * (1 << 20)), 4)
     small = encode(Publish("u", b"y"), 4)
     data = small + big + small
     parser = Parser(version=4, max_packet_size=2 << 20)
     out = []
-    for i in range(0, len(data), 65536):
-        out += parser.feed(data[i : i + 65536])
-        assert parser.buffered < len(big) + 65536
+    for i in range(0, len(data), step):
+        out += parser.feed(data[i : i + step])
+        assert parser.buffered < len(big) + step
     assert [p.topic for p in out] == ["u", "t", "u"]
     assert out[1].payload == b"x" * (1 << 20)
     assert parser.buffered == 0

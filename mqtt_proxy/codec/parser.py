@@ -70,7 +70,16 @@ def _topic(tb: bytes, strict: bool) -> str:
 class Parser:
     """Bytes in, packets out. One per connection and direction."""
 
-    __slots__ = ("version", "max_packet_size", "strict_utf8", "_tail", "_chunks", "_need", "_error")
+    __slots__ = (
+        "version",
+        "max_packet_size",
+        "strict_utf8",
+        "_tail",
+        "_chunks",
+        "_have",
+        "_need",
+        "_error",
+    )
 
     def __init__(
         self,
@@ -85,6 +94,7 @@ class Parser:
         self.strict_utf8 = strict_utf8
         self._tail = b""
         self._chunks: list[bytes] = []  # pieces of one large packet still incomplete
+        self._have = 0  # bytes in _tail + _chunks while _need is set
         self._need = 0  # total bytes the pending large packet needs (0: unknown)
         self._error: RemoteProtocolError | None = None
 
@@ -102,8 +112,8 @@ class Parser:
         if self._need:
             chunks = self._chunks
             chunks.append(data)
-            have = len(self._tail) + sum(map(len, chunks))
-            if have < self._need:
+            self._have += len(data)
+            if self._have < self._need:
                 return []
             buf = self._tail + b"".join(chunks)
             chunks.clear()
@@ -123,6 +133,7 @@ class Parser:
             self._tail = b""
             raise
         self._tail = buf[pos:] if pos < len(buf) else b""
+        self._have = len(self._tail)
         return out
 
     def _walk(
