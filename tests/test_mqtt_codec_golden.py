@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import socket
 import threading
-import time
 
 import pytest
 
@@ -245,11 +244,11 @@ def _paho_capture() -> bytes:
 
     def serve() -> None:
         c, _ = srv.accept()
-        c.settimeout(1.0)
+        c.settimeout(10.0)
         got.extend(c.recv(65536))
-        c.sendall(b"\x20\x02\x00\x00")
-        try:
-            while d := c.recv(65536):
+        c.sendall(b"\x20\x02\x00\x00")  # CONNACK accepted
+        try:  # until the client's DISCONNECT (or EOF)
+            while not got.endswith(b"\xe0\x00") and (d := c.recv(65536)):
                 got.extend(d)
         except TimeoutError:
             pass
@@ -257,19 +256,20 @@ def _paho_capture() -> bytes:
 
     t = threading.Thread(target=serve)
     t.start()
+    connected = threading.Event()
     cl = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="paho-golden")
+    cl.on_connect = lambda *a: connected.set()
     cl.username_pw_set("user", "pw")
     cl.will_set("dev/will", b"bye", qos=1, retain=True)
     cl.connect("127.0.0.1", srv.getsockname()[1], keepalive=60)
     cl.loop_start()
-    time.sleep(0.2)
+    assert connected.wait(10)
     cl.publish("a/b", b"hello", qos=1)
     cl.subscribe("s/#", qos=2)
     cl.publish("a/b", b"hi", qos=0)
-    time.sleep(0.2)
     cl.disconnect()
+    t.join(15)
     cl.loop_stop()
-    t.join()
     srv.close()
     return bytes(got)
 
