@@ -146,6 +146,30 @@ async def test_acks_zero_gets_no_response(gw: Gateway) -> None:
     await client.close()
 
 
+async def test_acks_zero_error_drops_the_connection(gw: Gateway) -> None:
+    client = await RawClient.connect(gw.server.port)
+    req = produce_req("no-such-topic", 0, make_batch([b"lost"]), acks=0)
+    body = req.build_request_header(1, "raw").encode() + req.encode()
+    await client.send_raw(struct.pack(">i", len(body)) + body)
+    assert await client.closed_by_peer()  # as Kafka: the producer learns by the disconnect
+    await client.close()
+    await still_serving(gw)
+
+
+async def test_fetch_response_is_capped_by_server_limit(tmp_path: Path) -> None:
+    async with running_gateway(tmp_path / "d", fetch_max_bytes=1000) as gw:
+        gw.store.ensure_topic("t")
+        client = await RawClient.connect(gw.server.port)
+        for i in range(5):
+            await client.request(produce_req("t", 0, make_batch([bytes([i]) * 600])))
+        resp = await client.request(
+            FetchRequest_v4(-1, 0, 1, 1 << 30, 0, [("t", [(0, 0, 1 << 30)])])
+        )
+        records = resp.topics[0][1][0][-1]
+        assert 600 < len(records) < 1400  # one whole batch (KIP-74), not all five
+        await client.close()
+
+
 async def test_idempotent_sequences_duplicates_and_restart(tmp_path: Path) -> None:
     data = tmp_path / "data"
     async with running_gateway(data) as gw:

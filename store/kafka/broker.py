@@ -139,6 +139,7 @@ class Broker:
     # --- fetch long-poll ---------------------------------------------------------------------
 
     def _on_append(self, topic: str, partition: int, new_hwm: int) -> None:
+        self.producers.advance(topic, partition, new_hwm)
         waiters = self._waiters.pop((topic, partition), None)
         if waiters:
             for fut in waiters:
@@ -198,6 +199,10 @@ class Broker:
             await asyncio.sleep(self.config.producer_snapshot_interval_s)
             if self.producers.dirty:
                 doc = self.producers.export()
-                await asyncio.get_running_loop().run_in_executor(
-                    None, self.producers.write_snapshot, doc
-                )
+                try:
+                    await asyncio.get_running_loop().run_in_executor(
+                        None, self.producers.write_snapshot, doc
+                    )
+                except OSError:  # state stays rebuildable from the log; try again next time
+                    log.exception("kafka producer snapshot failed")
+                    self.producers.dirty = True

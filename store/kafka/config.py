@@ -30,6 +30,8 @@ class KafkaConfig:
     # Wait after the first member joins an empty group [group.initial.rebalance.delay.ms is 3000;
     # 0 here answers a lone consumer at once, which suits a single-node gateway and its tests].
     group_initial_rebalance_delay_ms: int = 0
+    # Cap on one Fetch response, whatever the client asks [fetch.max.bytes, 55 MiB].
+    fetch_max_bytes: int = 55 * 1024 * 1024
     # Requests read ahead of their responses on one connection before reading pauses.
     max_inflight_requests: int = 64
     # How often the idempotent-producer snapshot is rewritten when it changed.

@@ -25,7 +25,7 @@ from store.record_batch import (
 from store.store import StoreError, UnknownTopicOrPartitionError
 
 from .producers import iter_batch_headers
-from .protocol import SUPPORTED_VERSIONS, Request, build, response_module
+from .protocol import SUPPORTED_VERSIONS, CloseConnection, Request, build, response_module
 
 if TYPE_CHECKING:
     from .broker import Broker, ConnInfo
@@ -51,6 +51,7 @@ async def api_versions(b: Broker, req: Request, conn: ConnInfo) -> Any:
     keys = tuple(
         build(mod.ApiVersion, api_key=k, min_version=lo, max_version=hi)
         for k, (lo, hi) in sorted(SUPPORTED_VERSIONS.items())
+        if error == E.none  # Kafka lists nothing with INVALID_REQUEST
     )
     return build(mod.ApiVersionsResponse, error_code=error, api_keys=keys, throttle_time=0)
 
@@ -71,12 +72,17 @@ async def metadata(b: Broker, req: Request, conn: ConnInfo) -> Any:
     known = b.store.topics()
     if body.topics is None or (v == 0 and not body.topics):
         names = sorted(known)
-    else:
-        names = [t.name for t in body.topics]
+    else:  # v10+ may name a topic by id only
+        by_id = (
+            {b.topic_id(n): n for n in known} if any(t.name is None for t in body.topics) else {}
+        )
+        names = [t.name if t.name is not None else by_id.get(t.topic_id) for t in body.topics]
     topics = []
     for name in names:
         error, count = E.none, known.get(name) if name is not None else None
-        if name is None or not b.legal_topic(name):
+        if name is None:
+            error = E.unknown_topic_id
+        elif not b.legal_topic(name):
             error = E.invalid_topic_exception
         elif count is None:
             if allow_create:
@@ -222,8 +228,10 @@ async def produce(b: Broker, req: Request, conn: ConnInfo) -> Any:
             log_start = b.store.log_start_offset(topic.name, pd.index) if err == E.none else -1
             parts.append([pd.index, err, base, log_start, message, durable])
         results.append((topic.name, parts))
-    if acks == 0:
-        return None  # Kafka sends no response at all for acks=0
+    if acks == 0:  # Kafka sends no response; on an error it drops the connection instead
+        if any(part[1] for _, parts in results for part in parts):
+            raise CloseConnection("acks=0 produce failed")
+        return None
     if waits:
         await asyncio.wait(waits)  # not gather: cancelling us must not cancel the store's futures
     for _, parts in results:
@@ -289,7 +297,7 @@ def _read_all(b: Broker, body: Any, mod: Any) -> tuple[list[Any], int, bool]:
     """One pass over the requested partitions: (topic responses, bytes, any error)."""
     store = b.store
     known = store.topics()
-    budget = body.max_bytes if hasattr(body, "max_bytes") else 2**31 - 1
+    budget = min(body.max_bytes, b.config.fetch_max_bytes)
     total, errors, out = 0, False, []
     for t in body.topics:
         count = known.get(t.topic)

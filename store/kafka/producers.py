@@ -127,6 +127,14 @@ class ProducerStateManager:
             self._pid_limit = max(self._pid_limit, self._next_pid)
         self.dirty = True
 
+    def advance(self, topic: str, partition: int, hwm: int) -> None:
+        """Every append reached the log through `record` or carries no producer id (MQTT), so
+        the state covers the log up to `hwm`: a restart need not re-read it."""
+        key = (topic, partition)
+        if self._covered.get(key, 0) < hwm:
+            self._covered[key] = hwm
+            self.dirty = True
+
     # --- recovery -----------------------------------------------------------------------
 
     def recover(

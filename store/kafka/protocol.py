@@ -35,6 +35,7 @@ from kio.static.constants import EntityType
 
 __all__ = [
     "API_NAMES",
+    "CloseConnection",
     "SUPPORTED_VERSIONS",
     "FrameReader",
     "FrameTooLarge",
@@ -100,6 +101,10 @@ class RemoteProtocolError(Exception):
     def __init__(self, reason: str, correlation_id: int | None = None) -> None:
         super().__init__(reason)
         self.correlation_id = correlation_id
+
+
+class CloseConnection(Exception):
+    """Raised by a handler to drop the connection without a response (acks=0 produce errors)."""
 
 
 class FrameTooLarge(RemoteProtocolError):

@@ -23,6 +23,7 @@ from typing import Any, cast
 from .broker import Broker, ConnInfo
 from .config import KafkaConfig
 from .protocol import (
+    CloseConnection,
     FrameReader,
     RemoteProtocolError,
     Request,
@@ -60,15 +61,22 @@ class KafkaServer:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         await self.broker.start()
-        self._server = await loop.create_server(
-            lambda: _Connection(self), self.host, self.port, reuse_address=True
-        )
+        try:
+            self._server = await loop.create_server(
+                lambda: _Connection(self), self.host, self.port, reuse_address=True
+            )
+        except BaseException:
+            await self.broker.close()
+            raise
         self.port = self._server.sockets[0].getsockname()[1]
         self.broker.port = self.port
         log.info("kafka listener up", extra={"host": self.host, "port": self.port})
 
     async def close(self) -> None:
-        """Stop accepting, drop connections (pending requests are cancelled), persist state."""
+        """Stop accepting, drop connections (pending requests are cancelled), persist state.
+
+        Close this before the store: it snapshots producer state read from the store.
+        """
         if self._server is not None:
             self._server.close()
         for conn in list(self._connections):
@@ -161,8 +169,11 @@ class _Connection(asyncio.Protocol):
         return None if response is None else encode_response(request, response)
 
     def _on_done(self, task: asyncio.Task[bytes | None]) -> None:
-        if not task.cancelled() and task.exception() is not None:
-            log.error("kafka handler failed; closing connection", exc_info=task.exception())
+        exc = None if task.cancelled() else task.exception()
+        if isinstance(exc, CloseConnection):
+            log.info("kafka connection closed: %s", exc)
+        elif exc is not None:
+            log.error("kafka handler failed; closing connection", exc_info=exc)
         if not self._flush_scheduled:  # coalesce every response done this tick into one write
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
