@@ -209,7 +209,7 @@ class LogSegment:
             self.fd = -1
 
     # --- writing (event loop) ---
-    def append(self, chunks: list[bytes | bytearray], metas: list[BatchMeta]) -> None:
+    def append(self, chunks: list[bytes | bytearray | memoryview], metas: list[BatchMeta]) -> None:
         """Write whole batches at the end with one writev; positions in `metas` are relative."""
         total = sum(m.size for m in metas)
         _write_all(self.fd, chunks, total)
@@ -387,7 +387,7 @@ class LogSegment:
         return self.max_timestamp
 
 
-def _write_all(fd: int, chunks: list[bytes | bytearray], total: int) -> None:
+def _write_all(fd: int, chunks: list[bytes | bytearray | memoryview], total: int) -> None:
     """writev all chunks (IOV_MAX aware), retrying short writes; raises OSError on failure."""
     if len(chunks) == 1:
         data: memoryview | None = memoryview(chunks[0])

@@ -133,8 +133,9 @@ class _Durable:
 
 
 def _fsync_fds(fds: list[int], directory: Path | None) -> None:
+    # fdatasync: appends change the size, which it flushes; it skips the mtime-only update.
     for fd in fds:
-        os.fsync(fd)
+        os.fdatasync(fd)
     if directory is not None:
         fsync_dir(directory)
 
@@ -440,17 +441,12 @@ class Store:
             raise StoreError(f"partition {lg.name} is offline after a failed fsync")
         headers = split_batches(batch)
         offsets: list[tuple[str, int, int]] = []
-        if len(headers) == 1:
-            h = headers[0]
-            base = lg.stage(bytearray(batch), h.record_count, h.max_timestamp)
-            offsets = [(topic, partition, o) for o in range(base, base + h.record_count)]
-        else:
-            pos = 0
-            for h in headers:
-                buf = bytearray(batch[pos : pos + h.size])
-                pos += h.size
-                base = lg.stage(buf, h.record_count, h.max_timestamp)
-                offsets += [(topic, partition, o) for o in range(base, base + h.record_count)]
+        data = batch if type(batch) is bytes else bytes(batch)  # views need immutable bytes
+        pos = 0
+        for h in headers:
+            base = lg.stage_view(data, pos, h.size, h.record_count, h.max_timestamp)
+            pos += h.size
+            offsets += [(topic, partition, o) for o in range(base, base + h.record_count)]
         return AppendResult(offsets, self._enqueue({lg: []}))
 
     def _enqueue(self, logs: dict[Log, Any]) -> asyncio.Future[None]:
