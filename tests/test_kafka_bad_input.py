@@ -52,6 +52,7 @@ async def test_unknown_api_key_and_version_close_only_that_connection(gw: Gatewa
         assert await client.closed_by_peer()
         await client.close()
     await still_serving(gw)
+    assert gw.server.stats()["kafka_protocol_errors_total"] == 2
 
 
 async def test_kip511_api_versions_from_the_future(gw: Gateway) -> None:

@@ -84,6 +84,9 @@ class Broker:
         self._timer_at: float | None = None
         self._snapshot_task: asyncio.Task[None] | None = None
         self.port = 0
+        # Prometheus-style counters, exported by KafkaServer.stats().
+        self.counters = {"requests": 0, "produce_bytes": 0, "produce_records": 0,
+                         "fetch_bytes": 0, "protocol_errors": 0}  # fmt: skip
 
     async def start(self) -> None:
         topics = self.store.topics()
@@ -110,6 +113,7 @@ class Broker:
 
     async def handle(self, request: Request, conn: ConnInfo) -> Any:
         """Run the request's handler; returns the kio response (None: send nothing)."""
+        self.counters["requests"] += 1
         return await HANDLERS[request.api_key](self, request, conn)
 
     # --- topics ----------------------------------------------------------------------------

@@ -274,6 +274,8 @@ def _append(
     except StoreError as exc:  # partition offline after a failed fsync
         return E.kafka_storage_error, -1, str(exc), None
     base = result.offsets[0][2]
+    b.counters["produce_bytes"] += len(records)
+    b.counters["produce_records"] += h.record_count
     b.producers.record(topic, partition, h, base)
     b.note_durable(topic, partition, result.durable)
     return E.none, base, None, result.durable
@@ -351,6 +353,7 @@ async def fetch(b: Broker, req: Request, conn: ConnInfo) -> Any:
         if total >= body.min_bytes or errors or remaining <= 0 or not keys:
             break
         await b.wait_for_append(keys, remaining)
+    b.counters["fetch_bytes"] += total
     return build(mod.FetchResponse, throttle_time=0, error_code=0, session_id=0,
                  responses=tuple(responses))  # fmt: skip
 

@@ -86,6 +86,14 @@ class KafkaServer:
             self._server = None
         await self.broker.close()
 
+    def stats(self) -> dict[str, int]:
+        """Counters and gauges for the gateway's /metrics (names prefixed `kafka_`)."""
+        b = self.broker
+        out = {f"kafka_{k}_total": v for k, v in b.counters.items()}
+        out["kafka_connections"] = len(self._connections)
+        out["kafka_groups"] = len(b.groups.groups)
+        return out
+
     async def __aenter__(self) -> KafkaServer:
         await self.start()
         return self
@@ -227,6 +235,7 @@ class _Connection(asyncio.Protocol):
             self._read_paused = False
 
     def _protocol_error(self, exc: RemoteProtocolError) -> None:
+        self._server.broker.counters["protocol_errors"] += 1
         log.warning(
             "kafka protocol error; closing connection",
             extra={"peer": self._info.peer_host, "reason": str(exc)},
