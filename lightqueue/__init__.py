@@ -6,6 +6,7 @@ their own prefixes and are state, not derived. See docs/light-queues.md.
 """
 
 from lightqueue.model import Entry, ReadResult, StoredMessage
+from lightqueue.queues import Acquired, LightQueueConfig, LightQueues, replay_queue_name
 from lightqueue.retained import RetainedStore
 from lightqueue.sessions import SessionStore
 from lightqueue.topic_trie import (
@@ -17,14 +18,18 @@ from lightqueue.topic_trie import (
 )
 
 __all__ = [
+    "Acquired",
     "Entry",
     "FilterError",
     "FilterTrie",
+    "LightQueueConfig",
+    "LightQueues",
     "ReadResult",
     "RetainedStore",
     "SessionStore",
     "StoredMessage",
     "is_wildcard",
+    "replay_queue_name",
     "topic_matches",
     "validate_filter",
 ]

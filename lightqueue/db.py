@@ -1,0 +1,170 @@
+"""The light-queue LevelDB and its in-memory mirror: queues, log-topic ids, checkpoints, filters.
+
+Derived data (except the `f`, `s`, `r` prefixes): queue entries, queue metadata and the dispatcher
+checkpoint are an index over the commitlog and can be rebuilt from it (`rebuild.py`). They are
+written with `sync=False`: a `kill -9` loses nothing LevelDB already accepted, and after an OS
+crash LevelDB recovers a prefix of its write batches; since each dispatch batch carries its own
+checkpoint, any prefix is a consistent state that re-dispatch continues exactly (see
+dispatcher.py and the crash test).
+
+`QueueDB` loads every queue's metadata into memory at open (one small object per queue) so the
+dispatcher never reads LevelDB on its hot path. Event-loop-only.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import plyvel
+
+from lightqueue import codec
+from lightqueue.keys import (
+    G_LAYOUT,
+    G_NEXT_QID,
+    G_NEXT_TID,
+    KIND_DROPPED,
+    KIND_EXACT,
+    LAYOUT_VERSION,
+    P_CHECKPOINT,
+    P_FILTER,
+    P_META,
+    P_TOPIC,
+    decode_meta,
+    encode_meta,
+    entry_prefix,
+    meta_key,
+    pack_u32,
+    parse_checkpoint_key,
+    unpack_u32,
+    unpack_u64,
+)
+
+log = logging.getLogger("lightgate.lightqueue")
+
+
+class Queue:
+    """In-memory state of one light queue (mirrors its `m` record)."""
+
+    __slots__ = (
+        "name", "qid", "kind", "start", "next", "kpfx", "mkey", "touched", "refs",
+        "released_at", "filter", "gate", "live",
+    )  # fmt: skip
+
+    def __init__(self, name: str, qid: int, kind: int, start: int, nxt: int) -> None:
+        self.name = name
+        self.qid = qid
+        self.kind = kind
+        self.start = start  # first valid sequence (older ones trimmed or purged)
+        self.next = nxt  # sequence of the next entry
+        self.kpfx = entry_prefix(qid)
+        self.mkey = meta_key(name)
+        self.touched = -1  # dispatch round that last grew it
+        self.refs = 0  # subscriptions holding it (filter and replay queues)
+        self.released_at = time.monotonic()
+        self.filter: str | None = None  # the MQTT filter it indexes (filter and replay queues)
+        self.gate: dict[tuple[int, int], int] | None = None  # rebuild: (tid, part) → first offset
+        self.live = kind == KIND_EXACT  # filter queues: in the trie (not backfilling)
+
+    def meta(self) -> bytes:
+        return encode_meta(self.qid, self.kind, self.start, self.next)
+
+    def __repr__(self) -> str:
+        return f"Queue({self.name!r}, qid={self.qid}, kind={self.kind}, {self.start}..{self.next})"
+
+
+class QueueDB:
+    """The open LevelDB plus the in-memory mirror of `m`, `t`, `c`, `g` and `f`."""
+
+    def __init__(self, path: Path) -> None:
+        path.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self.db = plyvel.DB(
+            str(path),
+            create_if_missing=True,
+            write_buffer_size=16 << 20,
+            block_size=16 << 10,
+            lru_cache_size=32 << 20,
+            bloom_filter_bits=10,
+        )
+        layout = self.db.get(G_LAYOUT)
+        if layout is None:
+            self.db.put(G_LAYOUT, pack_u32(LAYOUT_VERSION), sync=True)
+        elif unpack_u32(layout)[0] != LAYOUT_VERSION:
+            raise RuntimeError(f"light-queue DB layout {unpack_u32(layout)[0]} is not supported")
+        self.queues: dict[str, Queue] = {}
+        self.by_qid: dict[int, Queue] = {}
+        self.topic_ids: dict[str, int] = {}
+        self.topic_names: list[str] = []
+        self.checkpoints: dict[tuple[str, int], int] = {}
+        self.filters: dict[str, dict[str, Any]] = {}  # queue name → filter record
+        self.next_qid = self._counter(G_NEXT_QID)
+        self.next_tid = self._counter(G_NEXT_TID)
+        self._load()
+
+    def _counter(self, key: bytes) -> int:
+        v = self.db.get(key)
+        return unpack_u32(v)[0] if v is not None else 0
+
+    def _load(self) -> None:
+        db = self.db
+        for k, v in db.iterator(prefix=P_TOPIC):
+            tid = unpack_u32(v)[0]
+            name = k[1:].decode("utf-8")
+            self.topic_ids[name] = tid
+            while len(self.topic_names) <= tid:
+                self.topic_names.append("")
+            self.topic_names[tid] = name
+        for k, v in db.iterator(prefix=P_META):
+            qid, kind, start, nxt = decode_meta(v)
+            q = Queue(k[1:].decode("utf-8"), qid, kind, start, nxt)
+            self.queues[q.name] = q
+            self.by_qid[qid] = q
+        for k, v in db.iterator(prefix=P_CHECKPOINT):
+            tid, part = parse_checkpoint_key(k)
+            self.checkpoints[(self.topic_names[tid], part)] = unpack_u64(v)[0]
+        for k, v in db.iterator(prefix=P_FILTER):
+            name = k[1:].decode("utf-8")
+            rec = codec.decode(v)
+            fq = self.queues.get(name)
+            if fq is None or fq.kind == KIND_DROPPED:
+                log.warning("filter record %r without a live queue: ignored", name)
+                continue
+            fq.filter = rec["filter"]
+            self.filters[name] = rec
+
+    # -- allocation (the caller puts the returned records in its WriteBatch) --------------------
+    def topic_id(self, topic: str, wb: Any) -> int:
+        tid = self.topic_ids.get(topic)
+        if tid is None:
+            tid = self.next_tid
+            self.next_tid += 1
+            self.topic_ids[topic] = tid
+            self.topic_names.append(topic)
+            assert len(self.topic_names) == tid + 1
+            wb.put(P_TOPIC + topic.encode("utf-8"), pack_u32(tid))
+            wb.put(G_NEXT_TID, pack_u32(self.next_tid))
+        return tid
+
+    def new_queue(self, name: str, kind: int, wb: Any, start: int = 0) -> Queue:
+        """A fresh queue (or the re-use of a dropped one's id and sequence range)."""
+        old = self.queues.get(name)
+        if old is not None:
+            if old.kind != KIND_DROPPED:
+                raise ValueError(f"queue {name!r} exists")
+            q = Queue(name, old.qid, kind, old.next, old.next)
+        else:
+            qid = self.next_qid
+            self.next_qid += 1
+            wb.put(G_NEXT_QID, pack_u32(self.next_qid))
+            q = Queue(name, qid, kind, start, start)
+        self.queues[name] = q
+        self.by_qid[q.qid] = q
+        wb.put(q.mkey, q.meta())
+        return q
+
+    def close(self) -> None:
+        if not self.db.closed:
+            self.db.close()

@@ -1,0 +1,422 @@
+"""`LightQueues`: the light-queue service the MQTT proxy uses (see docs/light-queues.md).
+
+Derived data: the queues index the commitlog and are rebuilt from it by `rebuild_queues`; only
+sessions, retained messages and the filter records (which filters exist, since when) are state.
+
+Queues, by name:
+- exact `a/b/c`: one per MQTT topic, created by the dispatcher on the topic's first record (or by
+  a subscription that comes first); never dropped, trimmed by retention.
+- filter `a/+/c`, `a/#`: created by the first `acquire_filter`, live from the dispatcher's
+  position at that moment; ref-counted, dropped `filter_grace_s` after the last release.
+- replay `$replay/<since>/<filter>`: history from `since`, then live (backfill.py); ref-counted.
+
+Positions are dense sequence numbers. A dropped queue leaves a tombstone (its next sequence), so
+a re-created queue never reuses a sequence number. Event-loop-only unless stated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import time
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from lightqueue import codec
+from lightqueue.backfill import Backfill, start_vector
+from lightqueue.db import Queue, QueueDB
+from lightqueue.dispatcher import Dispatcher, EventSink
+from lightqueue.keys import (
+    KIND_DROPPED,
+    KIND_EXACT,
+    KIND_FILTER,
+    KIND_REPLAY,
+    P_FILTER,
+    decode_entry,
+    entry_key,
+    entry_key_seq,
+    entry_prefix,
+)
+from lightqueue.model import Entry, ReadResult, StoredMessage
+from lightqueue.resolver import Resolver
+from lightqueue.retained import RetainedStore
+from lightqueue.sessions import SessionStore
+from lightqueue.topic_trie import FilterTrie, is_wildcard, validate_filter
+from store import UnknownTopicOrPartitionError
+
+log = logging.getLogger("lightgate.lightqueue")
+
+REPLAY_PREFIX = "$replay/"
+LIGHTQUEUE_DIR = "lightqueue"
+
+
+@dataclass(slots=True)
+class LightQueueConfig:
+    dispatch_batch_records: int = 20_000  # records per dispatch WriteBatch (round)
+    dispatch_read_bytes: int = 1 << 20  # Store.read size while dispatching
+    filter_grace_s: float = 60.0  # an unheld filter queue is dropped after this
+    maintenance_interval_s: float = 1.0  # GC, retention trimming, purging
+    resolve_cache_records: int = 100_000
+    purge_per_tick: int = 50_000  # trimmed/dropped entries deleted per maintenance tick
+
+    @classmethod
+    def from_object(cls, obj: Any) -> LightQueueConfig:
+        return cls(**{f.name: getattr(obj, f.name) for f in fields(cls) if hasattr(obj, f.name)})
+
+
+class Acquired(NamedTuple):
+    queue: str  # the light queue to read
+    start_seq: int  # where a new subscription starts (live end; history start for a replay)
+
+
+def replay_queue_name(filt: str, since_ms: int | None = None,
+                      offsets: dict[tuple[str, int], int] | None = None) -> str:  # fmt: skip
+    """`$replay/<since_ms>/<filter>`, or `$replay/@<digest of the offsets>/<filter>`."""
+    if offsets is not None:
+        canon = ",".join(f"{t}:{p}:{o}" for (t, p), o in sorted(offsets.items()))
+        return f"{REPLAY_PREFIX}@{hashlib.sha1(canon.encode()).hexdigest()[:16]}/{filt}"
+    return f"{REPLAY_PREFIX}{int(since_ms or 0)}/{filt}"
+
+
+class LightQueues:
+    """Dispatcher + queues + read/resolve + sessions + retained over one LevelDB."""
+
+    def __init__(self, qdb: QueueDB, store: Any, config: LightQueueConfig,
+                 sink: EventSink | None) -> None:  # fmt: skip
+        self.qdb = qdb
+        self.store = store
+        self.config = config
+        self.trie: FilterTrie[Queue] = FilterTrie()
+        self.dispatcher = Dispatcher(
+            qdb, store, self.trie, sink, config.dispatch_batch_records, config.dispatch_read_bytes
+        )
+        self.resolver = Resolver(store, config.resolve_cache_records)
+        self.sessions = SessionStore(qdb.db)
+        self.retained = RetainedStore(qdb.db)
+        self._filters: dict[str, Queue] = {}  # filter and replay queues that are not dropped
+        self._backfills: dict[str, Backfill] = {}
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._log_starts: dict[tuple[str, int], int] = {}
+        self._purge: dict[int, int] = {}  # qid → entries below this sequence are garbage
+        self._scrub_pos = 0
+        for name, rec in qdb.filters.items():
+            q = qdb.queues[name]
+            self._filters[name] = q
+            if rec.get("state", "live") == "live":
+                self._make_live(q, invalidate=False)
+            else:
+                self._backfills[name] = Backfill(self, q, rec)
+
+    @classmethod
+    def open(cls, data_dir: Path, store: Any, config: LightQueueConfig | None = None,
+             sink: EventSink | None = None) -> LightQueues:  # fmt: skip
+        """Open (or create) DATA/lightqueue. Call `start()` on the loop to begin dispatching."""
+        return cls(QueueDB(Path(data_dir) / LIGHTQUEUE_DIR), store, config or LightQueueConfig(),
+                   sink)  # fmt: skip
+
+    @property
+    def sink(self) -> EventSink | None:
+        return self.dispatcher.sink
+
+    def set_sink(self, sink: EventSink | None) -> None:
+        """Where `(queue, last_seq)` events go after each dispatch batch (e.g. notifier.publish)."""
+        self.dispatcher.sink = sink
+
+    async def start(self) -> None:
+        """Repair checkpoints, begin tailing the store, resume backfills, start maintenance."""
+        d = self.dispatcher
+        d.refresh()
+        d.repair()
+        self.store.add_append_listener(d.on_append)
+        loop = asyncio.get_running_loop()
+        self._tasks.append(loop.create_task(d.run(), name="lightqueue-dispatch"))
+        d._wake.set()
+        self._tasks.append(loop.create_task(self._maintenance(), name="lightqueue-maintenance"))
+        for bf in self._backfills.values():
+            self._tasks.append(loop.create_task(bf.run(), name=f"backfill {bf.q.name}"))
+
+    async def close(self) -> None:
+        with contextlib.suppress(ValueError):
+            self.store.remove_append_listener(self.dispatcher.on_append)
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        self._tasks.clear()
+        self.qdb.close()
+
+    # -- subscriptions -----------------------------------------------------------------------
+    def acquire_filter(self, filt: str, since_ms: int | None = None,
+                       offsets: dict[tuple[str, int], int] | None = None) -> Acquired:  # fmt: skip
+        """Hold the queue a subscription to `filt` reads, creating it if needed.
+
+        Plain filter: a new subscription starts at the queue's next sequence (exact topics are
+        not ref-counted). With `since_ms` or `offsets`: the replay queue, starting at its first
+        history entry. Each acquire of a filter/replay queue needs one `release_filter`.
+        """
+        validate_filter(filt)
+        if since_ms is None and offsets is None:
+            if not is_wildcard(filt):
+                q = self.qdb.queues.get(filt)
+                if q is None:
+                    wb = self.qdb.db.write_batch()
+                    q = self.qdb.new_queue(filt, KIND_EXACT, wb)
+                    wb.write()
+                    self.dispatcher.invalidate()
+                return Acquired(filt, q.next)
+            q = self._filters.get(filt)
+            if q is None:
+                q = self._create(filt, filt, KIND_FILTER, None)
+            self._hold(q)
+            return Acquired(filt, q.next)
+        name = replay_queue_name(filt, since_ms, offsets)
+        q = self._filters.get(name)
+        if q is None:
+            vec = dict(offsets) if offsets is not None else None
+            if vec is None:
+                assert since_ms is not None
+                vec = start_vector(self.store, filt, since_ms)
+            q = self._create(name, filt, KIND_REPLAY, vec, since_ms)
+        self._hold(q)
+        return Acquired(name, q.start)
+
+    def release_filter(self, queue: str) -> None:
+        """Undo one `acquire_filter` (by queue name or plain filter); exact queues: no-op."""
+        q = self._filters.get(queue)
+        if q is None or q.refs == 0:
+            return
+        q.refs -= 1
+        if q.refs == 0:
+            q.released_at = time.monotonic()
+
+    def _hold(self, q: Queue) -> None:
+        q.refs += 1
+
+    def _create(self, name: str, filt: str, kind: int,
+                vec: dict[tuple[str, int], int] | None, since_ms: int | None = None) -> Queue:  # fmt: skip
+        qdb = self.qdb
+        wb = qdb.db.write_batch()
+        q = qdb.new_queue(name, kind, wb)
+        q.filter = filt
+        if kind == KIND_FILTER:
+            # Live from the dispatcher's position: rebuild gates the queue there.
+            frm = [[qdb.topic_id(t, wb), p, o] for (t, p), o in sorted(qdb.checkpoints.items())]
+            rec: dict[str, Any] = {"v": 1, "kind": "filter", "filter": filt, "from": frm,
+                                   "created_ms": int(time.time() * 1000), "state": "live"}  # fmt: skip
+        else:
+            assert vec is not None
+            frm = [[qdb.topic_id(t, wb), p, o] for (t, p), o in sorted(vec.items())]
+            rec = {"v": 1, "kind": "replay", "filter": filt, "from": frm, "cursor": frm,
+                   "since_ms": since_ms, "created_ms": int(time.time() * 1000),
+                   "state": "backfill"}  # fmt: skip
+        wb.put(P_FILTER + name.encode("utf-8"), codec.encode(rec))
+        wb.write()
+        qdb.filters[name] = rec
+        self._filters[name] = q
+        if kind == KIND_FILTER:
+            self._make_live(q)
+        else:
+            bf = self._backfills[name] = Backfill(self, q, rec)
+            if not bf.step():  # small histories go live at once, synchronously
+                self._tasks.append(asyncio.get_running_loop().create_task(bf.run()))
+        return q
+
+    def _make_live(self, q: Queue, invalidate: bool = True) -> None:
+        assert q.filter is not None
+        q.live = True
+        self.trie.add(q.filter, q)
+        self._backfills.pop(q.name, None)
+        if invalidate:
+            self.dispatcher.invalidate()
+
+    def _drop(self, q: Queue) -> None:
+        """Tombstone a filter/replay queue: out of the trie, entries purged in the background."""
+        qdb = self.qdb
+        if q.live and q.filter is not None and self.trie.get(q.filter) is q:
+            self.trie.remove(q.filter)
+        q.live = False
+        self.dispatcher.invalidate()
+        q.kind = KIND_DROPPED
+        q.start = q.next
+        wb = qdb.db.write_batch()
+        wb.put(q.mkey, q.meta())
+        wb.delete(P_FILTER + q.name.encode("utf-8"))
+        wb.write()
+        qdb.filters.pop(q.name, None)
+        self._filters.pop(q.name, None)
+        self._backfills.pop(q.name, None)
+        self._purge[q.qid] = q.start
+        log.info("dropped unheld filter queue %s (next seq %d kept)", q.name, q.next)
+
+    # -- reading -----------------------------------------------------------------------------
+    def read(self, queue: str, from_seq: int, max_n: int) -> ReadResult:
+        """Up to `max_n` entries from `max(from_seq, start)`; see ReadResult.
+
+        Entries whose record retention already deleted are trimmed from the front here too, so
+        `start_seq` moves past them before the maintenance task gets to it.
+        """
+        q = self.qdb.queues.get(queue)
+        if q is None:
+            return ReadResult([], 0, 0, max(from_seq, 0))
+        start, nxt = q.start, q.next
+        first = max(from_seq, start)
+        end = min(nxt, first + max_n)
+        if first >= end:
+            return ReadResult([], start, nxt, first)
+        names = self.qdb.topic_names
+        entries: list[Entry | None] = []
+        expect = first
+        it = self.qdb.db.iterator(start=entry_key(q.qid, first), stop=entry_key(q.qid, end))
+        for k, v in it:
+            seq = entry_key_seq(k)
+            while expect < seq:  # never expected: entries are dense; stay aligned anyway
+                entries.append(None)
+                expect += 1
+            d = decode_entry(v)
+            entries.append(None if d is None else Entry(names[d[0]], d[1], d[2]))
+            expect += 1
+        entries += [None] * (end - expect)
+        # Leading entries that are dead (void, or retention deleted the record): the queue
+        # effectively starts after them; the maintenance task will persist that.
+        skip = 0
+        starts: dict[tuple[str, int], int] = {}
+        for ent in entries:
+            if ent is not None:
+                ls = starts.get((ent.topic, ent.partition))
+                if ls is None:
+                    ls = starts[(ent.topic, ent.partition)] = self._log_start(*ent[:2])
+                if ent.offset >= ls:
+                    break
+            skip += 1
+        if skip:
+            return ReadResult(entries[skip:], first + skip, nxt, first + skip)
+        return ReadResult(entries, start, nxt, first)
+
+    def _log_start(self, t: str, p: int) -> int:
+        try:
+            return int(self.store.log_start_offset(t, p))
+        except UnknownTopicOrPartitionError:
+            return 1 << 62
+
+    def resolve(self, entries: list[Entry | None]) -> list[StoredMessage | None]:
+        """Messages for `entries` (aligned; None for void or deleted records)."""
+        return self.resolver.resolve(entries)
+
+    def last_seq(self, queue: str) -> int | None:
+        """Last sequence of `queue` (-1: empty), None if unknown. Notify's `last_seq_of`."""
+        q = self.qdb.queues.get(queue)
+        return None if q is None else q.next - 1
+
+    def info(self, queue: str) -> tuple[int, int, int] | None:
+        """(kind, start_seq, next_seq) or None."""
+        q = self.qdb.queues.get(queue)
+        return None if q is None else (q.kind, q.start, q.next)
+
+    def queue_names(self) -> list[str]:
+        return [n for n, q in self.qdb.queues.items() if q.kind != KIND_DROPPED]
+
+    def held(self, queue: str) -> int:
+        q = self._filters.get(queue)
+        return 0 if q is None else q.refs
+
+    async def wait_live(self, queue: str) -> None:
+        """Wait until a replay queue has caught up with the dispatcher (tests, tools)."""
+        bf = self._backfills.get(queue)
+        if bf is not None:
+            await bf.done.wait()
+
+    # -- maintenance -------------------------------------------------------------------------
+    async def _maintenance(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.maintenance_interval_s)
+            try:
+                self.maintain()
+            except Exception:
+                log.exception("light-queue maintenance failed")
+
+    def maintain(self, now: float | None = None) -> None:
+        """GC unheld filters, trim queues behind moved log starts, purge garbage entries."""
+        self.gc(now)
+        self.trim()
+        self.purge(self.config.purge_per_tick)
+
+    def gc(self, now: float | None = None) -> int:
+        now = time.monotonic() if now is None else now
+        grace = self.config.filter_grace_s
+        gone = [q for q in self._filters.values() if q.refs == 0 and now - q.released_at >= grace]
+        for q in gone:
+            self._drop(q)
+        return len(gone)
+
+    def trim(self, force: bool = False) -> int:
+        """Advance queue starts past entries whose records retention deleted; returns queues."""
+        starts = {tp: self._log_start(*tp) for tp in self.dispatcher.hwm}
+        if starts == self._log_starts and not force:
+            return 0
+        self._log_starts = starts
+        db = self.qdb.db
+        names = self.qdb.topic_names
+        wb = db.write_batch()
+        n = 0
+        for q in self.qdb.queues.values():
+            if q.kind == KIND_DROPPED or q.start >= q.next:
+                continue
+            new = q.start
+            for k, v in db.iterator(start=entry_key(q.qid, q.start), stop=entry_key(q.qid, q.next)):
+                e = decode_entry(v)
+                if e is not None and e[2] >= starts.get((names[e[0]], e[1]), 0):
+                    break
+                new = entry_key_seq(k) + 1
+            if new != q.start:
+                q.start = new
+                wb.put(q.mkey, q.meta())
+                self._purge[q.qid] = new
+                n += 1
+        wb.write()
+        return n
+
+    def purge(self, budget: int) -> int:
+        """Delete up to `budget` entries below their queue's start (trimmed or dropped)."""
+        db = self.qdb.db
+        done = 0
+        self._scrub(256)
+        for qid, upto in list(self._purge.items()):
+            wb = db.write_batch()
+            n = 0
+            for k in db.iterator(start=entry_prefix(qid), stop=entry_key(qid, upto),
+                                 include_value=False):  # fmt: skip
+                wb.delete(k)
+                n += 1
+                if done + n >= budget:
+                    break
+            wb.write()
+            done += n
+            if done >= budget:
+                break
+            del self._purge[qid]
+        return done
+
+    def _scrub(self, count: int) -> None:
+        """Find garbage left by a crash between a start move and its purge (a few queues/tick)."""
+        qs = list(self.qdb.by_qid.values())
+        if not qs:
+            return
+        db = self.qdb.db
+        for _ in range(min(count, len(qs))):
+            q = qs[self._scrub_pos % len(qs)]
+            self._scrub_pos += 1
+            if q.start > 0 and q.qid not in self._purge:
+                it = db.iterator(start=entry_prefix(q.qid), stop=entry_key(q.qid, q.start),
+                                 include_value=False)  # fmt: skip
+                if next(it, None) is not None:
+                    self._purge[q.qid] = q.start
+
+
+def open_light_queues(data_dir: Path, store: Any, sink: EventSink | None = None,
+                      config: LightQueueConfig | None = None) -> LightQueues:  # fmt: skip
+    """Convenience for wiring: `LightQueues.open`."""
+    return LightQueues.open(data_dir, store, config, sink)
