@@ -371,6 +371,8 @@ class Store:
         Raises TopicMappingError (a ValueError) for `$`-topics and invalid topics before anything
         is staged, so a call is all or nothing.
         """
+        if self._closed:
+            raise StoreError("store is closed")
         routes = self._routes
         groups: dict[Log, list[int]] = {}
         rs = []
@@ -432,6 +434,8 @@ class Store:
 
         Raises InvalidRecordError (corrupt bytes), UnknownTopicOrPartitionError, StoreError.
         """
+        if self._closed:
+            raise StoreError("store is closed")
         if len(batch) > self.config.max_batch_bytes:
             raise StoreError(f"batch of {len(batch)} bytes exceeds {self.config.max_batch_bytes}")
         if topic not in self._counts and self.config.auto_create_topics:
