@@ -97,7 +97,7 @@ def decompress(codec: int, payload: memoryview) -> bytes | memoryview:
     raise CorruptBatchError(f"unknown compression codec {codec}")
 
 
-def _walk(buf: bytes, regions: list[tuple[int, int, int]]) -> np.ndarray:
+def _walk(buf: bytes | bytearray, regions: list[tuple[int, int, int]]) -> np.ndarray:
     """Start of every record, walking length prefixes: for chunks of a few large batches."""
     starts: list[int] = []
     add = starts.append
@@ -254,31 +254,62 @@ class Decoded:
         self.timestamps_ms = timestamps_ms
 
 
-def decode_batches(
-    batches: Iterable[Batch], topic: str, partition: int, first_level: str | None
-) -> Decoded | None:
-    """Decode complete batches of one partition into the `lightgate` columns."""
-    parts: list[bytes | memoryview] = []
-    regions: list[tuple[int, int, int]] = []
-    meta: list[tuple[int, int, int, int]] = []  # base offset, first ts, max ts, log-append flag
-    pos = 0
-    for b in batches:
+class ChunkBuilder:
+    """Copies the records of complete batches into one buffer as they arrive, decompressing.
+
+    Copying at once (rather than keeping views into the reader's chunks) is one memcpy we need
+    anyway to get a contiguous buffer, and it does not depend on how long the reader's views live.
+    """
+
+    __slots__ = ("buf", "regions", "meta", "records")
+
+    def __init__(self) -> None:
+        self.buf = bytearray()
+        self.regions: list[tuple[int, int, int]] = []
+        self.meta: list[tuple[int, int, int, int]] = []  # base offset, first ts, max ts, LAT
+        self.records = 0
+
+    def add(self, b: Batch) -> None:
         if b.attributes & ATTR_CONTROL or b.record_count <= 0:
-            continue  # transaction markers are not data
+            return  # transaction markers are not data
         records: bytes | memoryview = b.data[HEADER_SIZE:]
         codec = b.attributes & ATTR_COMPRESSION
         if codec:
             records = decompress(codec, records)
-        parts.append(records)
-        regions.append((pos, pos + len(records), b.record_count))
-        meta.append(
+        pos = len(self.buf)
+        self.buf += records
+        self.regions.append((pos, len(self.buf), b.record_count))
+        self.meta.append(
             (b.base_offset, b.first_timestamp, b.max_timestamp, b.attributes & ATTR_LOG_APPEND_TIME)
         )
-        pos += len(records)
-    if not regions:
-        return None
-    parts.append(_PAD)
-    joined = b"".join(parts)
+        self.records += b.record_count
+
+    def decode(self, topic: str, partition: int, first_level: str | None) -> Decoded | None:
+        """Decode everything added (once: the buffer is handed to Arrow without a copy)."""
+        if not self.regions:
+            return None
+        self.buf += _PAD
+        return _decode(self.buf, self.regions, self.meta, topic, partition, first_level)
+
+
+def decode_batches(
+    batches: Iterable[Batch], topic: str, partition: int, first_level: str | None
+) -> Decoded | None:
+    """Decode complete batches of one partition into the `lightgate` columns."""
+    chunk = ChunkBuilder()
+    for b in batches:
+        chunk.add(b)
+    return chunk.decode(topic, partition, first_level)
+
+
+def _decode(
+    joined: bytearray,
+    regions: list[tuple[int, int, int]],
+    meta: list[tuple[int, int, int, int]],
+    topic: str,
+    partition: int,
+    first_level: str | None,
+) -> Decoded:
     data = np.frombuffer(joined, np.uint8)
     buf = pa.py_buffer(joined)
     counts = np.array([r[2] for r in regions], np.int64)

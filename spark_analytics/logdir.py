@@ -12,21 +12,27 @@ Batch header (Kafka RecordBatch v2, 61 bytes, big-endian)::
     attributes int16 | lastOffsetDelta int32 | firstTimestamp int64 | maxTimestamp int64
     producerId int64 | producerEpoch int16 | baseSequence int32 | recordCount int32 | records...
 
-The CRC covers attributes..end. `.index`/`.timeindex` files are derived data; we do not need them:
-locating an offset jumps from header to header (one small `pread` per batch).
+The CRC covers attributes..end.
+
+Listing and plain reads go through `store.segment_reader` (the store's own lock-free reader, which
+also seeks sealed segments with their `.index`). What this module adds is resuming *at a file
+position*: the active segment's index lives only in the writer's memory, so without a position a
+reader re-walks the whole active segment to find an offset. `PartitionTail` remembers where each
+high watermark sits, so a streaming trigger costs O(new data): measured 0.26 ms vs 42 ms for
+`segment_reader.high_watermark` on a 1M-record (107 MB) active segment (bench/RESULTS.md).
 """
 
 from __future__ import annotations
 
-import json
 import os
-import re
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import crc32c
+
+from store import segment_reader
 
 HEADER = struct.Struct(">qiibIhiqqqhii")
 HEADER_SIZE = HEADER.size  # 61
@@ -37,11 +43,6 @@ ATTR_COMPRESSION = 0x07
 ATTR_LOG_APPEND_TIME = 0x08
 ATTR_CONTROL = 0x20
 READ_CHUNK = 8 << 20  # bytes per pread while streaming through a segment
-SEEK_CHUNK = 1 << 20
-_BASE_LEN = struct.Struct(">qi")
-_DELTA = struct.Struct(">i")
-
-_SEGMENT_RE = re.compile(r"^(\d{20})\.log$")
 
 
 class LogDirError(Exception):
@@ -85,34 +86,20 @@ def list_topics(log: Path) -> dict[str, int]:
     topics.json is replaced atomically by the gateway, so a plain read sees the old or the new
     version. Directories cover a topic created after we read the file.
     """
-    topics: dict[str, int] = {}
     try:
-        meta = json.loads((log / "topics.json").read_text())
-        for name, spec in meta.items():
-            topics[name] = int(spec.get("partitions", 1)) if isinstance(spec, dict) else int(spec)
-    except FileNotFoundError:
-        pass
-    except (ValueError, OSError) as exc:
+        topics = dict(segment_reader.list_topics(log.parent))
+    except (ValueError, KeyError, TypeError, OSError) as exc:
         raise LogDirError(f"cannot read {log / 'topics.json'}: {exc}") from exc
-    for entry in os.scandir(log):
-        if not entry.is_dir():
-            continue
-        name, sep, part = entry.name.rpartition("-")
-        if sep and part.isdigit():
-            topics[name] = max(topics.get(name, 0), int(part) + 1)
+    for name, part in segment_reader.list_partitions(log.parent):
+        topics[name] = max(topics.get(name, 0), part + 1)
     return topics
 
 
 def list_segments(log: Path, topic: str, partition: int) -> list[tuple[int, Path]]:
     """(base offset, path) of every `.log` segment, oldest first; temp suffixes are ignored."""
-    pdir = log / f"{topic}-{partition}"
-    try:
-        names = os.listdir(pdir)
-    except FileNotFoundError:
-        return []
-    segs = [(int(m.group(1)), pdir / n) for n in names if (m := _SEGMENT_RE.match(n))]
-    segs.sort()
-    return segs
+    return [
+        (s.base_offset, s.path) for s in segment_reader.list_segments(log.parent, topic, partition)
+    ]
 
 
 def _pread(path: Path, pos: int, size: int) -> bytes:
@@ -149,23 +136,22 @@ def iter_batches(
 ) -> Iterator[Batch]:
     """Complete batches holding offsets in [start, end), in offset order, CRC checked.
 
-    `hint` = (segment base, file position) of a batch boundary at or before `start`, as handed out
-    by `PartitionTail`; it is checked (CRC) and otherwise ignored. Stops at the first incomplete
-    batch: the gateway is writing it.
+    `hint` = (segment base, file position) of the batch boundary where `start` lies, as handed
+    out by `PartitionTail.hint_for`; without one, `store.segment_reader` finds the position.
+    Stops at the first incomplete batch: the gateway is writing it.
     """
-    segs = list_segments(log, topic, partition)
-    first = 0
-    for i, (base, _) in enumerate(segs):
-        if base <= start:
-            first = i
-    for base, path in segs[first:]:
+    if hint is None:
+        for b in segment_reader.iter_batches(log.parent, topic, partition, start, end):
+            yield Batch(
+                b.base_offset, b.last_offset, b.attributes, b.first_timestamp, b.max_timestamp,
+                b.record_count, -1, b.data,
+            )  # fmt: skip
+        return
+    segs = [s for s in list_segments(log, topic, partition) if s[0] >= hint[0]]
+    for base, path in segs:
         if end is not None and base >= end:
             return
-        pos = 0
-        if hint is not None and hint[0] == base:
-            pos = hint[1]
-        elif start > base:
-            pos = seek_offset(path, start)
+        pos = hint[1] if base == hint[0] else 0
         stop = pos
         for batch in _scan_segment(path, pos):
             stop = batch.position + len(batch.data)
@@ -216,34 +202,6 @@ def _scan_segment(path: Path, pos: int) -> Iterator[Batch]:
             yield Batch(h[0], h[0] + h[6], h[5], h[7], h[8], h[12], pos, memoryview(big))
             at = need
         pos += at
-
-
-def seek_offset(path: Path, offset: int) -> int:
-    """File position of the batch holding `offset` (or the first after it), jumping headers.
-
-    Reads the segment in 1 MiB chunks and looks only at headers; CRCs are checked later by
-    whoever reads the batch.
-    """
-    pos = 0
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return 0
-    try:
-        while True:
-            chunk = os.pread(fd, SEEK_CHUNK, pos)
-            if len(chunk) < HEADER_SIZE:
-                return pos
-            at = 0
-            while at + HEADER_SIZE <= len(chunk):
-                base, length = _BASE_LEN.unpack_from(chunk, at)
-                last = base + _DELTA.unpack_from(chunk, at + 23)[0]
-                if last >= offset or length < HEADER_SIZE - LOG_OVERHEAD:
-                    return pos + at
-                at += LOG_OVERHEAD + length
-            pos += at
-    finally:
-        os.close(fd)
 
 
 @dataclass(slots=True)

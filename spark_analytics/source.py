@@ -27,9 +27,8 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from spark_analytics.arrow_decode import SCHEMA, decode_batches, to_record_batch
+from spark_analytics.arrow_decode import SCHEMA, ChunkBuilder, to_record_batch
 from spark_analytics.logdir import (
-    Batch,
     LogDirError,
     PartitionTail,
     iter_batches,
@@ -99,29 +98,25 @@ def read_range(opts: ReadOptions, r: InputPartition) -> Iterator[pa.RecordBatch]
     first_level = level_for_log_topic(r.topic)
     plan = filter_plan(opts.mqtt_filter) if opts.mqtt_filter else None
     skip_dollar = bool(opts.mqtt_filter) and wildcard_first(opts.mqtt_filter or "")
-    pending: list[Batch] = []
-    records = size = 0
+    chunk = ChunkBuilder()
 
     def emit() -> pa.RecordBatch | None:
-        dec = decode_batches(pending, r.topic, r.partition, first_level)
+        dec = chunk.decode(r.topic, r.partition, first_level)
         if dec is None:
             return None
         rb = to_record_batch(dec, r.start, r.end, plan, skip_dollar)
         return rb if rb.num_rows else None
 
     for batch in iter_batches(log, r.topic, r.partition, r.start, r.end, r.hint):
-        pending.append(batch)
-        records += batch.record_count
-        size += len(batch.data)
-        if records >= CHUNK_RECORDS or size >= CHUNK_BYTES:
+        chunk.add(batch)
+        if chunk.records >= CHUNK_RECORDS or len(chunk.buf) >= CHUNK_BYTES:
             rb = emit()
             if rb is not None:
                 yield rb
-            pending, records, size = [], 0, 0
-    if pending:
-        rb = emit()
-        if rb is not None:
-            yield rb
+            chunk = ChunkBuilder()
+    rb = emit()
+    if rb is not None:
+        yield rb
 
 
 class LightgateBatchReader(DataSourceReader):

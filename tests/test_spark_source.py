@@ -145,19 +145,24 @@ def test_reader_never_sees_torn_batch(spark, tmp_path: Path) -> None:  # noqa: F
     """A writer thread writes each batch in slow pieces; every read is a prefix of whole batches."""
     w = LogWriter(tmp_path, {"t": 1})
     per_batch = 7
-    n_batches = 25
+    reads = 0
     stop = threading.Event()
+    written = [0]
 
     def writer() -> None:
-        for i in range(n_batches):
+        i = 0
+        while i < 300 and (i < 10 or reads < 4):  # keep writing until Spark read several times
             recs = [Rec(b"t/x", b"%d" % (i * per_batch + j), i) for j in range(per_batch)]
             data = w.batch_bytes("t", 0, recs, compression=i % 2)
             with open(w.segment[("t", 0)], "ab", buffering=0) as f:
                 for k in range(0, len(data), 40):
                     f.write(data[k : k + 40])
-                    time.sleep(0.002)
+                    time.sleep(0.003)
+            i += 1
+        written[0] = i * per_batch
         stop.set()
 
+    assert load(spark, tmp_path).count() == 0  # warm up: the first read starts Python workers
     th = threading.Thread(target=writer)
     th.start()
     seen = []
@@ -168,9 +173,11 @@ def test_reader_never_sees_torn_batch(spark, tmp_path: Path) -> None:  # noqa: F
             assert sorted(vals) == list(range(len(vals)))
             assert len(vals) % per_batch == 0
             seen.append(len(vals))
+            reads += 1
             if done:
                 break
     finally:
+        stop.wait(60)
         th.join()
-    assert seen[-1] == per_batch * n_batches
+    assert seen[-1] == written[0]
     assert len(set(seen)) > 1  # really read while writing
