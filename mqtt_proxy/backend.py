@@ -10,11 +10,26 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
-from typing import Any
+from itertools import islice
+from typing import Any, NamedTuple
 
 from mqtt_proxy.subscriptions import FilterSpec
 
 log = logging.getLogger("lightgate.mqtt.backend")
+
+RECENT_MAX = 65536  # appended messages kept for delivery without a store read
+
+
+class _Recent(NamedTuple):
+    """What delivery needs of a message (the fields of lightqueue's StoredMessage)."""
+
+    topic: str
+    payload: bytes
+    qos: int
+    client_id: str
+    retain: bool
+    properties: Any
+    timestamp_ms: int
 
 
 class Backend:
@@ -23,60 +38,76 @@ class Backend:
         self.queues = queues
         self.notifier = notifier
         self.proxy_id = proxy_id
-        self._holds: dict[str, int] = {}  # wildcard filter -> holders in this proxy
+        self._recent: dict[tuple[str, int, int], _Recent] = {}
 
     # -- reading ---------------------------------------------------------------------------
     def read(self, queue: str, from_seq: int, max_n: int) -> Any:
         return self.queues.read(queue, from_seq, max_n)
 
-    def resolve(self, entries: Any) -> list[Any]:
-        return self.queues.resolve(entries)
+    def resolve(self, entries: list[Any]) -> list[Any]:
+        """Messages for light-queue entries: from this proxy's recent appends when it published
+        them itself (no store read, no batch parse), else through the store in one batched read."""
+        recent = self._recent
+        out: list[Any] = [None] * len(entries)
+        missing: list[int] = []
+        for i, e in enumerate(entries):
+            if e is None:
+                continue
+            m = recent.get(e)
+            if m is None:
+                missing.append(i)
+            else:
+                out[i] = m
+        if missing:
+            got = self.queues.resolve([entries[i] for i in missing])
+            for i, m in zip(missing, got, strict=True):
+                out[i] = m
+        return out
 
-    def queue_end(self, queue: str) -> int:
-        """The next sequence the queue will assign: where a live subscription starts."""
-        if self.queues is None:
-            return 0
-        return self.queues.next_seq(queue)
+    def remember(self, msgs: list[Any], offsets: list[tuple[str, int, int]], now_ms: int) -> None:
+        """Keep what this proxy just appended, keyed by log position, for `resolve`."""
+        recent = self._recent
+        for m, off in zip(msgs, offsets, strict=True):
+            recent[off] = _Recent(
+                m.topic,
+                m.payload,
+                m.qos,
+                m.client_id,
+                m.retain,
+                m.properties,
+                m.timestamp_ms or now_ms,
+            )
+        over = len(recent) - RECENT_MAX
+        if over > 0:
+            for k in list(islice(recent, over + RECENT_MAX // 8)):
+                del recent[k]
 
     # -- notify ----------------------------------------------------------------------------
     def set_interest(self, queue: str, on: bool) -> None:
-        if self.notifier is None:
-            return
         if on:
-            self.notifier.register(self.proxy_id, [queue])
+            # announce: the notifier answers with the queue's current last sequence at once.
+            self.notifier.register(self.proxy_id, [queue], announce=True)
         else:
             self.notifier.unregister(self.proxy_id, [queue])
 
-    async def events(self) -> AsyncIterator[Any]:
-        if self.notifier is None:
-            return
-        async for ev in self.notifier.events(self.proxy_id):
-            yield ev
+    async def batches(self) -> AsyncIterator[dict[str, int]]:
+        """Coalesced notify events, one dict queue -> last sequence per wake-up."""
+        async for batch in self.notifier.batches(self.proxy_id):
+            yield batch
 
     # -- subscriptions ---------------------------------------------------------------------
-    def subscribe_position(self, spec: FilterSpec) -> int:
-        """Where a new subscription starts: the live end, or the replay start."""
-        if spec.replay_since_ms is not None:
-            return self.queues.replay_start(spec.filter, spec.replay_since_ms)
-        return self.queue_end(spec.filter)
+    def acquire(self, spec: FilterSpec) -> tuple[str, int]:
+        """Hold the light queue a subscription reads; (queue name, where a new one starts).
 
-    def hold(self, spec: FilterSpec) -> None:
-        """A subscription (live or persistent) needs the light queue of `spec.filter`."""
-        filt = spec.filter
-        n = self._holds.get(filt, 0)
-        self._holds[filt] = n + 1
-        if n == 0 and self.queues is not None:
-            self.queues.acquire(filt)
+        The live end for a plain filter, the first history entry for a replay (its own queue,
+        `$replay/<since>/<filter>`, which goes live after the backfill). Each acquire needs one
+        `release(queue)`; restoring a persistent session acquires again (the holds are in memory).
+        """
+        a = self.queues.acquire_filter(spec.filter, spec.replay_since_ms)
+        return a.queue, a.start_seq
 
-    def release(self, spec: FilterSpec) -> None:
-        filt = spec.filter
-        n = self._holds.get(filt, 0) - 1
-        if n > 0:
-            self._holds[filt] = n
-            return
-        self._holds.pop(filt, None)
-        if self.queues is not None:
-            self.queues.release(filt)
+    def release(self, queue: str) -> None:
+        self.queues.release_filter(queue)
 
     def bound_replay(self, spec: FilterSpec, max_depth_ms: int) -> FilterSpec:
         """Apply `max_replay_depth_ms`: a replay never reaches further back than that."""
@@ -88,35 +119,25 @@ class Backend:
 
     # -- retained --------------------------------------------------------------------------
     def retain(self, msg: Any, offset: tuple[str, int, int]) -> None:
-        if self.queues is None:
-            return
-        if msg.payload:
-            self.queues.retained.set(msg.topic, offset)
-        else:
-            self.queues.retained.clear(msg.topic)
+        """Set (or, with an empty payload, clear) the retained message of `msg.topic`."""
+        self.queues.retained.set(
+            msg.topic, msg.payload, msg.qos, msg.client_id, msg.properties, msg.timestamp_ms, offset
+        )
 
     def retained_for(self, filt: str) -> list[Any]:
-        if self.queues is None:
-            return []
-        return self.queues.retained_messages(filt)
+        """Unexpired retained messages matching `filt` (a tree walk, not a scan)."""
+        return self.queues.retained.match(filt)
 
     # -- sessions --------------------------------------------------------------------------
     def load_sessions(self) -> list[dict[str, Any]]:
-        if self.queues is None:
-            return []
         return list(self.queues.sessions.load_all())
 
-    def save_session(self, client_id: str, state: dict[str, Any]) -> None:
-        if self.queues is not None:
-            self.queues.sessions.save(client_id, state)
+    def save_sessions(self, items: list[tuple[str, dict[str, Any]]]) -> None:
+        if items:
+            self.queues.sessions.put_many(items)
 
     def delete_session(self, client_id: str) -> None:
-        if self.queues is not None:
-            self.queues.sessions.delete(client_id)
+        self.queues.sessions.delete(client_id)
 
     def close(self) -> None:
-        if self.notifier is not None:
-            try:
-                self.notifier.unregister(self.proxy_id, None)
-            except Exception:  # pragma: no cover - best effort on shutdown
-                pass
+        self.notifier.drop(self.proxy_id)

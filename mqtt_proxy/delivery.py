@@ -201,13 +201,13 @@ class Delivery:
             self._on_interest(sub.queue, False)
 
     def group_of(self, sub: Subscription) -> SharedGroup | None:
-        return self.group_of_key(sub.spec)
+        return self.group(sub.spec.share_group, sub.queue)
 
-    def group_of_key(self, spec: Any) -> SharedGroup | None:
-        qs = self.queues.get(spec.filter)
-        if qs is None or spec.share_group is None:
+    def group(self, share_group: str | None, queue: str) -> SharedGroup | None:
+        qs = self.queues.get(queue)
+        if qs is None or share_group is None:
             return None
-        return qs.groups.get(f"{spec.share_group}/{spec.filter}")
+        return qs.groups.get(f"{share_group}/{queue}")
 
     def _leave_group(self, qs: QueueState, g: SharedGroup, sub: Subscription) -> None:
         """A member leaves: its unacked messages go back to the group for another member."""
@@ -249,11 +249,6 @@ class Delivery:
             qs = self.queues.get(sub.queue)
             if qs is not None:
                 self.mark(qs)
-
-    def mark_all(self) -> None:
-        """Periodic resync: a lost notify event never loses a message."""
-        for qs in self.queues.values():
-            self.mark(qs)
 
     def _run(self) -> None:
         self._scheduled = False
@@ -531,7 +526,7 @@ def _overlap_owner(
     for s in session.subs.values():
         if s.local or s.spec.share_group is not None or (s.no_local and own):
             continue
-        if s is not sub and not topic_matches(s.queue, topic):
+        if s is not sub and not topic_matches(s.spec.filter, topic):
             continue
         if s.sub_id:
             ids.append(s.sub_id)

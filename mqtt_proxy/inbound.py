@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -68,8 +69,9 @@ class Inbound:
             for conn, _pid, _ack in acks:
                 conn.fail(0x80, "store append failed")
             return
+        backend = server.backend
+        backend.remember(msgs, res.offsets, int(time.time() * 1000))
         if retained:
-            backend = server.backend
             offsets = res.offsets
             for i in retained:
                 backend.retain(msgs[i], offsets[i])

@@ -113,21 +113,18 @@ class MqttServer:
 
     async def _consume_events(self) -> None:
         on_event = self.delivery.on_event
-        async for ev in self.backend.events():
-            on_event(ev.queue, ev.last_seq)
+        async for batch in self.backend.batches():
+            for queue, last_seq in batch.items():
+                on_event(queue, last_seq)
 
     async def _periodic(self) -> None:
         s = self.settings
         flush_every = s.session_flush_ms / 1000
         next_sys = time.monotonic() + s.sys_interval_s
-        next_resync = time.monotonic() + 1.0
         while True:
             await asyncio.sleep(flush_every)
             self.sessions.flush()
             now = time.monotonic()
-            if now >= next_resync:
-                next_resync = now + 1.0
-                self.delivery.mark_all()
             if s.sys_interval_s > 0 and now >= next_sys:
                 next_sys = now + s.sys_interval_s
                 self.sys.publish()

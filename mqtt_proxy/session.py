@@ -35,13 +35,10 @@ class Subscription:
     retain_as_published: bool = False
     retain_handling: int = 0
     sub_id: int | None = None
+    queue: str = ""  # the light queue read (the filter; `$replay/<ms>/<filter>` for a replay)
     pos: int = 0  # next light-queue sequence to read
     pending: dict[int, int] = field(default_factory=dict)  # seq -> packet id, unacked QoS 1/2
     local: bool = False  # `$SYS/...`: served by the proxy, no light queue
-
-    @property
-    def queue(self) -> str:
-        return self.spec.filter
 
     def acked_pos(self) -> int:
         return min(self.pending) if self.pending else self.pos
@@ -123,6 +120,8 @@ class Session:
                     "raw": s.spec.raw,
                     "filter": s.spec.filter,
                     "group": s.spec.share_group,
+                    "since": s.spec.replay_since_ms,
+                    "queue": s.queue,
                     "qos": s.qos,
                     "nl": s.no_local,
                     "rap": s.retain_as_published,
@@ -161,8 +160,7 @@ class Session:
             qos2_in=set(state.get("qos2_in", ())),
         )
         for d in state.get("subs", ()):
-            # The replay start is spent once the position is stored: restore the plain filter.
-            spec = FilterSpec(raw=d["raw"], filter=d["filter"], share_group=d.get("group"))
+            spec = FilterSpec(d["raw"], d["filter"], d.get("group"), d.get("since"))
             s.subs[d["raw"]] = Subscription(
                 session=s,
                 spec=spec,
@@ -171,6 +169,7 @@ class Session:
                 retain_as_published=d.get("rap", False),
                 retain_handling=d.get("rh", 0),
                 sub_id=d.get("sid"),
+                queue=d.get("queue") or d["filter"],
                 pos=d.get("pos", 0),
                 local=d.get("local", False),
             )

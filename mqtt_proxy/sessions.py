@@ -65,7 +65,7 @@ class SessionManager:
                         sub.pos = inf.seq + 1
             for sub in s.subs.values():
                 if not sub.local:
-                    backend.hold(sub.spec)
+                    backend.acquire(sub.spec)
             self.sessions[s.client_id] = s
             self._arm_expiry(s, now)
         if self.sessions:
@@ -74,11 +74,12 @@ class SessionManager:
     def flush(self, force: bool = False) -> None:
         self._flushes += 1
         snapshot = force or self._flushes % 10 == 0
-        backend = self.server.backend
+        items = []
         for s in self.sessions.values():
             if s.persistent and (s.dirty or (snapshot and s.conn is not None)):
                 s.dirty = False
-                backend.save_session(s.client_id, s.to_state())
+                items.append((s.client_id, s.to_state()))
+        self.server.backend.save_sessions(items)
 
     # -- connect -------------------------------------------------------------------------------
     def open(
@@ -220,7 +221,7 @@ class SessionManager:
             if not sub.local:
                 if session.conn is not None:
                     delivery.detach(sub)
-                server.backend.release(sub.spec)
+                server.backend.release(sub.queue)
         session.subs.clear()
         if publish_will and session.will is not None:
             will, session.will = session.will, None
@@ -254,12 +255,9 @@ class SessionManager:
             sub = Subscription(session, spec, qos, no_local, rap, rh, sub_id, local=local)
             is_new = True
             if not local:
-                group = server.delivery.group_of_key(spec)
-                if group is not None:
-                    sub.pos = group.pos
-                else:
-                    sub.pos = server.backend.subscribe_position(spec)
-                server.backend.hold(spec)
+                sub.queue, start = server.backend.acquire(spec)
+                group = server.delivery.group(spec.share_group, sub.queue)
+                sub.pos = group.pos if group is not None else start
             session.subs[spec.raw] = sub
             server.counters["subscriptions"] += 1
             if session.conn is not None and not local:
@@ -280,7 +278,7 @@ class SessionManager:
         if not sub.local:
             if session.conn is not None:
                 self.server.delivery.detach(sub)
-            self.server.backend.release(sub.spec)
+            self.server.backend.release(sub.queue)
         session.dirty = session.persistent
         if session.conn is not None:
             session.conn.session_overlap = session.overlapping

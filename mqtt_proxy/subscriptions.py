@@ -15,9 +15,9 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from lightqueue.topic_trie import FilterError, topic_matches, validate_filter
 
-class FilterError(ValueError):
-    """The filter is malformed (SUBACK 0x8F topic filter invalid / v3 0x80)."""
+__all__ = ["FilterError", "FilterSpec", "parse_filter", "parse_since", "topic_matches"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,57 +28,6 @@ class FilterSpec:
     filter: str
     share_group: str | None = None
     replay_since_ms: int | None = None
-
-    @property
-    def wildcard(self) -> bool:
-        return is_wildcard(self.filter)
-
-
-def is_wildcard(filt: str) -> bool:
-    return "+" in filt or "#" in filt
-
-
-def validate_filter(filt: str) -> None:
-    """MQTT 5 §4.7.1: `#` alone and last, `+` alone in its level, non-empty, no NUL."""
-    if not filt or "\x00" in filt:
-        raise FilterError("empty topic filter" if not filt else "NUL in topic filter")
-    if "+" not in filt and "#" not in filt:
-        return
-    levels = filt.split("/")
-    last = len(levels) - 1
-    for i, level in enumerate(levels):
-        if "#" in level and (level != "#" or i != last):
-            raise FilterError(f"'#' must be a whole, last level: {filt!r}")
-        if "+" in level and level != "+":
-            raise FilterError(f"'+' must be a whole level: {filt!r}")
-
-
-def validate_topic(topic: str) -> None:
-    """A PUBLISH topic name: non-empty, no wildcards, no NUL (MQTT 5 §4.7.3)."""
-    if not topic:
-        raise FilterError("empty topic name")
-    if "+" in topic or "#" in topic or "\x00" in topic:
-        raise FilterError(f"wildcard or NUL in topic name: {topic!r}")
-
-
-def topic_matches(filt: str, topic: str) -> bool:
-    """Does `topic` match `filt`? Filters starting with a wildcard do not match `$` topics."""
-    if filt == topic:
-        return True
-    if topic[:1] == "$" and filt[:1] in ("+", "#"):
-        return False
-    if "+" not in filt and "#" not in filt:
-        return False
-    f_levels = filt.split("/")
-    t_levels = topic.split("/")
-    for i, f in enumerate(f_levels):
-        if f == "#":
-            return True
-        if i >= len(t_levels):
-            return False
-        if f != "+" and f != t_levels[i]:
-            return False
-    return len(f_levels) == len(t_levels)
 
 
 _DURATION = re.compile(r"^-(\d+(?:\.\d+)?)(ms|s|m|h|d)$")

@@ -123,15 +123,16 @@ class InProcessBroker:
 
 
 async def open_queues(store: Any, data_dir: Path) -> tuple[Any, Any, list[Any]]:
-    """Light queues + in-process notifier over `store`, when those packages are present."""
-    if (
-        not (ROOT / "lightqueue" / "__init__.py").exists()
-        or not (ROOT / "notify" / "__init__.py").exists()
-    ):
-        return None, None, []
-    from lightqueue import open_light_queues  # type: ignore[attr-defined]
+    """Light queues dispatching into an in-process notifier, as `lightgate serve` wires them."""
+    from lightqueue.queues import LightQueueConfig, open_light_queues
+    from notify import InProcessNotifier
 
-    return await open_light_queues(store, data_dir)
+    queues = open_light_queues(data_dir, store, config=LightQueueConfig(filter_grace_s=2.0))
+    notifier = InProcessNotifier(last_seq_of=queues.last_seq, resync_interval=1.0)
+    queues.set_sink(notifier.publish)
+    await queues.start()
+    notifier.start()
+    return queues, notifier, [queues.close, notifier.close]
 
 
 @pytest.fixture

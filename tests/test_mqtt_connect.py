@@ -1,3 +1,4 @@
+# ruff: noqa: F811  (the `broker` fixture is imported, then named as a test argument)
 """MQTT connection handling over real sockets: CONNECT negotiation, transports (TCP, TLS,
 WebSocket), auth hook, keep alive, takeover, inbound PUBLISH to the store, and bad input."""
 
@@ -8,7 +9,7 @@ import ssl
 import time
 
 import pytest
-from mqtt_broker import broker  # noqa: F401 - fixture
+from mqtt_broker import broker  # noqa: F401 - the fixture
 from mqtt_helpers import CONNECT, V5, V311, Client, props
 
 
@@ -43,7 +44,7 @@ def read_all(s: socket.socket, timeout: float = 5.0) -> bytes:
         out += chunk
 
 
-def stored(broker, topic: str) -> list[bytes]:  # noqa: F811
+def stored(broker, topic: str) -> list[bytes]:
     """Payloads stored in the log for an MQTT topic (read back through the store)."""
     from store.mapping import log_topic_for
     from store.record_batch import iter_batches, iter_records
@@ -65,7 +66,7 @@ def stored(broker, topic: str) -> list[bytes]:  # noqa: F811
 
 
 @pytest.mark.parametrize("version", [V311, V5])
-def test_01_connect_and_disconnect(broker, version):  # noqa: F811
+def test_01_connect_and_disconnect(broker, version):
     c = Client(broker.port, f"c-{version}", version).connect()
     assert broker.server.stats()["clients_connected"] == 1
     c.disconnect()
@@ -76,7 +77,7 @@ def test_01_connect_and_disconnect(broker, version):  # noqa: F811
 
 
 @pytest.mark.parametrize("qos", [0, 1, 2])
-def test_02_publish_is_stored_before_ack(broker, qos):  # noqa: F811
+def test_02_publish_is_stored_before_ack(broker, qos):
     c = Client(broker.port, "pub").connect()
     for i in range(10):
         c.publish("plant/line1/temp", f"{i}", qos)
@@ -86,14 +87,14 @@ def test_02_publish_is_stored_before_ack(broker, qos):  # noqa: F811
     assert stored(broker, "plant/line1/temp") == [str(i).encode() for i in range(10)]
 
 
-def test_03_websocket_transport(broker):  # noqa: F811
+def test_03_websocket_transport(broker):
     c = Client(broker.ws_port, "ws", V5, transport="websockets").connect()
     c.publish("ws/t", b"over ws", 1)
     assert stored(broker, "ws/t") == [b"over ws"]
     c.disconnect()
 
 
-def test_04_websocket_rejects_other_paths_and_subprotocols(broker):  # noqa: F811
+def test_04_websocket_rejects_other_paths_and_subprotocols(broker):
     s = raw(broker.ws_port)
     s.sendall(
         b"GET /other HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
@@ -103,7 +104,7 @@ def test_04_websocket_rejects_other_paths_and_subprotocols(broker):  # noqa: F81
     assert read_all(s).startswith(b"HTTP/1.1 404")
 
 
-def test_05_tls_transport(broker):  # noqa: F811
+def test_05_tls_transport(broker):
     c = Client(broker.tls_port, "tls", V311)
     ctx = ssl.create_default_context(cafile=str(broker.cert))
     ctx.check_hostname = False
@@ -114,7 +115,7 @@ def test_05_tls_transport(broker):  # noqa: F811
     c.disconnect()
 
 
-def test_06_auth_hook(broker):  # noqa: F811
+def test_06_auth_hook(broker):
     broker.server.authenticate = lambda cid, user, pw: user == "dev" and pw == b"secret"
     ok = Client(broker.port, "a1", V5).connect(username="dev", password="secret")
     ok.disconnect()
@@ -124,7 +125,7 @@ def test_06_auth_hook(broker):  # noqa: F811
     assert bad3.connack.value in (5, 0x87)  # v3 "not authorized"
 
 
-def test_07_keepalive_timeout(broker):  # noqa: F811
+def test_07_keepalive_timeout(broker):
     s = raw(broker.port)
     s.sendall(connect_v311(b"ka", keepalive=1))
     assert s.recv(4) == b"\x20\x02\x00\x00"
@@ -133,7 +134,7 @@ def test_07_keepalive_timeout(broker):  # noqa: F811
     assert 1.4 <= time.monotonic() - t0 <= 2.6
 
 
-def test_08_pingreq_keeps_alive(broker):  # noqa: F811
+def test_08_pingreq_keeps_alive(broker):
     s = raw(broker.port)
     s.sendall(connect_v311(b"ping", keepalive=1))
     assert s.recv(4) == b"\x20\x02\x00\x00"
@@ -143,14 +144,14 @@ def test_08_pingreq_keeps_alive(broker):  # noqa: F811
         assert s.recv(2) == b"\xd0\x00"
 
 
-def test_09_server_keepalive_and_max(broker):  # noqa: F811
+def test_09_server_keepalive_and_max(broker):
     c = Client(broker.port, "ska", V5).connect(keepalive=65535)
     assert c.connack_props.ServerKeepAlive == 600
     v3 = Client(broker.port, "ska3", V311).connect(keepalive=65535, expect_ok=False)
     assert v3.connack.value in (2, 0x85)  # identifier rejected, as Mosquitto
 
 
-def test_10_assigned_client_id(broker):  # noqa: F811
+def test_10_assigned_client_id(broker):
     c = Client(broker.port, "", V5).connect()
     assert c.connack_props.AssignedClientIdentifier.startswith("lg-")
     Client(broker.port, "", V311).connect(clean=True).disconnect()
@@ -159,7 +160,7 @@ def test_10_assigned_client_id(broker):  # noqa: F811
     assert read_all(s) == b"\x20\x02\x00\x02"  # identifier rejected, then closed
 
 
-def test_11_takeover(broker):  # noqa: F811
+def test_11_takeover(broker):
     first = Client(broker.port, "dup", V5).connect()
     second = Client(broker.port, "dup", V5).connect()
     assert first.disconnected.wait(5)
@@ -174,7 +175,7 @@ def test_11_takeover(broker):  # noqa: F811
     assert read_all(old3) == b""  # v3: closed without DISCONNECT
 
 
-def test_12_session_expiry_capped(broker):  # noqa: F811
+def test_12_session_expiry_capped(broker):
     c = Client(broker.port, "cap", V5).connect(
         props=props(CONNECT, SessionExpiryInterval=0xFFFFFFFF)
     )
@@ -194,7 +195,7 @@ BAD_INPUT = [
 
 
 @pytest.mark.parametrize("name,after,data,reason", BAD_INPUT, ids=[b[0] for b in BAD_INPUT])
-def test_13_bad_input_closes_only_that_client(broker, name, after, data, reason):  # noqa: F811
+def test_13_bad_input_closes_only_that_client(broker, name, after, data, reason):
     bystander = Client(broker.port, "bystander", V5).connect()
     s = raw(broker.port)
     if after:
@@ -211,7 +212,7 @@ def test_13_bad_input_closes_only_that_client(broker, name, after, data, reason)
     assert not bystander.disconnected.is_set()
 
 
-def test_14_protocol_version_mismatch(broker):  # noqa: F811
+def test_14_protocol_version_mismatch(broker):
     s = raw(broker.port)
     body = b"\x00\x04MQTT\x06\x02\x00\x3c\x00\x01x"
     s.sendall(bytes([0x10, len(body)]) + body)

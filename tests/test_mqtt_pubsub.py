@@ -1,0 +1,229 @@
+# ruff: noqa: F811  (the `broker` fixture is imported, then named as a test argument)
+"""MQTT publish/subscribe end to end over real sockets (paho v3.1.1 and v5).
+
+Area names follow the issue: qos, wildcards, `$` rules, overlap, v5 options, shared, alias,
+properties, expiry. Every test talks to a running gateway through the `broker` fixture.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from mqtt_broker import broker  # noqa: F401 - the fixture
+from mqtt_helpers import CONNECT, PUBLISH, SUBSCRIBE, V5, V311, Client, props
+
+
+def _sub(broker, cid, filt, qos=0, version=V311, **kw):
+    c = Client(broker.port, cid, version).connect()
+    c.subscribe(filt, qos, **kw)
+    return c
+
+
+@pytest.mark.parametrize("version", [V311, V5])
+@pytest.mark.parametrize("qos", [0, 1, 2])
+def test_01_qos_roundtrip(broker, version, qos):
+    sub = _sub(broker, f"s-{version}-{qos}", "q/t", qos, version)
+    pub = Client(broker.port, f"p-{version}-{qos}", version).connect()
+    for i in range(20):
+        pub.publish("q/t", f"m{i}", qos)
+    got = sub.expect(20)
+    assert [m.payload for m in got] == [f"m{i}".encode() for i in range(20)]
+    assert {m.qos for m in got} == {qos}
+    sub.expect_none(0.3)
+    sub.disconnect()
+    pub.disconnect()
+
+
+@pytest.mark.parametrize("pub_qos,sub_qos", [(2, 1), (1, 0), (2, 0), (0, 2), (1, 2)])
+def test_02_delivered_qos_is_min(broker, pub_qos, sub_qos):
+    sub = _sub(broker, "s", "min/t", sub_qos)
+    pub = Client(broker.port, "p").connect()
+    pub.publish("min/t", b"x", pub_qos)
+    (m,) = sub.expect(1)
+    assert m.qos == min(pub_qos, sub_qos)
+
+
+def test_03_wildcards(broker):
+    plus = _sub(broker, "plus", "w/+/t")
+    hash_ = _sub(broker, "hash", "w/#")
+    pub = Client(broker.port, "p").connect()
+    for topic in ("w/a/t", "w/b/t", "w/a/x", "w", "w/a/t/deeper", "other/a/t"):
+        pub.publish(topic, topic, 1)
+    assert sorted(m.topic for m in plus.expect(2)) == ["w/a/t", "w/b/t"]
+    plus.expect_none(0.3)
+    assert sorted(m.topic for m in hash_.expect(5)) == sorted(
+        ["w/a/t", "w/b/t", "w/a/x", "w", "w/a/t/deeper"]
+    )
+    hash_.expect_none(0.3)
+
+
+def test_04_dollar_topics_not_matched_by_leading_wildcard(broker):
+    allsub = _sub(broker, "all", "#")
+    plus = _sub(broker, "plus", "+/info")
+    sys_ = _sub(broker, "sys", "$SYS/broker/version")
+    (m,) = sys_.expect(1)
+    assert m.topic == "$SYS/broker/version" and m.payload.startswith(b"lightgate")
+    allsub.expect_none(0.5)
+    plus.expect_none(0.1)
+    pub = Client(broker.port, "p").connect()
+    pub.publish("$foo/info", b"never stored", 1)  # `$` topics are not device data
+    pub.publish("dev/info", b"ok", 1)
+    assert [m.topic for m in plus.expect(1)] == ["dev/info"]
+    assert [m.topic for m in allsub.expect(1)] == ["dev/info"]
+    allsub.expect_none(0.3)
+
+
+def test_05_overlap_v3_one_copy_at_max_qos(broker):
+    c = Client(broker.port, "ov3").connect()
+    c.subscribe("ov/#", 0)
+    c.subscribe("ov/+/x", 2)
+    c.subscribe("ov/a/x", 1)
+    pub = Client(broker.port, "p").connect()
+    pub.publish("ov/a/x", b"1", 2)
+    pub.publish("ov/b", b"2", 2)
+    got = c.expect(2)
+    by_topic = {m.topic: m for m in got}
+    assert by_topic["ov/a/x"].qos == 2
+    assert by_topic["ov/b"].qos == 0
+    c.expect_none(0.5)
+
+
+def test_06_overlap_v5_subscription_identifiers(broker):
+    c = Client(broker.port, "ov5", V5).connect()
+    c.subscribe("si/#", 1, props=props(SUBSCRIBE, SubscriptionIdentifier=7))
+    c.subscribe("si/+", 0, props=props(SUBSCRIBE, SubscriptionIdentifier=9))
+    pub = Client(broker.port, "p", V5).connect()
+    pub.publish("si/a", b"x", 1)
+    pub.publish("si/a/b", b"y", 1)
+    got = {m.topic: m for m in c.expect(2)}
+    assert sorted(got["si/a"].sub_ids) == [7, 9] and got["si/a"].qos == 1
+    assert got["si/a/b"].sub_ids == [7]
+    c.expect_none(0.5)
+
+
+def test_07_no_local(broker):
+    c = Client(broker.port, "nl", V5).connect()
+    c.subscribe("nl/t", 1, noLocal=True)
+    other = Client(broker.port, "nl-other", V5).connect()
+    c.publish("nl/t", b"mine", 1)
+    other.publish("nl/t", b"theirs", 1)
+    assert [m.payload for m in c.expect(1)] == [b"theirs"]
+    c.expect_none(0.3)
+
+
+def test_08_retain_as_published_and_retain_handling(broker):
+    pub = Client(broker.port, "p", V5).connect()
+    pub.publish("rap/t", b"kept", 1, retain=True)
+    rap = Client(broker.port, "rap", V5).connect()
+    rap.subscribe("rap/t", 1, retainAsPublished=True)
+    plain = Client(broker.port, "plain", V5).connect()
+    plain.subscribe("rap/t", 1)
+    never = Client(broker.port, "never", V5).connect()
+    never.subscribe("rap/t", 1, retainHandling=2)
+    onlynew = Client(broker.port, "onlynew", V5).connect()
+    onlynew.subscribe("rap/t", 1, retainHandling=1)
+    for c in (rap, plain, onlynew):
+        (m,) = c.expect(1)
+        assert m.retain and m.payload == b"kept"  # retained on subscribe: RETAIN=1
+    never.expect_none(0.3)
+    onlynew.subscribe("rap/t", 1, retainHandling=1)  # exists already: no retained again
+    onlynew.expect_none(0.3)
+    pub.publish("rap/t", b"live", 1, retain=True)
+    assert rap.expect(1)[0].retain is True
+    assert plain.expect(1)[0].retain is False
+    assert never.expect(1)[0].retain is False
+
+
+def test_09_shared_subscription_one_member_each(broker):
+    members = [_sub(broker, f"m{i}", "$share/g/sh/#", 1, V5) for i in range(3)]
+    normal = _sub(broker, "normal", "sh/#", 1)
+    pub = Client(broker.port, "p").connect()
+    for i in range(30):
+        pub.publish(f"sh/{i % 3}", str(i), 1)
+    assert len(normal.expect(30)) == 30
+    total = []
+    deadline = time.monotonic() + 10
+    while len(total) < 30 and time.monotonic() < deadline:
+        for m in members:
+            while not m.messages.empty():
+                total.append(m.messages.get().payload)
+        time.sleep(0.05)
+    assert sorted(total, key=int) == [str(i).encode() for i in range(30)]
+    for m in members:
+        m.expect_none(0.1)
+
+
+def test_10_topic_alias_inbound(broker):
+    sub = _sub(broker, "s", "al/#", 0, V5)
+    pub = Client(broker.port, "p", V5).connect()
+    pub.publish("al/long/topic", b"1", 1, props=props(PUBLISH, TopicAlias=3))
+    pub.publish("", b"2", 1, props=props(PUBLISH, TopicAlias=3))
+    got = sub.expect(2)
+    assert [(m.topic, m.payload) for m in got] == [("al/long/topic", b"1"), ("al/long/topic", b"2")]
+
+
+def test_11_v5_properties_carried(broker):
+    sub = _sub(broker, "s", "pr/t", 1, V5)
+    v3 = _sub(broker, "s3", "pr/t", 1, V311)
+    pub = Client(broker.port, "p", V5).connect()
+    p = props(
+        PUBLISH,
+        PayloadFormatIndicator=1,
+        ContentType="application/json",
+        ResponseTopic="pr/reply",
+        CorrelationData=b"\x01\x02",
+        UserProperty=[("site", "a"), ("line", "7")],
+        MessageExpiryInterval=3600,
+    )
+    pub.publish("pr/t", b'{"t": 21}', 1, props=p)
+    (m,) = sub.expect(1)
+    mp = m.props
+    assert mp.PayloadFormatIndicator == 1
+    assert mp.ContentType == "application/json"
+    assert mp.ResponseTopic == "pr/reply"
+    assert mp.CorrelationData == b"\x01\x02"
+    assert m.user_props == {"site": "a", "line": "7"}
+    assert 3590 <= mp.MessageExpiryInterval <= 3600
+    assert v3.expect(1)[0].payload == b'{"t": 21}'
+
+
+def test_12_message_expiry_offline(broker):
+    sub = Client(broker.port, "exp", V5).connect(
+        clean=True, props=props(CONNECT, SessionExpiryInterval=300)
+    )
+    sub.subscribe("ex/t", 1)
+    sub.disconnect()
+    pub = Client(broker.port, "p", V5).connect()
+    pub.publish("ex/t", b"short", 1, props=props(PUBLISH, MessageExpiryInterval=1))
+    pub.publish("ex/t", b"long", 1, props=props(PUBLISH, MessageExpiryInterval=600))
+    time.sleep(2.2)
+    sub = Client(broker.port, "exp", V5).connect(
+        clean=False, props=props(CONNECT, SessionExpiryInterval=300)
+    )
+    got = sub.expect(1)
+    assert [m.payload for m in got] == [b"long"]
+    assert got[0].props.MessageExpiryInterval <= 598
+    sub.expect_none(0.3)
+
+
+def test_13_unsubscribe(broker):
+    c = _sub(broker, "u", "un/t", 1)
+    pub = Client(broker.port, "p").connect()
+    pub.publish("un/t", b"1", 1)
+    c.expect(1)
+    c.unsubscribe("un/t")
+    pub.publish("un/t", b"2", 1)
+    c.expect_none(0.5)
+
+
+def test_14_acl_hook_suback_code(broker):
+    if not broker.in_process:
+        pytest.skip("ACL hooks are set by the embedder (in-process broker only)")
+    broker.server.authorize_subscribe = lambda cid, f: not f.startswith("secret")
+    broker.server.authorize_publish = lambda cid, t: not t.startswith("secret")
+    v3 = Client(broker.port, "acl3").connect()
+    assert [getattr(c, "value", c) for c in v3.subscribe("secret/#", 1)] == [0x80]
+    v5 = Client(broker.port, "acl5", V5).connect()
+    assert [c.value for c in v5.subscribe("secret/#", 1)] == [0x87]
+    assert [c.value for c in v5.subscribe("open/#", 1)] == [1]
