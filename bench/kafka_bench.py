@@ -197,12 +197,13 @@ if __name__ == "__main__":
     ap.add_argument("--tmp", default=None, help="directory for the data dir (default: system tmp)")
     ap.add_argument("--serve", metavar="DATA_DIR", help=argparse.SUPPRESS)
     a = ap.parse_args()
-    try:
-        import uvloop
+    if not os.environ.get("LIGHTGATE_NO_UVLOOP"):  # compare loops: LIGHTGATE_NO_UVLOOP=1
+        try:
+            import uvloop
 
-        uvloop.install()
-    except ImportError:
-        pass
+            uvloop.install()
+        except ImportError:
+            pass
     if a.serve:
         asyncio.run(serve(a.serve, a.fsync, a.partitions))
     else:
