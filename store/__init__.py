@@ -4,17 +4,16 @@ Public API (docs/architecture.md): `Store`, `StoreConfig`, `AppendResult`, `Mqtt
 `MqttProperties`, and the errors. Lock-free readers for other processes: `store.segment_reader`.
 """
 
-from store.log import OffsetOutOfRangeError
-from store.mapping import MqttMessage, MqttProperties, TopicMappingError
-from store.record_batch import InvalidRecordError
-from store.store import (
-    AppendResult,
-    Store,
+from store.config import (
     StoreConfig,
     StoreError,
     StoreLockedError,
     UnknownTopicOrPartitionError,
 )
+from store.log import OffsetOutOfRangeError
+from store.mapping import MqttMessage, MqttProperties, TopicMappingError
+from store.record_batch import InvalidRecordError
+from store.store import AppendResult, Store
 
 __all__ = [
     "AppendResult",

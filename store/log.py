@@ -29,6 +29,7 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from store.record_batch import TIMESTAMP_TYPE_MASK, iter_batches, iter_records
 from store.segment import BatchMeta, LogSegment, segment_name
@@ -81,7 +82,7 @@ class Log:
         self._pending_meta: list[BatchMeta] = []
         self._pending_size = 0
         self.failed: BaseException | None = None  # a failed fsync poisons the partition
-        self.sync_waiters: list[object] = []  # written, waiting for the next fsync (Store's)
+        self.sync_waiters: list[Any] = []  # written, waiting for the next fsync (Store's)
         self.syncing = False
         self.dir_dirty = False  # a new segment file needs its directory entry fsynced
         self.recovery_point = 0

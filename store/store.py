@@ -1,14 +1,9 @@
-"""Store: log topics and partitions over one data dir; group commit, fsync policy, lock.
+"""Store: log topics and partitions over one data dir; topics, routing, lock, retention.
 
-Theory of operation. `append_mqtt` / `append_batch` assign offsets at once and stage the bytes on
-their partition's `Log`. One `call_soon` callback per tick (`_flush`) writes every staged batch of
-a partition with one writev, which makes it visible (high watermark) and calls the append
-listeners. Under fsync `always` the partition then joins the fsync pipeline: one fsync at a time
-per partition, run in a worker thread so the loop keeps going; everything written while an fsync
-runs is covered by the next one (group commit). `AppendResult.durable` resolves when each touched
-partition has been fsynced (`always`), or right after the write (`interval_ms`: a timer fsyncs in
-the background; `never`: the OS decides). A failed fsync poisons the partition: its page cache can
-no longer be trusted, so pending and later appends fail until restart (which recovers from disk).
+Appends assign offsets at once and stage bytes on the partition's `Log`; `store.commit` writes
+them once per tick and runs the fsync pipeline (theory of operation there). Offsets: readable
+offsets lie in [log_start_offset, high_watermark); the high watermark moves when bytes are written
+to the file, `AppendResult.durable` resolves when they are durable under the topic's fsync policy.
 
 Every public method is event-loop-only (no locks inside), except `open` and `close`, which are
 coroutines. Other processes read the segments with `store.segment_reader` without the lock.
@@ -25,10 +20,18 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from store.commit import GroupCommit
+from store.config import (
+    StoreConfig,
+    StoreError,
+    StoreLockedError,
+    TopicConfig,
+    UnknownTopicOrPartitionError,
+)
 from store.log import (
     RECOVERY_POINT_FILE,
     Log,
@@ -50,94 +53,15 @@ from store.record_batch import _CBuilder, build_batch, split_batches
 
 log = logging.getLogger("lightgate.store")
 
-FSYNC_POLICIES = ("always", "interval_ms", "never")
 CLEAN_SHUTDOWN = "clean-shutdown"
 TOPICS_FILE = "topics.json"
 MQTT_BATCH_BYTES = 1 << 20  # an MQTT append is cut into batches of about this many bytes
-
-
-class StoreError(Exception):
-    """The store cannot do what was asked (I/O failure, poisoned partition, bad argument)."""
-
-
-class StoreLockedError(StoreError):
-    """Another process holds DATA/LOCK."""
-
-
-class UnknownTopicOrPartitionError(StoreError):
-    pass
-
-
-@dataclass(slots=True)
-class StoreConfig:
-    """Defaults for new topics (per-topic overrides live in topics.json) and store-wide knobs."""
-
-    default_partitions: int = 4
-    fsync: str = "always"
-    fsync_interval_ms: int = 50
-    segment_bytes: int = 256 << 20
-    segment_ms: int = 7 * 24 * 3600 * 1000
-    retention_ms: int = 7 * 24 * 3600 * 1000
-    retention_bytes: int = -1
-    retention_check_interval_ms: int = 60_000
-    index_interval_bytes: int = 4096
-    max_batch_bytes: int = 8 << 20
-    auto_create_topics: bool = True
-
-    @classmethod
-    def from_object(cls, obj: Any) -> StoreConfig:
-        """Pick the matching attributes of any config object (e.g. lightgate's GatewayConfig)."""
-        kw = {f.name: getattr(obj, f.name) for f in fields(cls) if hasattr(obj, f.name)}
-        return cls(**kw)
-
-
-TOPIC_KEYS = (
-    "fsync", "fsync_interval_ms", "segment_bytes", "segment_ms", "retention_ms", "retention_bytes",
-)  # fmt: skip
-
-
-@dataclass(slots=True)
-class TopicConfig:
-    fsync: str
-    fsync_interval_ms: int
-    segment_bytes: int
-    segment_ms: int
-    retention_ms: int
-    retention_bytes: int
 
 
 @dataclass(slots=True)
 class AppendResult:
     offsets: list[tuple[str, int, int]]  # (log topic, partition, offset) per message / per record
     durable: asyncio.Future[None]  # resolves when durable under the topic's fsync policy
-
-
-class _Durable:
-    """Counts down the partitions an append touched; resolves its future at zero."""
-
-    __slots__ = ("fut", "remaining")
-
-    def __init__(self, fut: asyncio.Future[None], remaining: int) -> None:
-        self.fut = fut
-        self.remaining = remaining
-
-    def done_one(self) -> None:
-        self.remaining -= 1
-        if self.remaining <= 0 and not self.fut.done():
-            self.fut.set_result(None)
-
-    def fail(self, exc: BaseException) -> None:
-        if not self.fut.done():
-            self.fut.set_exception(exc)
-            self.fut.exception()  # we log the cause; don't warn "never retrieved" too
-
-
-def _fsync_fds(fds: list[int], directory: Path | None) -> None:
-    # fdatasync: appends change the size, which it flushes; it skips the mtime-only update.
-    for fd in fds:
-        os.fdatasync(fd)
-    if directory is not None:
-        fsync_dir(directory)
 
 
 def _log_failure(fut: Future[Any], what: str) -> None:
@@ -157,14 +81,11 @@ class Store:
         self._tconf: dict[str, TopicConfig] = {}
         self._logs: dict[tuple[str, int], Log] = {}
         self._routes: dict[str, tuple[str, int, bytes, Log]] = {}
-        self._dirty: list[Log] = []
-        self._tick_waiters: dict[Log, list[_Durable]] = {}
-        self._flush_scheduled = False
         self._listeners: list[Callable[[str, int, int], None]] = []
-        self._interval_dirty: set[Log] = set()
-        self._syncs: set[asyncio.Future[None]] = set()
+        self._commit = GroupCommit(
+            lambda lg: self._tconf[lg.topic].fsync, self._seal, self._listeners
+        )
         self._timers: list[asyncio.TimerHandle] = []
-        self._io = ThreadPoolExecutor(max_workers=4, thread_name_prefix="store-fsync")
         self._bg = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store-seal")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
@@ -248,12 +169,9 @@ class Store:
         self._closed = True
         for t in self._timers:
             t.cancel()
-        if self._dirty:
-            self._flush()
-        while self._syncs:
-            await asyncio.gather(*list(self._syncs), return_exceptions=True)
+        await self._commit.drain()
         await asyncio.to_thread(self._final_sync)
-        self._io.shutdown(wait=True)
+        self._commit.shutdown()
         self._release_lock()
 
     def _final_sync(self) -> None:
@@ -282,12 +200,7 @@ class Store:
     def _register(self, name: str, partitions: int, overrides: dict[str, Any]) -> None:
         self._topics[name] = {"partitions": partitions, "config": overrides}
         self._counts[name] = partitions
-        c = self.config
-        base = {k: getattr(c, k) for k in TOPIC_KEYS}
-        base.update({k: v for k, v in overrides.items() if k in TOPIC_KEYS})
-        tc = TopicConfig(**base)
-        if tc.fsync not in FSYNC_POLICIES:
-            raise StoreError(f"topic {name}: fsync policy {tc.fsync!r} not one of {FSYNC_POLICIES}")
+        tc = TopicConfig.resolve(name, self.config, overrides)
         self._tconf[name] = tc
         for p in range(partitions):
             if (name, p) not in self._logs:
@@ -325,9 +238,7 @@ class Store:
         if n < 1:
             raise StoreError(f"topic {name!r}: partitions must be ≥ 1, got {n}")
         overrides = dict(config or {})
-        unknown = set(overrides) - set(TOPIC_KEYS)
-        if unknown:
-            raise StoreError(f"unknown topic config keys {sorted(unknown)}")
+        TopicConfig.resolve(name, self.config, overrides)  # validate before anything is created
         self._register(name, n, overrides)
         for p in range(n):
             self._logs[(name, p)].load(clean=False)
@@ -426,7 +337,7 @@ class Store:
                 for k in range(j0, j):
                     offsets[idxs[k]] = (topic, part, base + k - j0)
                 j0 = j
-        return AppendResult(offsets, self._enqueue(groups))
+        return AppendResult(offsets, self._commit.enqueue(groups))
 
     def append_batch(self, topic: str, partition: int, batch: bytes) -> AppendResult:
         """Append producer bytes (one or more RecordBatch v2): check magic + CRC, assign offsets
@@ -451,92 +362,7 @@ class Store:
             base = lg.stage_view(data, pos, h.size, h.record_count, h.max_timestamp)
             pos += h.size
             offsets += [(topic, partition, o) for o in range(base, base + h.record_count)]
-        return AppendResult(offsets, self._enqueue({lg: []}))
-
-    def _enqueue(self, logs: dict[Log, Any]) -> asyncio.Future[None]:
-        loop = self._loop or asyncio.get_running_loop()
-        fut: asyncio.Future[None] = loop.create_future()
-        w = _Durable(fut, len(logs))
-        tw = self._tick_waiters
-        for lg in logs:
-            ws = tw.get(lg)
-            if ws is None:
-                tw[lg] = [w]
-                self._dirty.append(lg)
-            else:
-                ws.append(w)
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            loop.call_soon(self._flush)
-        return fut
-
-    def _flush(self) -> None:
-        """End of tick: one writev per partition, listeners, then fsync or resolve."""
-        self._flush_scheduled = False
-        dirty, tw = self._dirty, self._tick_waiters
-        self._dirty, self._tick_waiters = [], {}
-        for lg in dirty:
-            ws = tw.get(lg, [])
-            try:
-                sealed = lg.write_pending()
-            except OSError as e:
-                log.error("write to %s failed: %s", lg.name, e)
-                err = StoreError(f"write to {lg.name} failed: {e}")
-                for w in ws:
-                    w.fail(err)
-                continue
-            for seg in sealed:
-                self._seal(lg, seg)
-            for cb in self._listeners:
-                try:
-                    cb(lg.topic, lg.partition, lg.hwm)
-                except Exception:
-                    log.exception("append listener failed")
-            policy = self._tconf[lg.topic].fsync
-            if policy == "always":
-                lg.sync_waiters.extend(ws)
-                if not lg.syncing:
-                    self._start_sync(lg)
-            else:
-                for w in ws:
-                    w.done_one()
-                if policy == "interval_ms":
-                    self._interval_dirty.add(lg)
-
-    def _start_sync(self, lg: Log) -> None:
-        segs = [s for s in lg.segments if s.dirty]
-        for s in segs:
-            s.dirty = False
-            s.sync_pending += 1
-        directory = lg.dir if lg.dir_dirty else None
-        lg.dir_dirty = False
-        ws, lg.sync_waiters = lg.sync_waiters, []
-        lg.syncing = True
-        loop = self._loop or asyncio.get_running_loop()
-        fut = loop.run_in_executor(self._io, _fsync_fds, [s.fd for s in segs], directory)
-        self._syncs.add(fut)
-        fut.add_done_callback(lambda f: self._sync_done(lg, segs, ws, f))
-
-    def _sync_done(
-        self, lg: Log, segs: list[Any], ws: list[Any], fut: asyncio.Future[None]
-    ) -> None:
-        self._syncs.discard(fut)
-        lg.syncing = False
-        for s in segs:
-            s.sync_pending -= 1
-        exc = fut.exception()
-        if exc is not None:
-            lg.failed = exc
-            log.critical("fsync of %s failed, partition offline until restart: %s", lg.name, exc)
-            err = StoreError(f"fsync of {lg.name} failed: {exc}")
-            for w in ws + lg.sync_waiters:
-                w.fail(err)
-            lg.sync_waiters = []
-            return
-        for w in ws:
-            w.done_one()
-        if lg.sync_waiters:
-            self._start_sync(lg)
+        return AppendResult(offsets, self._commit.enqueue({lg: []}))
 
     def _seal(self, lg: Log, seg: Any) -> None:
         idx, tix = seg.index_bytes()
@@ -558,12 +384,7 @@ class Store:
     def _interval_tick(self, ms: int) -> None:
         if self._closed:
             return
-        dirty, self._interval_dirty = self._interval_dirty, set()
-        for lg in dirty:
-            if lg.failed is None and not lg.syncing:
-                self._start_sync(lg)
-            elif lg.failed is None:
-                self._interval_dirty.add(lg)
+        self._commit.interval_tick()
         assert self._loop is not None
         self._timers[0] = self._loop.call_later(ms / 1000, self._interval_tick, ms)
 
