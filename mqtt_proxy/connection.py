@@ -123,6 +123,7 @@ class MqttConnection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.writable = False
+        self.server.counters["write_pauses"] += 1
 
     def resume_writing(self) -> None:
         self.writable = True

@@ -222,6 +222,7 @@ class Delivery:
                 session.inflight.pop(pid, None)
                 g.redeliver.append(seq)
         g.redeliver.sort()
+        sub.pos = g.acked_pos()  # what a persistent member resumes from
         if not g.members:
             del qs.groups[g.key]
         else:
@@ -309,7 +310,12 @@ class Delivery:
             conn = sub.session.conn
             if conn is None or not conn.writable:
                 continue
-            if sub.qos == 0 and not sub.no_local and not conn.session_overlap:
+            if (
+                sub.qos == 0
+                and not sub.no_local
+                and not conn.session_overlap
+                and not conn.max_out_packet
+            ):
                 key = (sub.pos, conn.v5, sub.retain_as_published, sub.sub_id)
                 cohort = cohorts.get(key)
                 if cohort is None:
@@ -414,6 +420,10 @@ class Delivery:
                     blocked = True
                     break
                 tpl = m.template(qos, m.retain and sub.retain_as_published, v5, sub_ids, now_ms)
+                if conn.max_out_packet and tpl.size > conn.max_out_packet:
+                    # MQTT 5 §3.1.2.11.4: too large for this client: discard as if delivered.
+                    seq += 1
+                    continue
                 if qos:
                     pid = session.alloc_pid()
                     data = tpl.packet(pid)
@@ -489,6 +499,8 @@ class Delivery:
         sub_ids = (sub.sub_id,) if (v5 and sub.sub_id) else ()
         tpl = m.template(qos, m.retain and sub.retain_as_published, v5, sub_ids, now_ms)
         session = sub.session
+        if conn.max_out_packet and tpl.size > conn.max_out_packet:
+            return  # MQTT 5 §3.1.2.11.4: discarded for this client as if delivered
         if qos:
             pid = session.alloc_pid()
             data = tpl.packet(pid)

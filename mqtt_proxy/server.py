@@ -81,6 +81,7 @@ class MqttServer:
                 "subscriptions",
                 "wills_published",
                 "sessions_expired",
+                "write_pauses",
             ),
             0,
         )

@@ -75,9 +75,13 @@ class SessionManager:
         self._flushes += 1
         snapshot = force or self._flushes % 10 == 0
         items = []
+        group_of = self.server.delivery.group_of
         for s in self.sessions.values():
             if s.persistent and (s.dirty or (snapshot and s.conn is not None)):
                 s.dirty = False
+                for sub in s.subs.values():
+                    if sub.spec.share_group is not None and (g := group_of(sub)) is not None:
+                        sub.pos = g.acked_pos()  # a member stores its group's position
                 items.append((s.client_id, s.to_state()))
         self.server.backend.save_sessions(items)
 
