@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import struct
 import time
 from pathlib import Path
 
+import cramjam
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from kafka_helpers import running_gateway
+from aiokafka.protocol.produce import ProduceRequest_v7
+from kafka_helpers import RawClient, running_gateway
 
 from store.kafka.producers import iter_batch_headers
-from store.record_batch import iter_records
+from store.record_batch import HEADER_SIZE, batch_crc, build_batch, iter_records
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -187,6 +190,8 @@ async def test_compressed_batches_round_trip_stored_as_produced(tmp_path: Path, 
         headers = list(iter_batch_headers(raw))
         codec_id = {"gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}[codec]
         assert all(h.attributes & 0x07 == codec_id for h in headers)  # stored as produced
+        if codec == "snappy":  # aiokafka frames snappy the xerial way, as the Java client does
+            assert raw[61:69] == b"\x82SNAPPY\x00"
         assert len(raw) < sum(len(v) for v in values)
         # the store's own decoder (used for light-queue dispatch) reads what the client framed
         pos, decoded = 0, []
@@ -203,6 +208,33 @@ async def test_compressed_batches_round_trip_stored_as_produced(tmp_path: Path, 
         finally:
             await consumer.stop()
         assert [m.value for m in got] == values
+
+
+async def test_raw_snappy_batch_round_trip(tmp_path: Path) -> None:
+    """Snappy without xerial framing (librdkafka's default) is stored and served as well."""
+    records = [(1_700_000_000_000 + i, None, f"raw-{i}".encode() * 10, []) for i in range(20)]
+    plain = bytes(build_batch(records))
+    body = bytes(cramjam.snappy.compress_raw(plain[HEADER_SIZE:]))
+    batch = bytearray(plain[:HEADER_SIZE] + body)
+    struct.pack_into(">i", batch, 8, len(batch) - 12)  # batch length
+    struct.pack_into(">h", batch, 21, 2)  # attributes: snappy
+    struct.pack_into(">I", batch, 17, batch_crc(batch, 0, len(batch)))
+    async with running_gateway(tmp_path / "data") as gw:
+        gw.store.ensure_topic("rs")
+        client = await RawClient.connect(gw.server.port)
+        resp = await client.request(ProduceRequest_v7(None, 1, 5000, [("rs", [(0, bytes(batch))])]))
+        assert resp.topics[0][1][0][1:3] == (0, 0)
+        await client.close()
+        assert gw.store.read("rs", 0, 0, 1 << 20)[HEADER_SIZE:] == body  # unchanged
+        consumer = AIOKafkaConsumer(
+            "rs", bootstrap_servers=gw.bootstrap, auto_offset_reset="earliest"
+        )
+        await consumer.start()
+        try:
+            got = await consume(consumer, 20)
+        finally:
+            await consumer.stop()
+        assert [m.value for m in got] == [r[2] for r in records]
 
 
 async def test_offsets_for_times_and_admin_create_topics(tmp_path: Path) -> None:
