@@ -56,6 +56,7 @@ class Log:
         "segments", "_bases", "next_offset", "hwm", "_pending", "_pending_meta", "_pending_size",
         "_pending_idx",
         "failed", "sync_waiters", "syncing", "dir_dirty", "recovery_point",
+        "changed",
     )  # fmt: skip
 
     def __init__(
@@ -86,6 +87,7 @@ class Log:
         self.syncing = False
         self.dir_dirty = False  # a new segment file needs its directory entry fsynced
         self.recovery_point = 0
+        self.changed = False  # written or rolled since load (close must seal it)
 
     @property
     def name(self) -> str:
@@ -167,6 +169,7 @@ class Log:
         self._bases = [s.base_offset for s in self.segments]
         self.next_offset = self.hwm = self.active.next_offset
         self.recovery_point = min(self.recovery_point, self.hwm)
+        self.changed = self.changed or not clean  # the active segment's indexes need writing
         return cut
 
     def _tail_ok(self, seg: LogSegment) -> bool:
@@ -192,6 +195,7 @@ class Log:
         self.segments.append(seg)
         self._bases.append(base)
         self.dir_dirty = True
+        self.changed = True
         return seg
 
     # --- append (event loop) ------------------------------------------------------------------
@@ -235,6 +239,7 @@ class Log:
         On a write error the staged offsets are given back (they were never visible), the file
         is cut back to its last whole batch and the error propagates.
         """
+        self.changed = True
         chunks, metas, cidx = self._pending, self._pending_meta, self._pending_idx
         self._pending, self._pending_meta, self._pending_size, self._pending_idx = [], [], 0, []
         cidx.append(len(chunks))

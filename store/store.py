@@ -180,6 +180,10 @@ class Store:
         for lg in self._logs.values():
             if lg.failed is not None:
                 ok = False
+                lg.close()
+                continue
+            if not lg.changed and lg.recovery_point == lg.hwm:
+                lg.close()  # untouched since a clean open: its files are already sealed
                 continue
             try:
                 for seg in lg.segments:

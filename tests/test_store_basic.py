@@ -146,3 +146,21 @@ async def test_other_fsync_policies(tmp_path: Path, policy: str) -> None:
     await asyncio.sleep(0.02)
     assert store.topic_config("p").fsync == policy
     await store.close()
+
+
+async def test_idle_reopen_keeps_sealed_files(tmp_path: Path) -> None:
+    store = await Store.open(tmp_path, StoreConfig(default_partitions=1))
+    await store.append_mqtt([MqttMessage("idle/x", b"1", 1, "c")] * 3).durable
+    await store.close()
+    idx = tmp_path / "log" / "idle-0" / "00000000000000000000.index"
+    before = idx.stat().st_mtime_ns
+    for _ in range(2):  # clean open + close with no writes: nothing to seal again
+        store = await Store.open(tmp_path, StoreConfig())
+        assert store.high_watermark("idle", 0) == 3
+        await store.close()
+    assert idx.stat().st_mtime_ns == before
+    assert (tmp_path / "log" / "clean-shutdown").exists()
+    store = await Store.open(tmp_path, StoreConfig())
+    assert not (tmp_path / "log" / "clean-shutdown").exists()  # removed while open
+    with pytest.raises(Exception, match="closed"):
+        await store.close() or store.append_mqtt([MqttMessage("idle/x", b"2", 1, "c")])
