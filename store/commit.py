@@ -88,6 +88,9 @@ class GroupCommit:
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
         fut: asyncio.Future[None] = loop.create_future()
+        if not logs:  # an empty append is trivially durable
+            fut.set_result(None)
+            return fut
         w = _Durable(fut, len(logs))
         tw = self._tick_waiters
         for lg in logs:

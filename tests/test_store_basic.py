@@ -134,6 +134,8 @@ async def test_listener_and_group_commit(tmp_path: Path) -> None:
     assert store.high_watermark("g", 0) == 0  # visible only once written, at the end of the tick
     await asyncio.gather(*(r.durable for r in results))
     assert seen == [("g", 0, 20)]  # one write for the whole tick
+    empty = store.append_mqtt([])
+    assert empty.offsets == [] and (await empty.durable) is None
     assert store.high_watermark("g", 0) == 20
     await store.close()
 
