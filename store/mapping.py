@@ -11,6 +11,7 @@ Rules (outside contract in ../shared/INTERFACES.md, escaping in docs/topic-mappi
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 
@@ -87,8 +88,6 @@ def escape_level(level: str) -> str:
     name = ESCAPE_PREFIX + enc
     if len(name) <= MAX_TOPIC_LEN:
         return name
-    import hashlib
-
     digest = hashlib.sha256(level.encode("utf-8")).hexdigest()[:40]
     return HASHED_PREFIX + enc[: MAX_TOPIC_LEN - len(HASHED_PREFIX) - 41] + "." + digest
 
