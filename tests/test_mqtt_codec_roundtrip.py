@@ -184,7 +184,7 @@ def packet(draw: Any, version: int) -> Any:
     return Auth(draw(reason(15, 5)), draw(props_for(15, 5)))
 
 
-@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@settings(deadline=None, max_examples=400, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.sampled_from([3, 4, 5]).flatmap(
         lambda v: st.tuples(st.just(v), st.lists(packet(v), max_size=5))
@@ -200,7 +200,7 @@ def test_round_trip(case: tuple[int, list[Any]]) -> None:
     assert p.feed(data[:cut]) + p.feed(data[cut:]) == packets
 
 
-@settings(max_examples=200)
+@settings(deadline=None, max_examples=200)
 @given(st.sampled_from([3, 4, 5]).flatmap(packet))
 def test_connect_first_sets_version(pkt: Any) -> None:
     if not isinstance(pkt, Connect):
@@ -221,7 +221,7 @@ def _feed_outcome(version: int | None, data: bytes, step: int) -> tuple[list[Any
     return out, None
 
 
-@settings(max_examples=1000)
+@settings(deadline=None, max_examples=1000)
 @given(st.sampled_from([None, 3, 4, 5]), st.binary(max_size=200))
 def test_fuzz_random_bytes(version: int | None, data: bytes) -> None:
     whole = _feed_outcome(version, data, len(data) or 1)
@@ -241,14 +241,14 @@ def mutated_stream(draw: Any) -> tuple[int, bytes]:
     return v, bytes(data)
 
 
-@settings(max_examples=1000, suppress_health_check=[HealthCheck.too_slow])
+@settings(deadline=None, max_examples=1000, suppress_health_check=[HealthCheck.too_slow])
 @given(mutated_stream())
 def test_fuzz_mutated_packets(case: tuple[int, bytes]) -> None:
     version, data = case
     assert _feed_outcome(version, data, len(data)) == _feed_outcome(version, data, 1)
 
 
-@settings(max_examples=500, suppress_health_check=[HealthCheck.too_slow])
+@settings(deadline=None, max_examples=500, suppress_health_check=[HealthCheck.too_slow])
 @given(st.sampled_from([3, 4, 5]), st.binary(max_size=120), st.integers(1, 7))
 def test_fuzz_server_connection(version: int, tail: bytes, step: int) -> None:
     conn = Connection(SERVER, max_packet_size=4096)
@@ -281,7 +281,7 @@ def _carrier(ptype: int, props: Properties) -> Any:
     }[ptype]()
 
 
-@settings(max_examples=300)
+@settings(deadline=None, max_examples=300)
 @given(
     st.sampled_from(
         [(s.id, t) for s in PROPERTY_SPECS.values() for t in sorted(s.packets)]
