@@ -55,11 +55,15 @@ def telemetry_chart(agg: pd.DataFrame, path: Path) -> Path:
         _empty(axes[0], "numeric telemetry")
     for ax, field in zip(axes, fields, strict=False):
         d = agg[agg["field"] == field]
-        for dev in d.groupby("device")["count"].sum().nlargest(MAX_SERIES).index:
+        devices = d.groupby("device")["count"].sum().nlargest(MAX_SERIES).index
+        bands = len(devices) <= 3  # overlapping min..max bands of many devices are unreadable
+        for dev in devices:
             s = d[d["device"] == dev].sort_values("window_start")
             ax.plot(s["window_start"], s["avg"], marker=".", label=str(dev))
-            ax.fill_between(s["window_start"], s["min"], s["max"], alpha=0.12)
-        ax.set(title=f"{field}: avg (band = min..max) per window", ylabel=field)
+            if bands:
+                ax.fill_between(s["window_start"], s["min"], s["max"], alpha=0.12)
+        title = f"{field}: avg (band = min..max)" if bands else f"{field}: avg"
+        ax.set(title=f"{title} per window", ylabel=field)
         ax.legend(fontsize="x-small", loc="upper left")
         ax.xaxis.set_major_formatter(mdates.DateFormatter("%m-%d %H:%M"))
     return _save(fig, path)
