@@ -7,6 +7,7 @@ their own prefixes and are state, not derived. See docs/light-queues.md.
 
 from lightqueue.model import Entry, ReadResult, StoredMessage
 from lightqueue.queues import Acquired, LightQueueConfig, LightQueues, replay_queue_name
+from lightqueue.rebuild import RebuildProgress, RebuildStats, rebuild_queues
 from lightqueue.retained import RetainedStore
 from lightqueue.sessions import SessionStore
 from lightqueue.topic_trie import (
@@ -25,10 +26,13 @@ __all__ = [
     "LightQueueConfig",
     "LightQueues",
     "ReadResult",
+    "RebuildProgress",
+    "RebuildStats",
     "RetainedStore",
     "SessionStore",
     "StoredMessage",
     "is_wildcard",
+    "rebuild_queues",
     "replay_queue_name",
     "topic_matches",
     "validate_filter",

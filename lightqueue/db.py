@@ -44,6 +44,8 @@ from lightqueue.keys import (
 
 log = logging.getLogger("lightgate.lightqueue")
 
+LIGHTQUEUE_DIR = "lightqueue"  # under the data dir
+
 
 class Queue:
     """In-memory state of one light queue (mirrors its `m` record)."""

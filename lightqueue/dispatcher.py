@@ -262,7 +262,7 @@ class Dispatcher:
                     continue
                 if not data:
                     break
-                c, k = self._index(t, p, data, c, end, wb, stamp, grown)
+                c, k = self._index(t, p, data, c, end, share - n, wb, stamp, grown)
                 n += k
             if c != c0:
                 advanced.append((t, p, c))
@@ -297,11 +297,13 @@ class Dispatcher:
         data: bytes,
         c: int,
         end: int,
+        budget: int,
         wb: Any,
         stamp: int,
         grown: list[Queue],
     ) -> tuple[int, int]:
-        """Index the records of `data` in [c, end); returns (new position, records indexed)."""
+        """Index the records of `data` in [c, end), at most `budget` of them (whole batches
+        unless the budget ends inside one); returns (new position, records indexed)."""
         tid = self.qdb.topic_id(t, wb)
         vpfx = entry_value_prefix(tid, p)
         tcache = self._targets.get(t)
@@ -328,6 +330,9 @@ class Dispatcher:
                     continue
                 if off >= end:
                     break
+                if n >= budget:
+                    self.records += n
+                    return off, n
                 key = r.key
                 targets = tcache.get(key)
                 if targets is None:

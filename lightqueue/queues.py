@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 
 from lightqueue import codec
 from lightqueue.backfill import Backfill, start_vector
-from lightqueue.db import Queue, QueueDB
+from lightqueue.db import LIGHTQUEUE_DIR, Queue, QueueDB
 from lightqueue.dispatcher import Dispatcher, EventSink
 from lightqueue.keys import (
     KIND_DROPPED,
@@ -41,6 +41,7 @@ from lightqueue.keys import (
     entry_prefix,
 )
 from lightqueue.model import Entry, ReadResult, StoredMessage
+from lightqueue.rebuild import recover_dirs
 from lightqueue.resolver import Resolver
 from lightqueue.retained import RetainedStore
 from lightqueue.sessions import SessionStore
@@ -50,7 +51,6 @@ from store import UnknownTopicOrPartitionError
 log = logging.getLogger("lightgate.lightqueue")
 
 REPLAY_PREFIX = "$replay/"
-LIGHTQUEUE_DIR = "lightqueue"
 
 
 @dataclass(slots=True)
@@ -114,6 +114,7 @@ class LightQueues:
     def open(cls, data_dir: Path, store: Any, config: LightQueueConfig | None = None,
              sink: EventSink | None = None) -> LightQueues:  # fmt: skip
         """Open (or create) DATA/lightqueue. Call `start()` on the loop to begin dispatching."""
+        recover_dirs(Path(data_dir))  # an interrupted rebuild-queues
         return cls(QueueDB(Path(data_dir) / LIGHTQUEUE_DIR), store, config or LightQueueConfig(),
                    sink)  # fmt: skip
 
