@@ -1,10 +1,12 @@
 """Kafka listener throughput: aiokafka producer and consumer against the gateway (issue 5).
 
 The gateway (Store + KafkaServer, uvloop if installed) runs in a child process so client and
-server each get a core. Three measurements, all against the same data:
-  produce  aiokafka producer, `--batch-size` byte batches, values of `--value-size` bytes
-  consume  aiokafka consumer (assign + seek to beginning), decoding every record in Python
-  fetch    raw Fetch requests on one connection, records left undecoded: the server's side alone
+server each get a core. Measurements:
+  produce      aiokafka producer, `--batch-size` byte batches, values of `--value-size` bytes
+  produce raw  the same batches pre-built, 16 requests in flight: the server's ingest alone
+               (aiokafka keeps one request in flight per broker, so it measures round trips)
+  fetch        raw Fetch requests on one connection, records left undecoded: the server's side
+  consume      aiokafka consumer (assign + seek to beginning), decoding every record in Python
 
     .venv/bin/python bench/kafka_bench.py --records 200000 --value-size 1024 --acks 1
 """
@@ -66,6 +68,46 @@ async def produce(bootstrap: str, args: argparse.Namespace) -> dict:
     elapsed = time.perf_counter() - t0
     await producer.stop()
     return _rate("produce", args.records, args.records * args.value_size, elapsed)
+
+
+async def raw_produce(port: int, args: argparse.Namespace) -> dict:
+    """Produce v7 on one connection, 16 requests in flight, each one `--batch-size` batch per
+    partition: the server's ingest capacity without aiokafka's one-request-per-broker limit."""
+    from aiokafka.protocol.metadata import MetadataRequest_v1
+    from aiokafka.protocol.produce import ProduceRequest_v7
+
+    from store.record_batch import build_batch
+
+    value = os.urandom(args.value_size // 2).hex().encode()[: args.value_size]
+    per_batch = max(1, (args.batch_size - 100) // (args.value_size + 20))
+    batch = bytes(build_batch([(int(time.time() * 1000), None, value, [])] * per_batch))
+    parts = [(p, batch) for p in range(args.partitions)]
+    n_req = max(1, args.records // (per_batch * args.partitions))
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+
+    def frame(req, cid: int) -> bytes:
+        body = req.build_request_header(cid, "bench").encode() + req.encode()
+        return struct.pack(">i", len(body)) + body
+
+    async def answer() -> None:
+        await reader.readexactly(struct.unpack(">i", await reader.readexactly(4))[0])
+
+    writer.write(frame(MetadataRequest_v1(["bench-raw"]), 0))  # creates the topic
+    await answer()
+    acks = -1 if args.acks == "all" else int(args.acks) or 1
+    data = frame(ProduceRequest_v7(None, acks, 30000, [("bench-raw", parts)]), 1)
+    t0 = time.perf_counter()
+    sent = done = 0
+    while done < n_req:
+        while sent < n_req and sent - done < 16:
+            writer.write(data)
+            sent += 1
+        await answer()
+        done += 1
+    elapsed = time.perf_counter() - t0
+    writer.close()
+    n = n_req * per_batch * args.partitions
+    return _rate("produce (raw, 16 in flight)", n, n * args.value_size, elapsed)
 
 
 async def consume(bootstrap: str, args: argparse.Namespace) -> dict:
@@ -162,6 +204,7 @@ async def main(args: argparse.Namespace) -> None:
             port = int(child.stdout.readline())
             bootstrap = f"127.0.0.1:{port}"
             results = [await _measured(produce, child.pid, bootstrap, args)]
+            results.append(await _measured(raw_produce, child.pid, port, args))
             from aiokafka import AIOKafkaConsumer, TopicPartition
 
             c = AIOKafkaConsumer(bootstrap_servers=bootstrap)
