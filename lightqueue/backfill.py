@@ -75,7 +75,7 @@ class Backfill:
         self.cursor: dict[tuple[str, int], int] = {
             (names[tid], p): o for tid, p, o in rec["cursor"]
         }
-        self.step_records = 20_000
+        self.step_records = lq.config.backfill_step_records
         self.done = asyncio.Event()
         self._match: dict[tuple[str, bytes | None], bool] = {}
 
@@ -127,7 +127,7 @@ class Backfill:
                     continue
                 if not data:
                     break
-                c, k = self._index(t, p, data, c, d, wb)
+                c, k = self._index(t, p, data, c, d, share - n, wb)
                 n += k + 1
             self.cursor[(t, p)] = c
         live = all(self.cursor[tp] == disp.position(*tp) for tp in parts)
@@ -149,7 +149,9 @@ class Backfill:
         self._waiting = waiting
         return live
 
-    def _index(self, t: str, p: int, data: bytes, c: int, end: int, wb: Any) -> tuple[int, int]:
+    def _index(
+        self, t: str, p: int, data: bytes, c: int, end: int, budget: int, wb: Any
+    ) -> tuple[int, int]:
         q = self.q
         filt = self.rec["filter"]
         tid = self.lq.qdb.topic_id(t, wb)
@@ -172,6 +174,8 @@ class Backfill:
                         continue
                     if off >= end:
                         break
+                    if n >= budget:
+                        return off, n
                     key = r.key
                     m = match.get((t, key))
                     if m is None:

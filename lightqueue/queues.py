@@ -61,6 +61,7 @@ class LightQueueConfig:
     maintenance_interval_s: float = 1.0  # GC, retention trimming, purging
     resolve_cache_records: int = 100_000
     purge_per_tick: int = 50_000  # trimmed/dropped entries deleted per maintenance tick
+    backfill_step_records: int = 20_000  # records scanned per replay backfill WriteBatch
 
     @classmethod
     def from_object(cls, obj: Any) -> LightQueueConfig:
