@@ -28,21 +28,50 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-async def serve(data_dir: str, fsync: str, partitions: int) -> None:
+async def serve(data_dir: str, fsync: str, partitions: int, dispatch: bool) -> None:
+    """The gateway side. stdin: "lag" → prints records not yet dispatched; EOF → exit."""
     from store.kafka import KafkaServer
     from store.store import Store, StoreConfig
 
-    store = await Store.open(
-        Path(data_dir), StoreConfig(default_partitions=partitions, fsync=fsync)
-    )
+    config = StoreConfig(default_partitions=partitions, fsync=fsync)
+    store = await Store.open(Path(data_dir), config)
+    queues = None
+    if dispatch:  # light-queue dispatch, as `lightgate serve` wires it
+        from lightqueue.queues import open_light_queues
+
+        queues = open_light_queues(Path(data_dir), store)
+        await queues.start()
     server = KafkaServer(store, "127.0.0.1", 0)
     await server.start()
     print(server.port, flush=True)
+    loop = asyncio.get_running_loop()
     try:
-        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until EOF
+        while line := await loop.run_in_executor(None, sys.stdin.readline):
+            if line.strip() == "lag":
+                print(queues.dispatcher.behind() if queues else 0, flush=True)
     finally:
         await server.close()
+        if queues is not None:
+            await queues.close()
         await store.close()
+
+
+async def dispatch_lag(child: subprocess.Popen, produced: dict) -> dict:
+    """After the produce phase: how long light-queue dispatch took to catch up."""
+    assert child.stdin is not None and child.stdout is not None
+    t0 = time.perf_counter()
+    while True:
+        child.stdin.write("lag\n")
+        child.stdin.flush()
+        if int(child.stdout.readline()) == 0:
+            break
+        await asyncio.sleep(0.05)
+    extra = time.perf_counter() - t0
+    total = produced["seconds"] + extra
+    return {"phase": "dispatch caught up", "records": produced["records"], "MB": produced["MB"],
+            "seconds": round(total, 2), "MB/s": round(produced["MB"] / total, 1),
+            "records/s": round(produced["records"] / total),
+            "after produce s": round(extra, 2)}  # fmt: skip
 
 
 async def produce(bootstrap: str, args: argparse.Namespace) -> dict:
@@ -196,7 +225,7 @@ async def main(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
         child = subprocess.Popen(
             [sys.executable, __file__, "--serve", tmp, "--fsync", args.fsync,
-             "--partitions", str(args.partitions)],
+             "--partitions", str(args.partitions)] + (["--dispatch"] if args.dispatch else []),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
         assert child.stdout is not None and child.stdin is not None
@@ -204,7 +233,11 @@ async def main(args: argparse.Namespace) -> None:
             port = int(child.stdout.readline())
             bootstrap = f"127.0.0.1:{port}"
             results = [await _measured(produce, child.pid, bootstrap, args)]
+            if args.dispatch:
+                results.append(await dispatch_lag(child, results[0]))
             results.append(await _measured(raw_produce, child.pid, port, args))
+            if args.dispatch:
+                results.append(await dispatch_lag(child, results[-1]))
             from aiokafka import AIOKafkaConsumer, TopicPartition
 
             c = AIOKafkaConsumer(bootstrap_servers=bootstrap)
@@ -220,9 +253,12 @@ async def main(args: argparse.Namespace) -> None:
             child.wait(timeout=60)
     print(json.dumps({"config": vars(args), "results": results}, indent=1))
     for r in results:
+        if "server CPU %" in r:
+            extra = f"; CPU server {r['server CPU %']}%, client {r['client CPU %']}%"
+        else:
+            extra = f"; caught up {r['after produce s']} s after produce ended"
         print(f"{r['phase']:24} {r['MB/s']:8.1f} MB/s {r['records/s']:>10} records/s "
-              f"({r['records']} records, {r['MB']} MB, {r['seconds']} s; CPU server "
-              f"{r['server CPU %']}%, client {r['client CPU %']}%)")  # fmt: skip
+              f"({r['records']} records, {r['MB']} MB, {r['seconds']} s{extra})")  # fmt: skip
 
 
 if __name__ == "__main__":
@@ -238,6 +274,7 @@ if __name__ == "__main__":
     ap.add_argument("--partitions", type=int, default=1)
     ap.add_argument("--fsync", default="always", help="store fsync policy (always|interval|never)")
     ap.add_argument("--tmp", default=None, help="directory for the data dir (default: system tmp)")
+    ap.add_argument("--dispatch", action="store_true", help="run light-queue dispatch too")
     ap.add_argument("--serve", metavar="DATA_DIR", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if not os.environ.get("LIGHTGATE_NO_UVLOOP"):  # compare loops: LIGHTGATE_NO_UVLOOP=1
@@ -248,6 +285,6 @@ if __name__ == "__main__":
         except ImportError:
             pass
     if a.serve:
-        asyncio.run(serve(a.serve, a.fsync, a.partitions))
+        asyncio.run(serve(a.serve, a.fsync, a.partitions, a.dispatch))
     else:
         asyncio.run(main(a))
