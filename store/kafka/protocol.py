@@ -131,20 +131,30 @@ class FrameReader:
 
     def feed(self, data: bytes, _unpack: Callable = _I32.unpack_from) -> list[bytes]:
         buf = self._buf
+        if not buf and len(data) >= 4:  # fast path: a chunk that is exactly one frame
+            (size,) = _unpack(data, 0)
+            if size + 4 == len(data) and 0 <= size <= self.max_frame_bytes:
+                return [data[4:]]
         buf += data
         frames: list[bytes] = []
         pos, end = 0, len(buf)
-        while end - pos >= 4:
-            (size,) = _unpack(buf, pos)
-            if size < 0 or size > self.max_frame_bytes:
-                buf.clear()
-                raise FrameTooLarge(f"frame of {size} bytes (max {self.max_frame_bytes})")
-            if end - pos - 4 < size:
-                break
-            frames.append(bytes(buf[pos + 4 : pos + 4 + size]))
-            pos += 4 + size
+        with memoryview(buf) as view:  # one copy per frame (a bytearray slice would be two)
+            while end - pos >= 4:
+                (size,) = _unpack(buf, pos)
+                if size < 0 or size > self.max_frame_bytes:
+                    pos = end
+                    frames.clear()
+                    break
+                if end - pos - 4 < size:
+                    break
+                frames.append(bytes(view[pos + 4 : pos + 4 + size]))
+                pos += 4 + size
+            else:
+                size = 0
         if pos:
             del buf[:pos]
+        if size < 0 or size > self.max_frame_bytes:
+            raise FrameTooLarge(f"frame of {size} bytes (max {self.max_frame_bytes})")
         return frames
 
 
