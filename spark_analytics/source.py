@@ -51,7 +51,7 @@ from spark_analytics.options import (
     parse_options,
 )
 
-CHUNK_RECORDS = 65_536  # records per Arrow batch handed to the JVM
+CHUNK_RECORDS = 131_072  # records per Arrow batch handed to the JVM
 CHUNK_BYTES = 16 << 20
 INTERNAL_PREFIX = "__"  # system topics (e.g. __lightgate_device_events) are read only by name
 
