@@ -2,7 +2,8 @@
 
 Layout: `offsets.snapshot` (JSON, written tmp + fsync + rename) plus `offsets.journal`, one JSON
 line per committed partition appended after it. Opening replays snapshot then journal (a torn last
-line from a crash is ignored) and, when the journal has grown, folds both into a new snapshot.
+line from a crash is ignored); whenever the journal reaches 100k lines (and on open and close)
+both are folded into a new snapshot.
 A commit is acknowledged only after its journal lines are fsynced: acknowledged means durable.
 
 If we crash while compacting:
@@ -43,6 +44,7 @@ class OffsetStore:
         self._snapshot = self.dir / "offsets.snapshot"
         self._journal = self.dir / "offsets.journal"
         self._offsets: dict[Key, CommittedOffset] = {}
+        self._journal_lines = 0
         self._load()
         self._fd = os.open(self._journal, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
@@ -60,6 +62,7 @@ class OffsetStore:
                     except ValueError:
                         break  # torn tail of a crash
                     lines += 1
+        self._journal_lines = lines
         if lines >= _COMPACT_LINES or (lines and not self._snapshot.exists()):
             self._compact()
 
@@ -78,7 +81,8 @@ class OffsetStore:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self._snapshot)
-        os.truncate(self._journal, 0)
+        os.truncate(self._journal, 0)  # O_APPEND: later writes start at the new end
+        self._journal_lines = 0
         dfd = os.open(self.dir, os.O_RDONLY)
         try:
             os.fsync(dfd)
@@ -105,6 +109,10 @@ class OffsetStore:
                 json.dumps([group, topic, partition, c.offset, c.leader_epoch, c.metadata])
             )
         os.write(self._fd, ("\n".join(lines) + "\n").encode())
+        self._journal_lines += len(lines)
+        if self._journal_lines >= _COMPACT_LINES:  # the snapshot holds these values, fsynced
+            self._compact()
+            return
         await asyncio.get_running_loop().run_in_executor(None, os.fsync, self._fd)
 
     def close(self) -> None:
