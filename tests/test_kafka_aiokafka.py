@@ -286,3 +286,29 @@ def test_serves_under_uvloop(tmp_path: Path) -> None:
         loop.run_until_complete(roundtrip())
     finally:
         loop.close()
+
+
+async def test_static_member_restart_keeps_consuming(tmp_path: Path) -> None:
+    async with running_gateway(tmp_path / "data", partitions=2) as gw:
+        producer = AIOKafkaProducer(bootstrap_servers=gw.bootstrap)
+        await producer.start()
+        for i in range(10):
+            await producer.send("st", f"s{i}".encode(), partition=i % 2)
+        await producer.flush()
+        opts = dict(group_id="static", group_instance_id="node-1", auto_offset_reset="earliest",
+                    enable_auto_commit=False)  # fmt: skip
+        c1 = AIOKafkaConsumer("st", bootstrap_servers=gw.bootstrap, **opts)
+        await c1.start()
+        assert len(await consume(c1, 10)) == 10
+        await c1.commit()
+        await c1.stop()
+        await producer.send_and_wait("st", b"later", partition=0)
+        await producer.stop()
+        c2 = AIOKafkaConsumer("st", bootstrap_servers=gw.bootstrap, **opts)
+        await c2.start()
+        try:
+            assert [m.value for m in await consume(c2, 1)] == [b"later"]
+            group = gw.server.broker.groups.group("static")
+            assert group is not None and list(group.instances) == ["node-1"]
+        finally:
+            await c2.stop()
