@@ -6,6 +6,8 @@ Writes N MQTT-like records (JSON telemetry, MQTT headers, 2 partitions, 500 reco
 as group commit produces them) as Kafka RecordBatch v2 segments, copies them to Parquet through
 the source, then times a full scan of every column (`noop` sink) of both, best of --repeat; then
 the streaming source (AvailableNow, noop sink) and the decoder alone (no Spark, one core).
+"Spark ceiling" is a Python data source with the same schema that re-yields one already decoded
+batch: what Spark's Python-source path costs for this schema with zero decoding.
 """
 
 from __future__ import annotations
@@ -59,6 +61,47 @@ def make_data(data_dir: Path, records: int, partitions: int, per_batch: int) -> 
         i += n
     for f in files:
         f.close()
+
+
+class _Ceiling:
+    """A Python data source with the lightgate schema that re-yields one pre-decoded Arrow batch:
+    what Spark itself costs for this schema, with zero decoding (the source's upper bound)."""
+
+    @staticmethod
+    def register(spark, data_dir: str, records: int, partitions: int) -> None:
+        from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+        class Reader(DataSourceReader):
+            def partitions(self):
+                return [InputPartition(i) for i in range(partitions)]
+
+            def read(self, part):
+                from spark_analytics.options import parse_options
+                from spark_analytics.source import LightgateBatchReader, read_range
+
+                opts = parse_options({"path": data_dir}, streaming=False)
+                first = LightgateBatchReader(opts).partitions()[0]
+                rb = next(read_range(opts, first))
+                left = records // partitions
+                while left > 0:
+                    out = rb if left >= rb.num_rows else rb.slice(0, left)
+                    left -= out.num_rows
+                    yield out
+
+        class Ceiling(DataSource):
+            @classmethod
+            def name(cls):
+                return "lightgate_ceiling"
+
+            def schema(self):
+                from spark_analytics import SCHEMA
+
+                return SCHEMA
+
+            def reader(self, schema):
+                return Reader()
+
+        spark.dataSource.register(Ceiling)
 
 
 def timed(fn, repeat: int) -> float:
@@ -131,9 +174,18 @@ def main() -> int:
         def scan_parquet() -> None:
             spark.read.parquet(str(pq)).write.format("noop").mode("overwrite").save()
 
+        _Ceiling.register(spark, str(data), args.records, args.cores * 2)
+
+        def scan_ceiling() -> None:
+            spark.read.format("lightgate_ceiling").load().write.format("noop").mode(
+                "overwrite"
+            ).save()
+
         scan_lightgate()  # warm the Python workers
+        scan_ceiling()
         t_lg = timed(scan_lightgate, args.repeat)
         t_pq = timed(scan_parquet, args.repeat)
+        t_ceil = timed(scan_ceiling, args.repeat)
 
         def stream() -> float:
             """Wall time of one AvailableNow query; returns the summed trigger time too."""
@@ -166,6 +218,10 @@ def main() -> int:
         print(f"decoder alone (1 core, no Spark): {n / t_dec:,.0f} records/s ({t_dec:.2f}s)")
         print(
             f"lightgate source scan, local[{args.cores}]: {n / t_lg:,.0f} records/s ({t_lg:.2f}s)"
+        )
+        print(
+            f"Spark ceiling, Python source re-yielding one decoded batch, local[{args.cores}]: "
+            f"{n / t_ceil:,.0f} records/s ({t_ceil:.2f}s)"
         )
         print(
             f"parquet scan (same records), local[{args.cores}]: {n / t_pq:,.0f} records/s ({t_pq:.2f}s)"
