@@ -11,7 +11,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from itertools import islice
-from typing import Any, NamedTuple
+from typing import Any
 
 from mqtt_proxy.subscriptions import FilterSpec
 
@@ -20,25 +20,13 @@ log = logging.getLogger("lightgate.mqtt.backend")
 RECENT_MAX = 65536  # appended messages kept for delivery without a store read
 
 
-class _Recent(NamedTuple):
-    """What delivery needs of a message (the fields of lightqueue's StoredMessage)."""
-
-    topic: str
-    payload: bytes
-    qos: int
-    client_id: str
-    retain: bool
-    properties: Any
-    timestamp_ms: int
-
-
 class Backend:
     def __init__(self, store: Any, queues: Any, notifier: Any, proxy_id: str) -> None:
         self.store = store
         self.queues = queues
         self.notifier = notifier
         self.proxy_id = proxy_id
-        self._recent: dict[tuple[str, int, int], _Recent] = {}
+        self._recent: dict[tuple[str, int, int], Any] = {}
 
     # -- reading ---------------------------------------------------------------------------
     def read(self, queue: str, from_seq: int, max_n: int) -> Any:
@@ -64,19 +52,11 @@ class Backend:
                 out[i] = m
         return out
 
-    def remember(self, msgs: list[Any], offsets: list[tuple[str, int, int]], now_ms: int) -> None:
-        """Keep what this proxy just appended, keyed by log position, for `resolve`."""
+    def remember(self, msgs: list[Any], offsets: list[tuple[str, int, int]]) -> None:
+        """Keep what this proxy just appended, keyed by log position, for `resolve`. The
+        MqttMessage itself serves: it has every field delivery reads (timestamp set at receipt)."""
         recent = self._recent
-        for m, off in zip(msgs, offsets, strict=True):
-            recent[off] = _Recent(
-                m.topic,
-                m.payload,
-                m.qos,
-                m.client_id,
-                m.retain,
-                m.properties,
-                m.timestamp_ms or now_ms,
-            )
+        recent.update(zip(offsets, msgs, strict=True))
         over = len(recent) - RECENT_MAX
         if over > 0:
             for k in list(islice(recent, over + RECENT_MAX // 8)):
@@ -105,6 +85,10 @@ class Backend:
         """
         a = self.queues.acquire_filter(spec.filter, spec.replay_since_ms)
         return a.queue, a.start_seq
+
+    def indexed(self) -> int:
+        """Records the dispatcher has indexed since it opened (a monotonic counter)."""
+        return int(self.queues.dispatcher.records)
 
     def release(self, queue: str) -> None:
         self.queues.release_filter(queue)

@@ -109,6 +109,8 @@ class MqttConnection(asyncio.Protocol):
             self.protocol_error(exc, str(exc))
             return
         self._handle(packets)
+        if self.server.inbound.throttled and not self.closed:
+            self.server.inbound.throttle(self)
 
     def _handle(self, packets: list[Any], _Publish: type = Publish) -> None:
         on_publish = handlers.handle_publish

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("lightgate.mqtt.delivery")
 
 INTERNAL_TOPIC_PREFIX = "__lightgate"
+PUMP_BATCHES = 64  # reads of `read_batch` entries per reader per tick before yielding the loop
 
 
 class CachedMsg:
@@ -304,7 +305,11 @@ class Delivery:
 
     # -- pumping -------------------------------------------------------------------------
     def _pump(self, qs: QueueState) -> None:
+        """Deliver what is new on `qs`, at most PUMP_BATCHES reads per reader per tick; a reader
+        with more to go re-marks the queue for the next tick, so a deep backlog never holds the
+        loop (ingest, dispatch and other queues get their turn in between)."""
         now_ms = int(time.time() * 1000)
+        more = False
         cohorts: dict[tuple[Any, ...], list[Subscription]] = {}
         for sub in qs.subs:
             conn = sub.session.conn
@@ -323,13 +328,15 @@ class Delivery:
                 else:
                     cohort.append(sub)
             else:
-                self._pump_one(qs, sub, conn, now_ms)
+                more |= self._pump_one(qs, sub, conn, now_ms)
         for (pos, v5, rap, sid), subs in cohorts.items():
-            self._pump_cohort(qs, subs, pos, v5, rap, sid, now_ms)
+            more |= self._pump_cohort(qs, subs, pos, v5, rap, sid, now_ms)
         for g in list(qs.groups.values()):
-            self._pump_group(qs, g, now_ms)
+            more |= self._pump_group(qs, g, now_ms)
         if qs.cache:
             self._trim(qs)
+        if more:
+            self.mark(qs)
 
     def _trim(self, qs: QueueState) -> None:
         low = min((s.pos for s in qs.subs), default=qs.read_end)
@@ -349,15 +356,15 @@ class Delivery:
         rap: bool,
         sid: int | None,
         now_ms: int,
-    ) -> None:
+    ) -> bool:
         sub_ids = (sid,) if (v5 and sid) else ()
-        while True:
+        for _ in range(PUMP_BATCHES):
             start, end = self._range(qs, pos)
             if start >= end:
                 if start != pos:
                     for sub in subs:
                         sub.pos = start
-                return
+                return False
             chunks = []
             cache = qs.cache
             for seq in range(start, end):
@@ -382,16 +389,20 @@ class Delivery:
                     sub.pos = end
             pos = end
             if not subs:
-                return
+                return False
+        return True
 
     def _pump_one(
         self, qs: QueueState, sub: Subscription, conn: MqttConnection, now_ms: int
-    ) -> None:
+    ) -> bool:
         session = sub.session
         v5 = conn.v5
         out: list[bytes] = []
         nbytes = 0
-        while conn.writable:
+        more = False
+        for _ in range(PUMP_BATCHES):
+            if not conn.writable:
+                break
             start, end = self._range(qs, sub.pos)
             if start >= end:
                 sub.pos = start
@@ -436,16 +447,19 @@ class Delivery:
                 nbytes += len(data)
                 seq += 1
             sub.pos = seq
-            if blocked or len(out) > 512:
+            if blocked:
                 break
+        else:
+            more = True
         if out:
             conn.write_delivery(b"".join(out), len(out), nbytes)
+        return more
 
-    def _pump_group(self, qs: QueueState, g: SharedGroup, now_ms: int) -> None:
+    def _pump_group(self, qs: QueueState, g: SharedGroup, now_ms: int) -> bool:
         members = g.members
         if not members:
-            return
-        while True:
+            return False
+        for _ in range(PUMP_BATCHES * self._batch):
             if g.redeliver:
                 seq = g.redeliver[0]
                 if seq not in qs.cache:
@@ -455,19 +469,20 @@ class Delivery:
                 start, end = self._range(qs, g.pos)
                 if start >= end:
                     g.pos = start
-                    return
+                    return False
                 seq = start
                 m = qs.cache[seq]
             if m is not None and not m.expired(now_ms):
                 target = self._pick_member(g, m)
                 if target is None:
-                    return
+                    return False
                 sub, conn = target
                 self._send_group(qs, g, sub, conn, seq, m, now_ms)
             if g.redeliver and g.redeliver[0] == seq:
                 g.redeliver.pop(0)
             else:
                 g.pos = seq + 1
+        return True
 
     def _pick_member(self, g: SharedGroup, m: CachedMsg) -> tuple[Subscription, Any] | None:
         members = g.members

@@ -23,6 +23,7 @@ import logging
 import ssl
 import time
 from collections.abc import Callable
+from time import time as _time
 from typing import Any
 
 from mqtt_proxy.backend import Backend
@@ -216,7 +217,9 @@ class MqttServer:
         self, topic: str, payload: bytes, qos: int, retain: bool, props: Any, client_id: str
     ) -> MqttMessage:
         mp = None if props is EMPTY_PROPERTIES else self.message_properties(props)
-        return MqttMessage(topic, payload, qos, client_id, retain, mp)
+        # The receive time is set here (not left 0 for the store to fill) so the message kept
+        # for delivery (Backend.remember) carries the same timestamp as the stored record.
+        return MqttMessage(topic, payload, qos, client_id, retain, mp, int(_time() * 1000))
 
     def publish_message(
         self,
@@ -228,7 +231,9 @@ class MqttServer:
         client_id: str = "",
     ) -> None:
         """A message the broker itself publishes (wills): into the next append batch."""
-        self.inbound.add(MqttMessage(topic, payload, qos, client_id, retain, props))
+        self.inbound.add(
+            MqttMessage(topic, payload, qos, client_id, retain, props, int(_time() * 1000))
+        )
 
     # -- hooks -----------------------------------------------------------------------------
     def check_auth(self, client_id: str, username: str | None, password: bytes | None) -> bool:
