@@ -163,6 +163,9 @@ class Delivery:
         self.queues: dict[str, QueueState] = {}
         self._dirty: set[QueueState] = set()
         self._scheduled = False
+        # Per queue: messages still owed to *writable* readers after the last pump (CPU-bound
+        # lag, not slow consumers). Inbound throttles publishers on its maximum.
+        self.lag: dict[str, int] = {}
         self._loop = asyncio.get_running_loop()
 
     # -- membership ------------------------------------------------------------------------
@@ -198,6 +201,7 @@ class Delivery:
                 self._leave_group(qs, g, sub)
         if not qs.subs and not qs.groups:
             del self.queues[sub.queue]
+            self.lag.pop(sub.queue, None)
             self._dirty.discard(qs)
             self._on_interest(sub.queue, False)
 
@@ -337,6 +341,11 @@ class Delivery:
             self._trim(qs)
         if more:
             self.mark(qs)
+            readers = [s.pos for s in qs.subs if s.session.conn is not None]
+            readers += [g.pos for g in qs.groups.values()]
+            self.lag[qs.name] = qs.last_seq + 1 - min(readers, default=qs.last_seq + 1)
+        elif qs.name in self.lag:
+            del self.lag[qs.name]
 
     def _trim(self, qs: QueueState) -> None:
         low = min((s.pos for s in qs.subs), default=qs.read_end)
