@@ -30,7 +30,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.window import Window
 
 from spark_analytics import charts
-from spark_analytics.logdir import LogDirError, PartitionTail, list_topics, log_dir
+from spark_analytics.logdir import LogDirError, approx_records, list_topics, log_dir
 from spark_analytics.source import INTERNAL_PREFIX
 
 DEVICE_EVENTS_TOPIC = "__lightgate_device_events"
@@ -104,20 +104,14 @@ def parse_since(text: str, now_ms: int | None = None) -> int:
 
 
 def check_data(data_dir: str | Path, topics: list[str] | None = None) -> dict[str, int]:
-    """Records per topic, or AnalyticsError when there is nothing to analyse."""
+    """Records per topic (from batch headers), or AnalyticsError when there is nothing to analyse."""
     try:
         log = log_dir(data_dir)
     except LogDirError as exc:
         raise AnalyticsError(f"{exc}. Point --data-dir at the gateway's data dir.") from None
     known = list_topics(log)
     names = topics or [t for t in known if not t.startswith(INTERNAL_PREFIX)]
-    counts = {}
-    for t in names:
-        n = 0
-        for p in range(known.get(t, 0)):
-            tail = PartitionTail(log, t, p)
-            n += tail.advance() - tail.start_offset
-        counts[t] = n
+    counts = {t: sum(approx_records(log, t, p) for p in range(known.get(t, 0))) for t in names}
     if not any(counts.values()):
         what = ", ".join(names) if names else "no topics yet"
         raise AnalyticsError(

@@ -113,15 +113,16 @@ def _pread(path: Path, pos: int, size: int) -> bytes:
         os.close(fd)
 
 
-def _check_header(buf: bytes | memoryview, pos: int) -> tuple | None:
-    """Unpacked header if `buf[pos:]` holds a complete v2 batch, else None (torn or foreign)."""
+def _check_header(buf: bytes | memoryview, pos: int, avail: int | None = None) -> tuple | None:
+    """Unpacked header if the batch at `buf[pos:]` is complete within `avail` bytes (default: the
+    rest of `buf`), else None (torn or foreign)."""
     if len(buf) - pos < HEADER_SIZE:
         return None
     h = HEADER.unpack_from(buf, pos)
     length = h[1]
     if h[3] != MAGIC_V2 or length < HEADER_SIZE - LOG_OVERHEAD:
         return None
-    if pos + LOG_OVERHEAD + length > len(buf):
+    if LOG_OVERHEAD + length > (len(buf) - pos if avail is None else avail):
         return None
     return h
 
@@ -254,17 +255,56 @@ class PartitionTail:
         return self.hints.get(offset)
 
 
+def walk_headers(path: Path, pos: int = 0) -> Iterator[tuple[int, tuple]]:
+    """(position, header) of each batch whose length fits in the file, reading headers only.
+
+    One 61-byte pread per batch and no CRC: for planning (finding a time, counting records), not
+    for reading data -- whoever reads the batch checks its CRC.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return
+    try:
+        size = os.fstat(fd).st_size
+        while pos + HEADER_SIZE <= size:
+            h = _check_header(os.pread(fd, HEADER_SIZE, pos), 0, size - pos)
+            if h is None:
+                return
+            yield pos, h
+            pos += LOG_OVERHEAD + h[1]
+    finally:
+        os.close(fd)
+
+
 def offset_for_timestamp(log: Path, topic: str, partition: int, ts_ms: int) -> int | None:
     """First offset whose record timestamp >= ts_ms (Kafka's offsetsForTimes), None if none.
 
-    Batches are skipped on maxTimestamp; only the first candidate batch is decoded.
+    Headers are walked (maxTimestamp) so that only the first candidate batch is read and decoded.
     """
     from spark_analytics.arrow_decode import record_timestamps
 
-    for batch in iter_batches(log, topic, partition):
-        if batch.max_timestamp < ts_ms or batch.attributes & ATTR_CONTROL:
-            continue
-        for off, ts in record_timestamps(batch):
-            if ts >= ts_ms:
-                return off
+    for base, path in list_segments(log, topic, partition):
+        for pos, h in walk_headers(path):
+            if h[8] < ts_ms or h[5] & ATTR_CONTROL:
+                continue
+            for batch in iter_batches(log, topic, partition, h[0], None, (base, pos)):
+                for off, ts in record_timestamps(batch):
+                    if ts >= ts_ms:
+                        return off
+                if batch.max_timestamp >= ts_ms:
+                    break  # max timestamp not matched by a record: keep walking headers
+            else:
+                return None  # the candidate is not complete yet (being written)
     return None
+
+
+def approx_records(log: Path, topic: str, partition: int) -> int:
+    """Records in a partition from batch headers (no CRC): for progress messages and checks."""
+    segs = list_segments(log, topic, partition)
+    if not segs:
+        return 0
+    last = segs[-1][0] - 1
+    for _, h in walk_headers(segs[-1][1]):
+        last = h[0] + h[6]
+    return max(0, last + 1 - segs[0][0])
