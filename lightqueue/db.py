@@ -34,6 +34,7 @@ from lightqueue.keys import (
     P_TOPIC,
     decode_meta,
     encode_meta,
+    entry_key_seq,
     entry_prefix,
     meta_key,
     pack_u32,
@@ -121,6 +122,13 @@ class QueueDB:
             self.topic_names[tid] = name
         for k, v in db.iterator(prefix=P_META):
             qid, kind, start, nxt = decode_meta(v)
+            # The `m` record's next is a floor: dispatch rounds do not rewrite it (one put less
+            # per grown queue per round); the last entry, written atomically with the
+            # checkpoint, says where the queue really ends.
+            last = next(db.iterator(prefix=entry_prefix(qid), reverse=True, include_value=False),
+                        None)  # fmt: skip
+            if last is not None:
+                nxt = max(nxt, entry_key_seq(last) + 1)
             q = Queue(k[1:].decode("utf-8"), qid, kind, start, nxt)
             self.queues[q.name] = q
             self.by_qid[qid] = q

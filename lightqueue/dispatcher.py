@@ -7,8 +7,9 @@ reads, for every partition behind its high watermark (in sorted order, each up t
 the round's record budget), whole batches from the checkpoint on, maps each record to its MQTT
 topic (store.mapping: the key if it maps back to this log topic, else the topic's first level),
 and appends `(log topic id, partition, offset)` to the topic's exact queue and to every *live*
-filter queue whose filter matches (`FilterTrie`). A round is ONE LevelDB WriteBatch: the entries,
-the metadata (next sequence) of every queue that grew, and the new checkpoints. So after any crash
+filter queue whose filter matches (`FilterTrie`). A round is ONE LevelDB WriteBatch: the entries
+(plus metadata of queues it created) and the new checkpoints; a queue's next sequence is its last
+entry + 1, found at open, so it needs no write per round. So after any crash
 LevelDB holds the state after some round, whose checkpoints say exactly where to resume: records
 are indexed again from there, into the same sequence numbers, giving no duplicate and no gap.
 After the write, one coalesced `(queue, last_seq)` event per grown queue goes to the sink.
@@ -268,8 +269,6 @@ class Dispatcher:
                 advanced.append((t, p, c))
                 progress += n + 1
         put = wb.put
-        for q in grown:
-            put(q.mkey, q.meta())
         tids = qdb.topic_ids
         for t, p, c in advanced:
             put(checkpoint_key(tids[t] if t in tids else qdb.topic_id(t, wb), p), pack_u64(c))
@@ -311,7 +310,6 @@ class Dispatcher:
             tcache = self._targets[t] = {}
         put = wb.put
         pack = pack_u64
-        ob = offset_bytes
         n = 0
         gated = self.gated
         for pos, size in iter_batches(data):
@@ -324,6 +322,9 @@ class Dispatcher:
             if h[5] & CONTROL_MASK:  # transaction markers carry no data
                 c = min(last + 1, end)
                 continue
+            # Offsets as big-endian bytes, as wide as the batch's last one needs (decoding
+            # ignores leading zeros): one pack + slice, 0.1 us less than int.to_bytes per record.
+            cut = 8 - len(offset_bytes(last))
             for r in records_of(data, pos, size):
                 off = r.offset
                 if off < c:
@@ -337,7 +338,7 @@ class Dispatcher:
                 targets = tcache.get(key)
                 if targets is None:
                     targets = tcache[key] = self._targets_for(t, key, wb)
-                val = vpfx + ob(off)
+                val = vpfx + pack(off)[cut:]
                 for q in targets:
                     if gated and q.gate is not None and off < q.gate.get((tid, p), 0):
                         continue

@@ -45,7 +45,7 @@ from lightqueue.rebuild import recover_dirs
 from lightqueue.resolver import Resolver
 from lightqueue.retained import RetainedStore
 from lightqueue.sessions import SessionStore
-from lightqueue.topic_trie import FilterTrie, is_wildcard, validate_filter
+from lightqueue.topic_trie import FilterError, FilterTrie, is_wildcard, validate_filter
 from store import UnknownTopicOrPartitionError
 
 log = logging.getLogger("lightgate.lightqueue")
@@ -158,8 +158,11 @@ class LightQueues:
 
         Plain filter: a new subscription starts at the queue's next sequence (exact topics are
         not ref-counted). With `since_ms` or `offsets`: the replay queue, starting at its first
-        history entry. Each acquire of a filter/replay queue needs one `release_filter`.
+        history entry. A replay queue *name* (`$replay/...`, as stored in a session) holds that
+        queue again. Each acquire of a filter/replay queue needs one `release_filter`.
         """
+        if filt.startswith(REPLAY_PREFIX) and since_ms is None and offsets is None:
+            return self._acquire_replay_name(filt)
         validate_filter(filt)
         if since_ms is None and offsets is None:
             if not is_wildcard(filt):
@@ -185,6 +188,16 @@ class LightQueues:
             q = self._create(name, filt, KIND_REPLAY, vec, since_ms)
         self._hold(q)
         return Acquired(name, q.start)
+
+    def _acquire_replay_name(self, name: str) -> Acquired:
+        q = self._filters.get(name)
+        if q is not None:
+            self._hold(q)
+            return Acquired(name, q.start)
+        parts = name.split("/", 2)
+        if len(parts) == 3 and parts[1].isdigit():
+            return self.acquire_filter(parts[2], since_ms=int(parts[1]))
+        raise FilterError(f"replay queue {name!r} is gone and cannot be re-created from its name")
 
     def release_filter(self, queue: str) -> None:
         """Undo one `acquire_filter` (by queue name or plain filter); exact queues: no-op."""

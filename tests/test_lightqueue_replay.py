@@ -142,3 +142,19 @@ async def test_replay_from_offsets_and_before_log_start(tmp_path: Path) -> None:
     assert len(await read_all(lq, acq2.queue)) == 10
     await lq.close()
     await store.close()
+
+
+async def test_replay_queue_name_is_held_again(tmp_path: Path) -> None:
+    store, lq = await open_all(tmp_path)
+    await lq.start()
+    acq = lq.acquire_filter("n/#", since_ms=123)
+    await lq.wait_live(acq.queue)
+    assert lq.acquire_filter(acq.queue) == acq  # a restored session holds it by name
+    assert lq.held(acq.queue) == 2
+    lq.release_filter(acq.queue)
+    lq.release_filter(acq.queue)
+    assert lq.gc(time.monotonic() + 3600) == 1
+    again = lq.acquire_filter(acq.queue)  # dropped: re-created from its name, fresh sequences
+    assert again.queue == acq.queue
+    await lq.close()
+    await store.close()
