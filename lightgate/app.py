@@ -32,13 +32,13 @@ class Gateway:
         self.store: Store | None = None
         self.endpoints: dict[str, tuple[str, int]] = {}
         self._closers: list[Any] = []
-        self._stats_sources: list[Any] = []
+        self._stats_sources: list[tuple[str, Any]] = []  # (metric prefix, source)
 
     async def start(self) -> None:
         cfg = self.cfg
         self.store = await Store.open(cfg.data_path, StoreConfig.from_object(cfg))
         self._closers.append(self.store)
-        self._stats_sources.append(self.store)
+        self._stats_sources.append(("", self.store))
         await self._start_queues_and_mqtt()
         await self._start_kafka()
         if cfg.http_port != -1:
@@ -48,7 +48,45 @@ class Gateway:
             self.endpoints["http"] = (cfg.host, http.port)
 
     async def _start_queues_and_mqtt(self) -> None:
-        """Light queues, notify and the MQTT proxy (wired in as those components land)."""
+        """Light queues dispatching into notify, and the MQTT proxy pulling from them.
+
+        The notifier is in-process (the proxy shares this loop); with `notify_transport = "tcp"` a
+        `TcpNotifyServer` also serves the same route table to proxies in other processes.
+        """
+        from lightqueue import LightQueueConfig, LightQueues
+        from mqtt_proxy.server import MqttServer
+        from mqtt_proxy.settings import ProxySettings
+        from notify import InProcessNotifier, TcpNotifyServer
+
+        cfg = self.cfg
+        assert self.store is not None
+        lq_cfg = LightQueueConfig.from_object(cfg)
+        lq_cfg.filter_grace_s = cfg.filter_grace_ms / 1000
+        queues = LightQueues.open(cfg.data_path, self.store, lq_cfg)
+        self._closers.append(queues)
+        notifier = InProcessNotifier(last_seq_of=queues.last_seq)
+        queues.set_sink(notifier.publish)
+        await queues.start()
+        notifier.start()
+        self._closers.append(notifier)
+        self._stats_sources.append(("", queues))
+        if cfg.notify_transport == "tcp" and cfg.notify_port != -1:
+            tcp = TcpNotifyServer(notifier, cfg.host, cfg.notify_port)
+            await tcp.start()
+            self._closers.append(tcp)
+            self.endpoints["notify"] = (cfg.host, tcp.port)
+        if cfg.mqtt_port == -1 and cfg.ws_port == -1 and not (cfg.tls_cert and cfg.mqtts_port != -1):
+            return
+        mqtt = MqttServer(self.store, queues, notifier, ProxySettings.from_config(cfg))
+        await mqtt.start()
+        self._closers.append(mqtt)
+        self._stats_sources.append(("mqtt_", mqtt))
+        if cfg.mqtt_port != -1:
+            self.endpoints["mqtt"] = await mqtt.start_tcp(cfg.host, cfg.mqtt_port)
+        if cfg.tls_cert and cfg.mqtts_port != -1:
+            self.endpoints["mqtts"] = await mqtt.start_tls(cfg.host, cfg.mqtts_port, tls_context(cfg))
+        if cfg.ws_port != -1:
+            self.endpoints["ws"] = await mqtt.start_ws(cfg.host, cfg.ws_port)
 
     async def _start_kafka(self) -> None:
         cfg = self.cfg
@@ -66,11 +104,11 @@ class Gateway:
         kafka = KafkaServer(self.store, cfg.host, cfg.kafka_port, kcfg)
         await kafka.start()
         self._closers.append(kafka)
-        self._stats_sources.append(kafka)
+        self._stats_sources.append(("", kafka))
         self.endpoints["kafka"] = (cfg.host, kafka.port)
 
     def ready_line(self) -> str:
-        order = ("mqtt", "mqtts", "ws", "kafka", "http")
+        order = ("mqtt", "mqtts", "ws", "kafka", "http", "notify")
         parts = [
             f"{name}={host}:{port}"
             for name in order
@@ -81,10 +119,14 @@ class Gateway:
 
     def metrics(self) -> dict[str, float | int]:
         out: dict[str, float | int] = {"uptime_seconds": round(time.time() - self.started_at, 1)}
-        for source in self._stats_sources:
+        for prefix, source in self._stats_sources:
             stats = getattr(source, "stats", None)
-            if stats is not None:
-                out.update(stats())
+            if stats is None:
+                continue
+            for key, value in stats().items():
+                # Prometheus carries numbers only; labels such as a version string go to /health.
+                if isinstance(value, (int, float)) and not key.startswith("uptime"):
+                    out[prefix + key] = value
         return out
 
     def health(self) -> dict[str, Any]:
@@ -138,14 +180,19 @@ async def serve(cfg: GatewayConfig) -> int:
 async def rebuild_queues(cfg: GatewayConfig) -> int:
     from lightqueue import rebuild_queues as rebuild
 
-    def progress(done: int, total: int) -> None:
+    def progress(p: Any) -> None:
+        done, total = p.records_done, p.records_total
         pct = 100.0 * done / total if total else 100.0
-        print(f"\rrebuild-queues: {done}/{total} records ({pct:.1f}%)", end="", file=sys.stderr)
+        print(f"\rrebuild-queues: {p.phase} {done}/{total} records ({pct:.1f}%)", end="", file=sys.stderr)
 
     try:
-        await rebuild(cfg.data_path, progress=progress)
+        stats = await rebuild(cfg.data_path, progress=progress, store_config=StoreConfig.from_object(cfg))
     except StoreLockedError as exc:
         print(f"lightgate: {exc}", file=sys.stderr)
         return 1
-    print("", file=sys.stderr)
+    print(
+        f"\nrebuild-queues: {stats.records} records, {stats.queues} queues, {stats.entries} entries"
+        f" in {stats.seconds:.1f}s",
+        file=sys.stderr,
+    )
     return 0

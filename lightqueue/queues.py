@@ -331,6 +331,17 @@ class LightQueues:
         q = self.qdb.queues.get(queue)
         return None if q is None else (q.kind, q.start, q.next)
 
+    def stats(self) -> dict[str, int]:
+        """Gauges and totals for /metrics."""
+        d = self.dispatcher
+        return {
+            "lightqueue_queues": len(self.qdb.queues),
+            "lightqueue_filters": len(self._filters),
+            "lightqueue_backfills": len(self._backfills),
+            "lightqueue_dispatched_records": d.records,
+            "lightqueue_dispatch_lag_records": d.behind(),
+        }
+
     def queue_names(self) -> list[str]:
         return [n for n, q in self.qdb.queues.items() if q.kind != KIND_DROPPED]
 
