@@ -2,8 +2,8 @@
 
 Stored messages carry `store.mapping.MqttProperties`; subscribers get codec `Properties` built
 here, with the remaining message expiry (MQTT 5 §3.3.2.3.3) and the subscription identifiers
-that differ per receiver. Acks are four fixed bytes, built inline rather than through an event
-object because they are on the QoS 1/2 hot path.
+that differ per receiver. 3.1.1 acks are four fixed bytes, built without an event object because
+they are on the QoS 1/2 hot path.
 """
 
 from __future__ import annotations
@@ -30,9 +30,6 @@ def delivery_properties(mp: Any, expiry: int | None, sub_ids: tuple[int, ...]) -
     )
 
 
-def ack(ptype: int, pid: int, reason: int = 0, v5: bool = False) -> bytes:
-    """PUBACK(4)/PUBREC(5)/PUBREL(6)/PUBCOMP(7); the v5 reason byte only when it is not 0."""
-    first = (ptype << 4) | (0x02 if ptype == 6 else 0)
-    if v5 and reason:
-        return bytes((first, 3, pid >> 8, pid & 0xFF, reason))
-    return bytes((first, 2, pid >> 8, pid & 0xFF))
+def ack(ptype: int, pid: int) -> bytes:
+    """A success PUBACK (4) or PUBREC (5) for 3.1.1: four fixed bytes."""
+    return bytes((ptype << 4, 2, pid >> 8, pid & 0xFF))

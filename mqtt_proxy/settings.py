@@ -1,5 +1,7 @@
 """MQTT proxy settings: the subset of the gateway config the proxy reads.
 
+(`filter_grace_ms` is not here: it configures the light queues, `LightQueueConfig.filter_grace_s`.)
+
 A plain dataclass so `mqtt_proxy` never imports `lightgate` (arrows point down); the embedder
 builds it from `GatewayConfig` with `ProxySettings.from_mapping(vars-like object)`.
 """
@@ -19,7 +21,6 @@ class ProxySettings:
     max_replay_depth_ms: int = 7 * 24 * 3600 * 1000
     sys_interval_s: int = 10
     allow_anonymous: bool = True
-    filter_grace_ms: int = 60_000
     # Not in the gateway config (yet): internal knobs with sensible defaults.
     max_topic_alias: int = 64
     session_flush_ms: int = 100

@@ -4,8 +4,10 @@ Two ways to run the gateway under test, same interface (`port`, `ws_port`, `tls_
 `restart()`):
 - `InProcessBroker`: the real Store, light queues, notifier and `MqttServer` on their own event
   loop in a background thread, so tests can set the embedder hooks (`server.authenticate`, ACLs).
-- `ProcessBroker`: a real `lightgate serve` subprocess (tests/gateway_process.py), used when
-  the CLI wires the MQTT server (LIGHTGATE_TEST_INPROCESS=1 forces the in-process one).
+- `ProcessBroker`: a real `lightgate serve` subprocess (tests/gateway_process.py), used once
+  the CLI wires the MQTT server (LIGHTGATE_TEST_INPROCESS=1 forces the in-process one). Tests
+  that need the embedder hooks skip on it.
+Both read what was stored with `records(log_topic)`, through the lock-free segment reader.
 Tests are written with blocking paho clients (tests/mqtt_helpers.py) either way.
 """
 
@@ -121,6 +123,78 @@ class InProcessBroker:
         self.stop()
         self.start()
 
+    def records(self, log_topic: str) -> list[Any]:
+        return read_records(self.data_dir, log_topic)
+
+    def stats(self) -> dict[str, Any]:
+        return dict(self.call(self.server.stats))
+
+
+class ProcessBroker:
+    """`lightgate serve` as a subprocess on port 0 (MQTT, WebSocket and MQTT/TLS)."""
+
+    in_process = False
+    server = None
+
+    def __init__(self, data_dir: Path) -> None:
+        from gateway_process import GatewayProcess
+
+        _, self.cert = make_tls_context(data_dir.parent)
+        key = data_dir.parent / "key.pem"
+        self.data_dir = data_dir
+        self.gw = GatewayProcess(
+            data_dir,
+            ["--mqtts-port", "0", "--set", "sys_interval_s=1"],
+            {"LIGHTGATE_TLS_CERT": str(self.cert), "LIGHTGATE_TLS_KEY": str(key)},
+        )
+        self.port = self.ws_port = self.tls_port = 0
+
+    def start(self) -> ProcessBroker:
+        self.gw.start()
+        self.port = self.gw.port("mqtt")
+        self.ws_port = self.gw.port("ws")
+        self.tls_port = self.gw.port("mqtts")
+        return self
+
+    def stop(self) -> None:
+        self.gw.stop()
+
+    def stats(self) -> dict[str, float]:
+        """The MQTT proxy's counters, scraped from /metrics (`lightgate_mqtt_*`)."""
+        import urllib.request
+
+        url = f"http://127.0.0.1:{self.gw.port('http')}/metrics"
+        text = urllib.request.urlopen(url, timeout=10).read().decode()
+        out = {}
+        for line in text.splitlines():
+            if line.startswith("lightgate_mqtt_"):
+                name, value = line.split()
+                out[name.removeprefix("lightgate_mqtt_")] = float(value)
+        return out
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def records(self, log_topic: str) -> list[Any]:
+        return read_records(self.data_dir, log_topic)
+
+
+def read_records(data_dir: Path, log_topic: str) -> list[Any]:
+    """Every record of a log topic, as another process (Spark) would read it."""
+    from store import segment_reader as sr
+
+    out = []
+    for part in range(sr.list_topics(data_dir).get(log_topic, 0)):
+        out += list(sr.iter_records_from(data_dir, log_topic, part))
+    return out
+
+
+def serve_has_mqtt() -> bool:
+    """Does `lightgate serve` run the MQTT proxy yet? (wiring lands in lightgate/app.py)"""
+    app = ROOT / "lightgate" / "app.py"
+    return app.exists() and "MqttServer" in app.read_text()
+
 
 async def open_queues(store: Any, data_dir: Path) -> tuple[Any, Any, list[Any]]:
     """Light queues dispatching into an in-process notifier, as `lightgate serve` wires them."""
@@ -136,13 +210,23 @@ async def open_queues(store: Any, data_dir: Path) -> tuple[Any, Any, list[Any]]:
 
 
 @pytest.fixture
-def broker(tmp_path: Path) -> Iterator[InProcessBroker]:
-    b = InProcessBroker(tmp_path / "data", {}).start()
+def broker(tmp_path: Path) -> Iterator[InProcessBroker | ProcessBroker]:
+    b: InProcessBroker | ProcessBroker
+    if os.environ.get("LIGHTGATE_TEST_INPROCESS") != "1" and serve_has_mqtt():
+        b = ProcessBroker(tmp_path / "data").start()
+    else:
+        b = InProcessBroker(tmp_path / "data", {}).start()
     try:
         yield b
     finally:
         b.stop()
 
 
-def inprocess_forced() -> bool:
-    return os.environ.get("LIGHTGATE_TEST_INPROCESS") == "1"
+@pytest.fixture
+def embedded(tmp_path: Path) -> Iterator[InProcessBroker]:
+    """An in-process broker, for tests that set embedder hooks or read server internals."""
+    b = InProcessBroker(tmp_path / "embedded", {}).start()
+    try:
+        yield b
+    finally:
+        b.stop()

@@ -123,21 +123,11 @@ def test_46_device_events_in_log(broker):
     c = Client(broker.port, "dev-42").connect()
     c.disconnect()
     time.sleep(0.3)
-    from store.record_batch import iter_batches, iter_records
-
-    st = broker.server.store
-
-    def read() -> list[dict]:
-        out = []
-        for part in range(st.topics().get("__lightgate_device_events", 0)):
-            data = st.read("__lightgate_device_events", part, 0, 1 << 20)
-            for pos, size in iter_batches(data):
-                for rec in iter_records(data[pos : pos + size]):
-                    if rec.key == b"dev-42":
-                        out.append(json.loads(rec.value))
-        return out
-
-    events = broker.call(read)
+    events = [
+        json.loads(r.value)
+        for r in broker.records("__lightgate_device_events")
+        if r.key == b"dev-42"
+    ]
     assert [e["event"] for e in events] == ["connect", "disconnect"]
     assert events[0]["client_id"] == "dev-42" and events[0]["remote"].startswith("127.0.0.1:")
     assert events[1]["reason"] == "disconnect" and events[1]["ts"] >= events[0]["ts"]

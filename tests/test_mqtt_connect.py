@@ -9,7 +9,7 @@ import ssl
 import time
 
 import pytest
-from mqtt_broker import broker  # noqa: F401 - the fixture
+from mqtt_broker import broker, embedded  # noqa: F401 - the fixtures
 from mqtt_helpers import CONNECT, V5, V311, Client, props
 
 
@@ -45,35 +45,21 @@ def read_all(s: socket.socket, timeout: float = 5.0) -> bytes:
 
 
 def stored(broker, topic: str) -> list[bytes]:
-    """Payloads stored in the log for an MQTT topic (read back through the store)."""
+    """Payloads stored in the log for an MQTT topic, read back from the segment files."""
     from store.mapping import log_topic_for
-    from store.record_batch import iter_batches, iter_records
 
-    st = broker.server.store
-
-    def read() -> list[bytes]:
-        lt = log_topic_for(topic)
-        out = []
-        for part in range(st.topics().get(lt, 0)):
-            data = st.read(lt, part, 0, 1 << 24)
-            for pos, size in iter_batches(data):
-                for rec in iter_records(data[pos : pos + size]):
-                    if rec.key == topic.encode():
-                        out.append(rec.value)
-        return out
-
-    return broker.call(read)
+    return [r.value for r in broker.records(log_topic_for(topic)) if r.key == topic.encode()]
 
 
 @pytest.mark.parametrize("version", [V311, V5])
-def test_01_connect_and_disconnect(broker, version):
-    c = Client(broker.port, f"c-{version}", version).connect()
-    assert broker.server.stats()["clients_connected"] == 1
+def test_01_connect_and_disconnect(embedded, version):
+    c = Client(embedded.port, f"c-{version}", version).connect()
+    assert embedded.server.stats()["clients_connected"] == 1
     c.disconnect()
     deadline = time.monotonic() + 5
-    while broker.server.stats()["clients_connected"] and time.monotonic() < deadline:
+    while embedded.server.stats()["clients_connected"] and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert broker.server.stats()["clients_connected"] == 0
+    assert embedded.server.stats()["clients_connected"] == 0
 
 
 @pytest.mark.parametrize("qos", [0, 1, 2])
@@ -115,7 +101,8 @@ def test_05_tls_transport(broker):
     c.disconnect()
 
 
-def test_06_auth_hook(broker):
+def test_06_auth_hook(embedded):
+    broker = embedded
     broker.server.authenticate = lambda cid, user, pw: user == "dev" and pw == b"secret"
     ok = Client(broker.port, "a1", V5).connect(username="dev", password="secret")
     ok.disconnect()

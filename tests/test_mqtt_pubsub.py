@@ -11,7 +11,7 @@ import socket
 import time
 
 import pytest
-from mqtt_broker import broker  # noqa: F401 - the fixture
+from mqtt_broker import broker, embedded  # noqa: F401 - the fixtures
 from mqtt_helpers import CONNECT, PUBLISH, SUBSCRIBE, V5, V311, Client, props
 
 
@@ -218,9 +218,8 @@ def test_13_unsubscribe(broker):
     c.expect_none(0.5)
 
 
-def test_14_acl_hook_suback_code(broker):
-    if not broker.in_process:
-        pytest.skip("ACL hooks are set by the embedder (in-process broker only)")
+def test_14_acl_hook_suback_code(embedded):
+    broker = embedded
     broker.server.authorize_subscribe = lambda cid, f: not f.startswith("secret")
     broker.server.authorize_publish = lambda cid, t: not t.startswith("secret")
     v3 = Client(broker.port, "acl3").connect()
@@ -351,8 +350,7 @@ def test_18_backpressure_slow_reader_does_not_stall_others(broker):
         pub.publish("bp/t", i.to_bytes(4, "big") + payload, 0 if i < n - 1 else 1)
     got = fast.expect(n, timeout=30)  # the fast one is not held back by the slow one
     assert [int.from_bytes(m.payload[:4], "big") for m in got] == list(range(n))
-    if broker.in_process:
-        assert broker.server.stats()["write_pauses"] > 0  # the slow socket did push back
+    assert broker.stats()["write_pauses"] > 0  # the slow socket did push back
     # The slow reader was skipped while unwritable and resumed: everything arrives, in order.
     msgs = _read_packets(slow, n, timeout=30)
     seqs = [int.from_bytes(p[-8004:-8000], "big") for p in msgs]
