@@ -24,6 +24,7 @@ high watermark sits, so a streaming trigger costs O(new data): measured 0.26 ms 
 
 from __future__ import annotations
 
+import bisect
 import os
 import struct
 from collections.abc import Iterator
@@ -43,6 +44,7 @@ ATTR_COMPRESSION = 0x07
 ATTR_LOG_APPEND_TIME = 0x08
 ATTR_CONTROL = 0x20
 READ_CHUNK = 8 << 20  # bytes per pread while streaming through a segment
+HINT_EVERY = 1 << 20  # PartitionTail keeps one read hint per this many bytes of log
 
 
 class LogDirError(Exception):
@@ -137,7 +139,7 @@ def iter_batches(
 ) -> Iterator[Batch]:
     """Complete batches holding offsets in [start, end), in offset order, CRC checked.
 
-    `hint` = (segment base, file position) of the batch boundary where `start` lies, as handed
+    `hint` = (segment base, file position) of a batch boundary at or before `start`, as handed
     out by `PartitionTail.hint_for`; without one, `store.segment_reader` finds the position.
     Stops at the first incomplete batch: the gateway is writing it.
     """
@@ -210,7 +212,9 @@ class PartitionTail:
     """Incremental scan of a partition's tail: the high watermark without re-reading the log.
 
     Kept by the driver between micro-batches; `advance()` CRC-checks only batches it has not
-    seen. `segment`/`position` point at the next unread batch and become read hints.
+    seen, and keeps a sparse in-memory index (one entry per ~1 MiB of log, plus every high
+    watermark) of where batches start, so a micro-batch starting at any offset -- including one
+    cut by `maxRecordsPerTrigger` -- reads at most ~1 MiB before its first record.
     """
 
     log: Path
@@ -220,7 +224,7 @@ class PartitionTail:
     position: int = 0
     next_offset: int = 0  # the high watermark: one past the last complete batch
     start_offset: int = 0
-    hints: dict[int, tuple[int, int]] = field(default_factory=dict)
+    hints: list[tuple[int, int, int]] = field(default_factory=list)  # (base offset, seg, pos)
 
     def advance(self) -> int:
         segs = list_segments(self.log, self.topic, self.partition)
@@ -230,7 +234,7 @@ class PartitionTail:
         if self.segment not in {b for b, _ in segs}:
             self.segment, self.position = segs[0][0], 0
             self.next_offset = max(self.next_offset, segs[0][0])
-        self._remember()
+            self.hints = [h for h in self.hints if h[1] >= self.segment]
         for base, path in segs:
             if base < self.segment:
                 continue
@@ -238,21 +242,27 @@ class PartitionTail:
                 self.segment, self.position = base, 0
                 self.next_offset = max(self.next_offset, base)
             for batch in _scan_segment(path, self.position):
+                self._note(batch.base_offset, batch.position)
                 self.position += len(batch.data)
                 self.next_offset = batch.last_offset + 1
             if base != segs[-1][0] and self.position < _size(path):
                 break  # incomplete batch in a rolled segment: wait, never skip offsets
-        self._remember()
+        self._note(self.next_offset, self.position, force=True)
         return self.next_offset
 
-    def _remember(self) -> None:
-        """Keep where recent high watermarks sit: the next micro-batch starts at one of them."""
-        self.hints[self.next_offset] = (self.segment, self.position)
-        while len(self.hints) > 16:
-            del self.hints[next(iter(self.hints))]
+    def _note(self, base_offset: int, position: int, force: bool = False) -> None:
+        last = self.hints[-1] if self.hints else None
+        if last is not None and last[0] == base_offset:
+            return
+        if force or last is None or last[1] != self.segment or position - last[2] >= HINT_EVERY:
+            self.hints.append((base_offset, self.segment, position))
 
     def hint_for(self, offset: int) -> tuple[int, int] | None:
-        return self.hints.get(offset)
+        """(segment, position) of a batch boundary at or before `offset`, None if unknown."""
+        i = bisect.bisect_right(self.hints, (offset, 1 << 62, 1 << 62)) - 1
+        if i < 0 or self.hints[i][1] < self.start_offset:
+            return None
+        return self.hints[i][1], self.hints[i][2]
 
 
 def walk_headers(path: Path, pos: int = 0) -> Iterator[tuple[int, tuple]]:

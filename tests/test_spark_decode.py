@@ -260,3 +260,26 @@ def test_escaped_first_level(tmp_path: Path) -> None:
     assert [(r["topic"], r["mqtt_topic"]) for r in got] == [(log_topic, "my plant/line 1")]
     got = rows(tmp_path, topics=log_topic)
     assert [r["mqtt_topic"] for r in got] == ["my plant/line 1", log_topic]
+
+
+def test_tail_hints_any_offset(tmp_path: Path) -> None:
+    """Micro-batches cut mid-log (maxRecordsPerTrigger) still start reading near their offset."""
+    w = LogWriter(tmp_path, {"t": 1})
+    for i in range(60):  # ~60 batches of ~50 KB: 3 MB, so hints every ~1 MiB
+        w.append("t", 0, [Rec(b"t/x", bytes(1000), i)] * 50)
+        if i == 40:
+            w.roll("t", 0)
+    log = tmp_path / "log"
+    tail = PartitionTail(log, "t", 0)
+    assert tail.advance() == 3000
+    assert 4 <= len(tail.hints) <= 8
+    for offset in (0, 1, 1234, 2049, 2050, 2999, 3000):
+        hint = tail.hint_for(offset)
+        assert hint is not None
+        plain = [b.base_offset for b in iter_batches(log, "t", 0, offset)]
+        hinted = [b.base_offset for b in iter_batches(log, "t", 0, offset, None, hint)]
+        assert hinted == plain, offset
+        seg_base, pos = hint
+        assert seg_base == (2050 if offset >= 2050 else 0)
+        batch_pos = (offset // 50) * 50 * 1070  # ~1070 bytes per record, 50 per batch
+        assert batch_pos - pos < (1 << 20) + 60_000 or seg_base == 2050
