@@ -169,3 +169,56 @@ async def _dispatch_vs_brute_force(data: Path, steps: list, partitions: int) -> 
         assert res.next_seq == len(want) and len(res.entries) == len(want)
     await lq.close()
     await store.close()
+
+
+async def test_resolve_equals_mqtt_view_and_batches_reads(tmp_path: Path) -> None:
+    """The resolver's fast path gives what store.mapping.mqtt_view gives, for every header shape;
+    and one read of many entries costs a few Store.reads, not one per entry."""
+    from store.mapping import mqtt_view
+    from store.record_batch import build_batch, iter_records
+
+    store, lq = await open_all(tmp_path)
+    await lq.start()
+    lq.acquire_filter("v/#")
+    shapes = [
+        [("mqtt.qos", b"0"), ("mqtt.client_id", b"c1")],
+        [("mqtt.qos", b"2"), ("mqtt.client_id", b"\xff\xfe")],  # not UTF-8
+        [("mqtt.qos", b"7"), ("mqtt.client_id", b"c")],  # bad qos: default
+        [("mqtt.client_id", b"c"), ("mqtt.qos", b"1")],  # other order
+        [("mqtt.qos", b"1"), ("mqtt.client_id", None)],
+        [("mqtt.qos", b"1"), ("mqtt.client_id", b"c"), ("mqtt.retain", b"1")],
+        [("mqtt.qos", b"1"), ("x", b"y")],
+        [],
+    ]
+    store.ensure_topic("v", 1)
+    recs = [(NOW_MS + i, f"v/{i % 3}".encode(), b"p%d" % i, shapes[i % len(shapes)])
+            for i in range(400)]  # fmt: skip
+    store.append_batch("v", 0, bytes(build_batch(recs)))
+    store.append_mqtt([msg("v/x", b"mqtt%d" % i) for i in range(100)])
+    await flushed(store)
+    lq.dispatcher.catch_up()
+    res = lq.read("v/#", 0, 1000)
+    lq.resolver.reads = 0
+    got = lq.resolve(res.entries)
+    assert lq.resolver.reads <= 3
+    ref = []
+    for off in range(2):
+        data = store.read("v", 0, 0 if off == 0 else 400, 1 << 20)
+        from store.record_batch import iter_batches
+
+        for pos, size in iter_batches(data):
+            for r in iter_records(memoryview(data)[pos : pos + size]):
+                if len(ref) == r.offset:
+                    v = mqtt_view("v", r.key, r.headers)
+                    ref.append((v.topic, r.value, v.qos, v.client_id, v.retain, v.properties,
+                                r.timestamp, r.offset))  # fmt: skip
+    assert len(got) == len(ref) == 500
+    for m, want in zip(got, ref, strict=True):
+        assert m is not None
+        assert (m.topic, m.payload, m.qos, m.client_id, m.retain, m.properties,
+                m.timestamp_ms, m.offset) == want  # fmt: skip
+    await lq.close()
+    await store.close()
+
+
+NOW_MS = 1_764_000_000_000

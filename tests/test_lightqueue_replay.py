@@ -57,7 +57,10 @@ async def test_history_then_live(tmp_path: Path) -> None:
 
 
 async def test_replay_while_appending_has_no_gap_and_no_duplicate(tmp_path: Path) -> None:
-    store, lq = await open_all(tmp_path, partitions=3, dispatch_batch_records=500)
+    # Small backfill steps: many steps, each racing the appender.
+    store, lq = await open_all(
+        tmp_path, partitions=3, dispatch_batch_records=500, backfill_step_records=700
+    )
     await lq.start()
     i = 0
     hist = []
@@ -83,7 +86,7 @@ async def test_replay_while_appending_has_no_gap_and_no_duplicate(tmp_path: Path
     await asyncio.sleep(0.01)
     since = NOW - 50_000 + 5_000
     acq = lq.acquire_filter("s/+/t", since_ms=since)
-    lq._backfills[acq.queue].step_records = 700  # many steps, each racing the appender
+    assert acq.queue in lq._backfills  # 15k history records at 700 per step: not live at once
     await asyncio.wait_for(lq.wait_live(acq.queue), 60)
     await asyncio.sleep(0.05)
     stop.set()
