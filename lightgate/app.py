@@ -75,7 +75,11 @@ class Gateway:
             await tcp.start()
             self._closers.append(tcp)
             self.endpoints["notify"] = (cfg.host, tcp.port)
-        if cfg.mqtt_port == -1 and cfg.ws_port == -1 and not (cfg.tls_cert and cfg.mqtts_port != -1):
+        if (
+            cfg.mqtt_port == -1
+            and cfg.ws_port == -1
+            and not (cfg.tls_cert and cfg.mqtts_port != -1)
+        ):
             return
         mqtt = MqttServer(self.store, queues, notifier, ProxySettings.from_config(cfg))
         await mqtt.start()
@@ -84,7 +88,9 @@ class Gateway:
         if cfg.mqtt_port != -1:
             self.endpoints["mqtt"] = await mqtt.start_tcp(cfg.host, cfg.mqtt_port)
         if cfg.tls_cert and cfg.mqtts_port != -1:
-            self.endpoints["mqtts"] = await mqtt.start_tls(cfg.host, cfg.mqtts_port, tls_context(cfg))
+            self.endpoints["mqtts"] = await mqtt.start_tls(
+                cfg.host, cfg.mqtts_port, tls_context(cfg)
+            )
         if cfg.ws_port != -1:
             self.endpoints["ws"] = await mqtt.start_ws(cfg.host, cfg.ws_port)
 
@@ -183,10 +189,16 @@ async def rebuild_queues(cfg: GatewayConfig) -> int:
     def progress(p: Any) -> None:
         done, total = p.records_done, p.records_total
         pct = 100.0 * done / total if total else 100.0
-        print(f"\rrebuild-queues: {p.phase} {done}/{total} records ({pct:.1f}%)", end="", file=sys.stderr)
+        print(
+            f"\rrebuild-queues: {p.phase} {done}/{total} records ({pct:.1f}%)",
+            end="",
+            file=sys.stderr,
+        )
 
     try:
-        stats = await rebuild(cfg.data_path, progress=progress, store_config=StoreConfig.from_object(cfg))
+        stats = await rebuild(
+            cfg.data_path, progress=progress, store_config=StoreConfig.from_object(cfg)
+        )
     except StoreLockedError as exc:
         print(f"lightgate: {exc}", file=sys.stderr)
         return 1
