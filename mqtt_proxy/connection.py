@@ -190,15 +190,21 @@ class MqttConnection(asyncio.Protocol):
 
     def ack_durable(self, pid: int, ptype: int) -> None:
         """The store made a QoS 1/2 publish durable: PUBACK (4) or PUBREC (5) it now."""
+        data = self.ack_bytes(pid, ptype)
+        if data:
+            self.write(data)
+
+    def ack_bytes(self, pid: int, ptype: int) -> bytes:
+        """The PUBACK/PUBREC for a durable publish, for the caller to write (Inbound joins every
+        ack of one fsync per connection into one write); b"" once closed."""
         session = self.session
         if ptype == 5 and session is not None:
             session.qos2_pending.discard(pid)
         if self.closed:
-            return
+            return b""
         if self.v5:
-            self.send(Puback(pid) if ptype == 4 else Pubrec(pid))
-        else:
-            self.write(ack(ptype, pid))
+            return self.codec.send(Puback(pid) if ptype == 4 else Pubrec(pid))
+        return ack(ptype, pid)
 
     # -- closing -------------------------------------------------------------------------------
     def close_with(self, reason: int, send_disconnect: bool = True) -> None:

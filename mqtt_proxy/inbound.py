@@ -84,7 +84,7 @@ class Inbound:
         self._msgs, self._acks, self._retained = [], [], []
         server = self._server
         try:
-            res = server.store.append_mqtt(msgs)
+            res = server.store.append_mqtt(msgs, bool(acks))
         except Exception:
             log.exception("append of %d MQTT messages failed", len(msgs))
             for conn, _pid, _ack in acks:
@@ -116,8 +116,19 @@ class Inbound:
                     conn.session.qos2_in.discard(pid)
                 conn.fail(0x80, "store append not durable")
             return
+        # One write per connection for all its acks of this fsync (was one syscall per ack:
+        # 11 % of the loop in a QoS 1 fan-in profile).
+        out: dict[Any, list[bytes]] = {}
         for conn, pid, ack in acks:
-            conn.ack_durable(pid, ack)
+            data = conn.ack_bytes(pid, ack)
+            if data:
+                parts = out.get(conn)
+                if parts is None:
+                    out[conn] = [data]
+                else:
+                    parts.append(data)
+        for conn, parts in out.items():
+            conn.write(parts[0] if len(parts) == 1 else b"".join(parts))
 
     def throttle(self, conn: Any) -> None:
         """Called by a connection that just fed us while throttled: stop reading it for now."""

@@ -82,13 +82,26 @@ class GroupCommit:
         self._io = ThreadPoolExecutor(max_workers=4, thread_name_prefix="store-fsync")
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    def enqueue(self, logs: dict[Log, Any]) -> asyncio.Future[None]:
-        """Register a waiter for an append that staged data on `logs`; schedule the tick's flush."""
+    def enqueue(self, logs: dict[Log, Any], sync: bool = True) -> asyncio.Future[None]:
+        """Register a waiter for an append that staged data on `logs`; schedule the tick's flush.
+
+        `sync=False` (nobody will wait: MQTT QoS 0, Kafka acks=0): the data is written this tick
+        like any other, but it starts no fsync of its own; under `always` the interval timer
+        syncs it (within `fsync_interval_ms`), or an acknowledged append's fsync covers it first.
+        """
         loop = self._loop
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
         fut: asyncio.Future[None] = loop.create_future()
-        if not logs:  # an empty append is trivially durable
+        if not logs or not sync:  # an empty append is trivially durable
+            if not sync:
+                for lg in logs:
+                    if lg not in self._tick_waiters:
+                        self._tick_waiters[lg] = []
+                        self._dirty.append(lg)
+                if logs and not self._flush_scheduled:
+                    self._flush_scheduled = True
+                    loop.call_soon(self.flush)
             fut.set_result(None)
             return fut
         w = _Durable(fut, len(logs))
@@ -131,8 +144,11 @@ class GroupCommit:
                 except Exception:
                     log.exception("append listener failed")
         if policy == "always":
+            if not ws:  # only unacknowledged data: leave it to the interval timer
+                self.interval_dirty.add(lg)
+                return
             lg.sync_waiters.extend(ws)
-            if not lg.syncing and lg.sync_waiters:
+            if not lg.syncing:
                 self.start_sync(lg)
         else:
             for w in ws:

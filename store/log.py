@@ -31,7 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from store.record_batch import TIMESTAMP_TYPE_MASK, iter_batches, iter_records
+from store.record_batch import HEADER, TIMESTAMP_TYPE_MASK, iter_batches, iter_records
 from store.segment import BatchMeta, LogSegment, segment_name
 
 log = logging.getLogger("lightgate.store")
@@ -319,9 +319,12 @@ class Log:
                 continue
             want = max(meta.size, min(max_bytes, seg.size - pos))
             data = seg.pread(want, pos)
-            end = 0
+            end = last = 0
             for p, size in iter_batches(data):
-                end = p + size
+                last, end = p, p + size
+            if end:
+                h = HEADER.unpack_from(data, last)
+                seg.hint = (h[0] + h[6] + 1, pos + end)
             return data if end == len(data) else data[:end]
         return b""
 

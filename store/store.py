@@ -280,8 +280,10 @@ class Store:
         self._routes[mqtt_topic] = r
         return r
 
-    def append_mqtt(self, messages: Sequence[MqttMessage]) -> AppendResult:
+    def append_mqtt(self, messages: Sequence[MqttMessage], sync: bool = True) -> AppendResult:
         """Store MQTT messages: one batch per partition (cut at ~1 MiB); offsets in input order.
+
+        `sync=False` when no caller will wait for durability (QoS 0 only): no fsync of its own.
 
         Raises TopicMappingError (a ValueError) for `$`-topics and invalid topics before anything
         is staged, so a call is all or nothing.
@@ -341,9 +343,11 @@ class Store:
                 for k in range(j0, j):
                     offsets[idxs[k]] = (topic, part, base + k - j0)
                 j0 = j
-        return AppendResult(offsets, self._commit.enqueue(groups))
+        return AppendResult(offsets, self._commit.enqueue(groups, sync))
 
-    def append_batch(self, topic: str, partition: int, batch: bytes) -> AppendResult:
+    def append_batch(
+        self, topic: str, partition: int, batch: bytes, sync: bool = True
+    ) -> AppendResult:
         """Append producer bytes (one or more RecordBatch v2): check magic + CRC, assign offsets
         by rewriting only each base offset. Offsets: one entry per record, base first.
 
@@ -366,7 +370,7 @@ class Store:
             base = lg.stage_view(data, pos, h.size, h.record_count, h.max_timestamp)
             pos += h.size
             offsets += [(topic, partition, o) for o in range(base, base + h.record_count)]
-        return AppendResult(offsets, self._commit.enqueue({lg: []}))
+        return AppendResult(offsets, self._commit.enqueue({lg: []}, sync))
 
     def _seal(self, lg: Log, seg: Any) -> None:
         idx, tix = seg.index_bytes()

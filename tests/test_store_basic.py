@@ -140,6 +140,25 @@ async def test_listener_and_group_commit(tmp_path: Path) -> None:
     await store.close()
 
 
+async def test_unacknowledged_append_waits_for_the_interval_fsync(tmp_path: Path) -> None:
+    """`sync=False` (MQTT QoS 0): written this tick, no fsync of its own under `always`; the
+    interval timer syncs it, and an acknowledged append's fsync covers it if that comes first."""
+    store = await Store.open(tmp_path, StoreConfig(default_partitions=1, fsync_interval_ms=200))
+    seg = lambda: store._logs[("q", 0)].segments[-1]  # noqa: E731
+    res = store.append_mqtt([MqttMessage("q/x", b"0", 0, "c")], sync=False)
+    assert res.durable.done()  # nobody waits
+    await asyncio.sleep(0.02)
+    assert store.high_watermark("q", 0) == 1  # written at the end of the tick...
+    assert seg().dirty  # ...but not fsynced by itself
+    await asyncio.sleep(0.4)
+    assert not seg().dirty  # the interval timer synced it
+    store.append_mqtt([MqttMessage("q/x", b"1", 0, "c")], sync=False)
+    acked = store.append_mqtt([MqttMessage("q/x", b"2", 1, "c")])
+    await asyncio.wait_for(acked.durable, 5)
+    assert not seg().dirty  # one fsync covered both
+    await store.close()
+
+
 @pytest.mark.parametrize("policy", ["interval_ms", "never"])
 async def test_other_fsync_policies(tmp_path: Path, policy: str) -> None:
     store = await Store.open(tmp_path, StoreConfig(fsync=policy, fsync_interval_ms=5))
