@@ -184,7 +184,14 @@ async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--records", type=int, default=200_000)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument(
+        "--default-gc", action="store_true", help="keep CPython's GC thresholds (serve tunes them)"
+    )
     args = ap.parse_args()
+    if not args.default_gc:
+        from lightgate.cli import tune_gc
+
+        tune_gc()  # as `lightgate serve` runs
     recs = 20_000 if args.quick else args.records
     random.seed(1)
     print(f"## dispatch ({recs} records, 4 partitions, 20,000 topics, one core)")

@@ -98,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if ns.command == "serve":
         from lightgate.app import serve
 
-        _tune_gc()
+        tune_gc()
         return _run(serve(cfg))
     if ns.command == "rebuild-queues":
         from lightgate.app import rebuild_queues
@@ -108,7 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 2
 
 
-def _tune_gc() -> None:
+def tune_gc() -> None:
     """The gateway keeps 10^5-10^6 long-lived objects (message caches, queue state) and allocates
     a few per message; CPython's default thresholds (700, 10, 10) then run young collections every
     few hundred messages and full ones over every cache. Measured: resolving stored records cost

@@ -37,6 +37,9 @@ def _builder() -> Any:
     )
 
 
+FLUSH_S = 0.05
+
+
 class DeviceEvents:
     __slots__ = ("_store", "_pending", "_scheduled", "_partitions", "enabled")
 
@@ -64,7 +67,9 @@ class DeviceEvents:
         self._pending.append((client_id, value, ts))
         if not self._scheduled:
             self._scheduled = True
-            asyncio.get_running_loop().call_soon(self.flush)
+            # Analytics data nobody waits for: one append per FLUSH_S instead of per loop tick
+            # (a connect storm of ~5k/s made one tiny batch per tick: 3.5 % of its CPU profile).
+            asyncio.get_running_loop().call_later(FLUSH_S, self.flush)
 
     def flush(self) -> None:
         self._scheduled = False
@@ -85,6 +90,6 @@ class DeviceEvents:
                 slot[0].append(slot[1], timestamp=ts, key=kb, value=value, headers=[])
                 slot[1] += 1
             for part, (builder, _n) in by_part.items():
-                store.append_batch(TOPIC, part, bytes(builder.build()))
+                store.append_batch(TOPIC, part, bytes(builder.build()), sync=False)
         except Exception:
             log.exception("could not append %d device events", len(pending))

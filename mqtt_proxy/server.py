@@ -175,6 +175,7 @@ class MqttServer:
         self.inbound.flush()
         await self.inbound.drain()
         self.sessions.flush(force=True)
+        self.events.flush()
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:

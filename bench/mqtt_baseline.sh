@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# MQTT (issue 4) benchmark: the mqttbench suite against Lightgate, Mosquitto and amqtt in one run.
+# Usage: bench/mqtt_baseline.sh [extra baseline.py args, e.g. --repeat 3]
+set -eu
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+MB="$ROOT/../shared/tools/mqttbench"
+PY="$ROOT/.venv/bin/python"
+DAY=$(date +%F)
+OUT="$ROOT/bench/results"
+mkdir -p "$OUT"
+cd "$MB"
+"$PY" baseline.py --label lightgate --port 18832 --out "$OUT/$DAY-lightgate.jsonl" "$@" \
+    -- "$ROOT/bench/mqtt_serve.sh" 18832 /tmp/lightgate-mqtt-bench
+"$PY" baseline.py --label mosquitto --port 18830 --out "$OUT/$DAY-mosquitto.jsonl" "$@" \
+    -- mosquitto -c brokers/mosquitto.conf
+"$PY" baseline.py --label amqtt --port 18831 --out "$OUT/$DAY-amqtt.jsonl" "$@" \
+    -- "$ROOT/.venv/bin/amqtt" -c brokers/amqtt.yaml
+"$PY" baseline.py --table "$OUT/$DAY-lightgate.jsonl" "$OUT/$DAY-mosquitto.jsonl" "$OUT/$DAY-amqtt.jsonl"
