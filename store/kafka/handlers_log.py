@@ -222,7 +222,9 @@ async def produce(b: Broker, req: Request, conn: ConnInfo) -> Any:
             elif (message := _validate_records(pd.records)) is not None:
                 err = E.invalid_record
             else:
-                err, base, message, durable = _append(b, topic.name, pd.index, pd.records)
+                err, base, message, durable = _append(
+                    b, topic.name, pd.index, pd.records, acks != 0
+                )
                 if durable is not None:
                     waits.append(durable)
             log_start = b.store.log_start_offset(topic.name, pd.index) if err == E.none else -1
@@ -254,7 +256,7 @@ async def produce(b: Broker, req: Request, conn: ConnInfo) -> Any:
 
 
 def _append(
-    b: Broker, topic: str, partition: int, records: bytes
+    b: Broker, topic: str, partition: int, records: bytes, sync: bool = True
 ) -> tuple[int, int, str | None, asyncio.Future[None] | None]:
     """De-duplicate, append; (error, base offset, message, future of durability)."""
     h = parse_header(records)
@@ -266,7 +268,7 @@ def _append(
     if len(records) > b.store.config.max_batch_bytes:
         return E.message_too_large, -1, "batch larger than the store's max_batch_bytes", None
     try:
-        result = b.store.append_batch(topic, partition, records)
+        result = b.store.append_batch(topic, partition, records, sync)
     except InvalidRecordError as exc:
         return E.corrupt_message, -1, str(exc), None
     except UnknownTopicOrPartitionError as exc:
