@@ -112,6 +112,26 @@ async def test_roll_by_size_and_index_lookups(tmp_path: Path) -> None:
     assert [b.base_offset for b in sr.iter_batches(tmp_path, "t", 0, 33, 40)] == [32, 34, 36, 38]
 
 
+async def test_read_hint_never_changes_what_a_read_returns(tmp_path: Path) -> None:
+    """Reads leave a per-segment hint (where the last read ended); a read at any offset, before
+    or after the hint, in any order, returns the batch holding that offset, as without hints."""
+    import random
+
+    cfg = StoreConfig(default_partitions=1, segment_bytes=1 << 20, index_interval_bytes=4096)
+    store = await Store.open(tmp_path, cfg)
+    await fill(store, "h", list(range(1000, 1200)))  # 200 batches of 2 records, one segment
+    seg = store._logs[("h", 0)].segments[-1]
+    rng = random.Random(7)
+    offsets = list(range(400)) + [rng.randrange(400) for _ in range(600)]
+    for off in offsets:
+        data = store.read("h", 0, off, rng.choice((1, 200, 2000)))
+        assert int.from_bytes(data[:8], "big") == off - off % 2, off
+        assert seg.hint is not None and seg.hint[0] > off  # the hint moved past the read
+    seg.truncate_to(seg.find_position(100)[0])  # cut at offset 100: the hint must go
+    assert seg.hint is None
+    await store.close()
+
+
 def test_reader_stops_at_partial_or_bad_batch(tmp_path: Path) -> None:
     d = tmp_path / "log" / "t-0"
     d.mkdir(parents=True)
