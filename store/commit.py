@@ -93,25 +93,19 @@ class GroupCommit:
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
         fut: asyncio.Future[None] = loop.create_future()
-        if not logs or not sync:  # an empty append is trivially durable
-            if not sync:
-                for lg in logs:
-                    if lg not in self._tick_waiters:
-                        self._tick_waiters[lg] = []
-                        self._dirty.append(lg)
-                if logs and not self._flush_scheduled:
-                    self._flush_scheduled = True
-                    loop.call_soon(self.flush)
+        if not logs:  # an empty append is trivially durable
             fut.set_result(None)
             return fut
-        w = _Durable(fut, len(logs))
+        w = _Durable(fut, len(logs)) if sync else None
+        if w is None:
+            fut.set_result(None)
         tw = self._tick_waiters
         for lg in logs:
             ws = tw.get(lg)
             if ws is None:
-                tw[lg] = [w]
+                tw[lg] = ws = []
                 self._dirty.append(lg)
-            else:
+            if w is not None:
                 ws.append(w)
         if not self._flush_scheduled:
             self._flush_scheduled = True
