@@ -212,7 +212,8 @@ async def produce(b: Broker, req: Request, conn: ConnInfo) -> Any:
         count = known.get(topic.name)
         parts = []
         for pd in topic.partition_data:
-            err, base, message, durable = E.none, -1, None, None
+            err: int = E.none
+            base, message, durable = -1, None, None
             if acks not in (0, 1, -1):
                 err = E.invalid_required_acks
             elif body.transactional_id is not None:

@@ -91,7 +91,8 @@ class ProducerStateManager:
         """Validate an idempotent batch: (error, base offset of the original if a duplicate)."""
         if h.producer_id < 0:
             return E.none, None
-        p = self._partitions.get((topic, partition), {}).get(h.producer_id)
+        producers = self._partitions.get((topic, partition))
+        p = producers.get(h.producer_id) if producers is not None else None
         if p is None:
             return E.none, None
         if h.producer_epoch < p.epoch:
@@ -172,7 +173,7 @@ class ProducerStateManager:
         if self._covered.get(key, 0) <= hwm:
             return
         self._covered[key] = hwm
-        producers = self._partitions.get(key, {})
+        producers: OrderedDict[int, _Producer] = self._partitions.get(key, OrderedDict())
         for pid in list(producers):
             p = producers[pid]
             kept = [b for b in p.batches if b[3] < hwm]

@@ -191,10 +191,10 @@ def _codec(api_key: int, version: int) -> _Codec:
         req_cls = _entity_class(api_key, version, EntityType.request)
         resp_cls = _entity_class(api_key, version, EntityType.response)
         codec = _Codec(
-            header_reader=entity_reader(req_cls.__header_schema__),
+            header_reader=entity_reader(req_cls.__header_schema__),  # type: ignore[attr-defined]
             body_reader=entity_reader(req_cls),
             response_cls=resp_cls,
-            response_header_cls=resp_cls.__header_schema__,
+            response_header_cls=resp_cls.__header_schema__,  # type: ignore[attr-defined]
         )
         _codecs[(api_key, version)] = codec
     return codec
@@ -313,20 +313,22 @@ _converters: dict[type, tuple[frozenset[str], dict[str, _Conv]]] = {}
 
 
 def _field_info(cls: type) -> tuple[frozenset[str], dict[str, _Conv]]:
-    info = _converters.get(cls)
-    if info is None:
-        names, conv = set(), {}
-        for f in dataclasses.fields(cls):
-            names.add(f.name)
-            kind = f.metadata.get("kafka_type")
-            if kind == "error_code":
-                conv[f.name] = _err
-            elif kind in ("timedelta_i32", "timedelta_i64"):
-                conv[f.name] = _ms
-            elif kind == "datetime_i64":
-                conv[f.name] = _time
-        info = (frozenset(names), conv)
-        _converters[cls] = info
+    cached = _converters.get(cls)
+    if cached is not None:
+        return cached
+    names: set[str] = set()
+    conv: dict[str, _Conv] = {}
+    for f in dataclasses.fields(cls):
+        names.add(f.name)
+        kind = f.metadata.get("kafka_type")
+        if kind == "error_code":
+            conv[f.name] = _err
+        elif kind in ("timedelta_i32", "timedelta_i64"):
+            conv[f.name] = _ms
+        elif kind == "datetime_i64":
+            conv[f.name] = _time
+    info = (frozenset(names), conv)
+    _converters[cls] = info
     return info
 
 
