@@ -183,7 +183,7 @@ class Session:
                 w["qos"],
                 w["retain"],
                 w["delay"],
-                w["props"],
+                _props_from_state(w.get("props")),
             )
         return s
 

@@ -55,7 +55,8 @@ class SessionManager:
             except Exception:
                 log.exception("dropping unreadable session %r", state.get("client_id"))
                 continue
-            if not s.disconnected_at:
+            was_offline = bool(s.disconnected_at)
+            if not was_offline:
                 s.disconnected_at = now  # it was online when the gateway stopped
             for pid, inf in s.inflight.items():
                 sub = s.subs.get(inf.filter_raw)
@@ -68,6 +69,12 @@ class SessionManager:
                     backend.acquire(sub.spec)
             self.sessions[s.client_id] = s
             self._arm_expiry(s, now)
+            if was_offline and s.will is not None:
+                # A will that was waiting out its delay: still due when it was due before.
+                due = s.disconnected_at + min(s.will.delay, s.expiry) - now
+                s.will_timer = asyncio.get_running_loop().call_later(
+                    max(0.0, due), self._will_due, s
+                )
         if self.sessions:
             log.info("restored %d persistent MQTT sessions", len(self.sessions))
 
@@ -119,6 +126,7 @@ class SessionManager:
         session.version = version
         session.will = will
         session.conn = conn
+        session.disconnected_at = 0.0  # online again: restore() must not count from a stale time
         session.dirty = session.persistent
         if not session.persistent and present:
             # Resumed with expiry 0 (v5): nothing to keep in the store any more.
