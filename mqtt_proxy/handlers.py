@@ -163,6 +163,9 @@ def handle_publish(conn: MqttConnection, p: Publish) -> None:
         counters["publish_dropped"] += 1
         if qos:
             reason = NOT_AUTHORIZED if topic[0] != "$" else SUCCESS
+            if qos == 2 and (reason == SUCCESS or not conn.v5):
+                # A successful PUBREC: the client's PUBREL must find the id (PUBCOMP 0x00).
+                conn.session.qos2_in.add(pid)  # type: ignore[union-attr]
             conn.send((Puback if qos == 1 else Pubrec)(pid, reason if conn.v5 else 0))
         return
     msg = server.make_message(topic, p.payload, qos, p.retain, props, conn.client_id)

@@ -345,3 +345,27 @@ def test_56_session_online_at_restart_expires_from_the_stop(broker):
     assert c.session_present
     Client(broker.port, "onr-pub").connect().publish("onr/t", b"still subscribed", 1)
     assert c.expect(1)[0].payload == b"still subscribed"
+
+
+def test_57_qos2_publish_to_dollar_topic_completes(broker):
+    """A QoS 2 PUBLISH to a `$` topic is not stored, but its flow completes: PUBREC 0x00, then
+    the PUBREL finds the id (PUBCOMP 0x00, not 0x92) in v5; v3.1.1 gets PUBREC and PUBCOMP."""
+    for level in (5, 4):
+        s = raw(broker.port)
+        body = b"\x00\x04MQTT" + bytes([level, 0x02, 0, 60])
+        body += b"\x00" if level == 5 else b""  # v5: empty CONNECT properties
+        body += b"\x00\x05dq2-%d" % level
+        s.sendall(bytes([0x10, len(body)]) + body)
+        assert read_packets(s, 1)[0][0] == 0x20  # CONNACK
+        topic = b"$internal/x"
+        pub = len(topic).to_bytes(2, "big") + topic + b"\x00\x07"
+        pub += (b"\x00" if level == 5 else b"") + b"payload"
+        s.sendall(bytes([0x34, len(pub)]) + pub)
+        pubrec = read_packets(s, 1)[0]
+        assert pubrec[0] == 0x50 and pubrec[2:4] == b"\x00\x07", pubrec
+        assert len(pubrec) == 4 or pubrec[4] == 0x00, pubrec  # success (v5 may omit the code)
+        s.sendall(b"\x62\x02\x00\x07")  # PUBREL 7
+        pubcomp = read_packets(s, 1)[0]
+        assert pubcomp[0] == 0x70 and pubcomp[2:4] == b"\x00\x07", pubcomp
+        assert len(pubcomp) == 4 or pubcomp[4] == 0x00, pubcomp  # not 0x92 (id not found)
+        s.close()
