@@ -22,6 +22,8 @@ run: $(STAMP)
 
 test: $(STAMP) system-deps
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy store/ lightqueue/ notify/ mqtt_proxy/codec
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile
 
 lint: $(STAMP)

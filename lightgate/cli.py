@@ -98,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if ns.command == "serve":
         from lightgate.app import serve
 
-        tune_gc()
+        tune_gc(cfg.gc_gen0)
         return _run(serve(cfg))
     if ns.command == "rebuild-queues":
         from lightgate.app import rebuild_queues
@@ -108,16 +108,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 2
 
 
-def tune_gc() -> None:
+def tune_gc(gen0: int = 50_000) -> None:
     """The gateway keeps 10^5-10^6 long-lived objects (message caches, queue state) and allocates
     a few per message; CPython's default thresholds (700, 10, 10) then run young collections every
     few hundred messages and full ones over every cache. Measured: resolving stored records cost
-    10 us each with defaults vs 1.9 us with these (bench notes in bench/RESULTS.md). Our hot paths
-    make almost no reference cycles, so collecting rarely loses little memory."""
+    10 us each with defaults vs 1.9 us with these (bench/RESULTS.md, light queues). Our hot paths
+    make almost no reference cycles, so collecting rarely loses little memory. 0 keeps CPython's."""
     import gc
-    import os
 
-    gen0 = int(os.environ.get("LIGHTGATE_GC_GEN0", "50000"))
     if gen0 > 0:
         gc.set_threshold(gen0, 20, 100)
 

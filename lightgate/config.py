@@ -62,6 +62,9 @@ class GatewayConfig:
     log_format: str = "json"
     log_level: str = "info"
 
+    # Process: CPython's young-generation GC threshold (lightgate.cli.tune_gc); 0 = defaults.
+    gc_gen0: int = 50_000
+
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
