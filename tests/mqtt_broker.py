@@ -1,7 +1,7 @@
 """The `broker` fixture of the MQTT end-to-end tests.
 
 Two ways to run the gateway under test, same interface (`port`, `ws_port`, `tls_port`,
-`restart()`):
+`restart()`; `ProcessBroker` also has `crash_restart()`, SIGKILL then start):
 - `InProcessBroker`: the real Store, light queues, notifier and `MqttServer` on their own event
   loop in a background thread, so tests can set the embedder hooks (`server.authenticate`, ACLs).
 - `ProcessBroker`: a real `lightgate serve` subprocess (tests/gateway_process.py), used once
@@ -174,6 +174,11 @@ class ProcessBroker:
 
     def restart(self) -> None:
         self.stop()
+        self.start()
+
+    def crash_restart(self) -> None:
+        """SIGKILL (no graceful flush), then start again on the same data dir (new ports)."""
+        self.gw.kill()
         self.start()
 
     def records(self, log_topic: str) -> list[Any]:

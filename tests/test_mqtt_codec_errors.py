@@ -85,9 +85,9 @@ def test_bad_v311(data: bytes, code: int) -> None:
         # property not allowed in PUBLISH (Session Expiry), unknown property id 0x7f
         (b"\x30\x09\x00\x01a\x05\x11\x00\x00\x00\x01", 0x81),
         (b"\x30\x06\x00\x01a\x02\x7f\x00", 0x81),
-        # duplicated property (Topic Alias twice); Topic Alias 0
+        # duplicated property (Topic Alias twice); Topic Alias 0 (Topic Alias invalid)
         (b"\x30\x09\x00\x00\x06\x23\x00\x01\x23\x00\x02", 0x82),
-        (b"\x30\x07\x00\x01a\x03\x23\x00\x00", 0x82),
+        (b"\x30\x07\x00\x01a\x03\x23\x00\x00", 0x94),
         # empty topic without alias
         (b"\x30\x03\x00\x00\x00", 0x82),
         # property length past the end

@@ -236,7 +236,9 @@ def decode_properties(
             and t != BIN
             and (value < spec.min or (spec.max is not None and value > spec.max))
         ):
-            raise RemoteProtocolError(f"property {spec.name} = {value} is invalid", 0x82)
+            # Topic Alias 0 is "Topic Alias invalid" (0x94), as above the maximum (Mosquitto too).
+            code = 0x94 if pid == 0x23 else 0x82
+            raise RemoteProtocolError(f"property {spec.name} = {value} is invalid", code)
         if pid == _SUBID:
             if subids and packet_type != PUBLISH:
                 raise RemoteProtocolError("subscription identifier more than once", 0x82)
