@@ -269,18 +269,28 @@ def handle_subscribe(conn: MqttConnection, p: Subscribe) -> None:
             spec = server.backend.bound_replay(spec, server.settings.max_replay_depth_ms)
         accepted.append((spec, ts))
         codes.append(ts.qos)
-    conn.send(Suback(p.packet_id, codes))
+    sessions = server.sessions
+    initial = []
     for spec, ts in accepted:
-        server.sessions.subscribe(
+        sub = sessions.subscribe(
             session, spec, ts.qos, ts.no_local, ts.retain_as_published, ts.retain_handling, sub_id
         )
+        if sub is not None:
+            initial.append(sub)
+    if accepted:
+        sessions.save(session)  # a persistent subscription survives a crash once acked
+    conn.send(Suback(p.packet_id, codes))
+    for sub in initial:
+        sessions.send_initial(sub)
 
 
 def handle_unsubscribe(conn: MqttConnection, p: Unsubscribe) -> None:
     session = conn.session
     assert session is not None
-    unsub = conn.server.sessions.unsubscribe
-    codes = [0x00 if unsub(session, f) else 0x11 for f in p.filters]
+    sessions = conn.server.sessions
+    codes = [0x00 if sessions.unsubscribe(session, f) else 0x11 for f in p.filters]
+    if 0x00 in codes:
+        sessions.save(session)
     conn.send(Unsuback(p.packet_id, codes if conn.v5 else ()))
 
 

@@ -10,7 +10,9 @@ simply pulls from there, so offline messages arrive in order. Its expiry timer s
 disconnect; expiry deletes it and releases its wildcard filters.
 
 Persistence: dirty persistent sessions are written to the light-queue DB's session store every
-`session_flush_ms`, at disconnect and on graceful close. Connected persistent sessions are also
+`session_flush_ms`, at disconnect and on graceful close; a SUBSCRIBE or UNSUBSCRIBE writes its
+session before the SUBACK / UNSUBACK (retained messages follow the SUBACK), so a `kill -9` right
+after an ack cannot lose or resurrect a subscription. Connected persistent sessions are also
 snapshotted about once a second because QoS 0 delivery moves positions without marking them
 dirty (a restart then re-sends at most about a second of QoS 0 messages, which is allowed).
 
@@ -23,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from mqtt_proxy.delivery import CachedMsg
 from mqtt_proxy.session import Inflight, Session, Subscription, Will
@@ -81,16 +83,21 @@ class SessionManager:
     def flush(self, force: bool = False) -> None:
         self._flushes += 1
         snapshot = force or self._flushes % 10 == 0
-        items = []
-        group_of = self.server.delivery.group_of
-        for s in self.sessions.values():
-            if s.persistent and (s.dirty or (snapshot and s.conn is not None)):
-                s.dirty = False
-                for sub in s.subs.values():
-                    if sub.spec.share_group is not None and (g := group_of(sub)) is not None:
-                        sub.pos = g.acked_pos()  # a member stores its group's position
-                items.append((s.client_id, s.to_state()))
+        items = [
+            self._state(s)
+            for s in self.sessions.values()
+            if s.persistent and (s.dirty or (snapshot and s.conn is not None))
+        ]
         self.server.backend.save_sessions(items)
+
+    def _state(self, s: Session) -> tuple[str, dict[str, Any]]:
+        """(client id, state to store); the session is clean afterwards."""
+        s.dirty = False
+        group_of = self.server.delivery.group_of
+        for sub in s.subs.values():
+            if sub.spec.share_group is not None and (g := group_of(sub)) is not None:
+                sub.pos = g.acked_pos()  # a member stores its group's position
+        return s.client_id, s.to_state()
 
     # -- connect -------------------------------------------------------------------------------
     def open(
@@ -252,8 +259,9 @@ class SessionManager:
         rap: bool,
         rh: int,
         sub_id: int | None,
-    ) -> None:
-        """Add or replace one subscription; send retained messages per retain handling."""
+    ) -> Subscription | None:
+        """Add or replace one subscription. Returns it when retain handling wants its retained
+        messages sent now: the caller does so (`send_initial`) after the SUBACK."""
         server = self.server
         existing = session.subs.get(spec.raw)
         local = spec.filter.startswith("$") and spec.replay_since_ms is None
@@ -278,10 +286,23 @@ class SessionManager:
         if session.conn is not None:
             session.conn.session_overlap = session.overlapping
         if spec.share_group is None and (rh == 0 or (rh == 1 and is_new)):
-            if local:
-                server.sys.send_current(sub)
-            else:
-                self.send_retained(sub)
+            return sub
+        return None
+
+    def send_initial(self, sub: Subscription) -> None:
+        """What a new subscription gets at once: retained messages, or `$SYS` values."""
+        if sub.local:
+            self.server.sys.send_current(sub)
+        else:
+            self.send_retained(sub)
+
+    def save(self, session: Session) -> None:
+        """Write one persistent session now (SUBSCRIBE / UNSUBSCRIBE, before their ack): a
+        `kill -9` right after a SUBACK must not lose the subscription (the periodic flush runs
+        every `session_flush_ms`). A synchronous LevelDB write without fsync, as every session
+        write (lightqueue/sessions.py): the OS has it when this returns."""
+        if session.persistent:
+            self.server.backend.save_sessions([self._state(session)])
 
     def unsubscribe(self, session: Session, raw: str) -> bool:
         sub = session.subs.pop(raw, None)
