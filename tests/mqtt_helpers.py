@@ -9,6 +9,7 @@ will tests).
 from __future__ import annotations
 
 import queue
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -236,3 +237,47 @@ PUBLISH = PacketTypes.PUBLISH
 SUBSCRIBE = PacketTypes.SUBSCRIBE
 DISCONNECT = PacketTypes.DISCONNECT
 WILLMESSAGE = PacketTypes.WILLMESSAGE
+
+
+# -- raw sockets: exact bytes on the wire ----------------------------------------------------
+
+
+def raw(port: int) -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", port))
+    s.settimeout(5)
+    return s
+
+
+def split_packets(buf: bytes) -> tuple[list[bytes], bytes]:
+    """Whole MQTT packets off the front of `buf`, and the incomplete rest."""
+    out = []
+    while len(buf) >= 2:
+        n, mul, i = 0, 1, 1
+        while True:
+            if i >= len(buf):
+                return out, buf
+            b = buf[i]
+            n += (b & 0x7F) * mul
+            mul *= 128
+            i += 1
+            if not b & 0x80:
+                break
+        if len(buf) < i + n:
+            break
+        out.append(buf[: i + n])
+        buf = buf[i + n :]
+    return out, buf
+
+
+def read_packets(s: socket.socket, n: int, timeout: float = 5.0) -> list[bytes]:
+    """Exactly the next `n` packets (no partial or extra packet may arrive with them)."""
+    s.settimeout(timeout)
+    got: list[bytes] = []
+    buf = b""
+    while len(got) < n:
+        chunk = s.recv(65536)
+        assert chunk, f"closed after {len(got)} packets: {got}"
+        pkts, buf = split_packets(buf + chunk)
+        got += pkts
+    assert not buf and len(got) == n, got
+    return got

@@ -13,15 +13,20 @@ import time
 import paho.mqtt.client as mqtt
 import pytest
 from mqtt_broker import broker  # noqa: F401 - the fixture
-from mqtt_helpers import CONNECT, DISCONNECT, PUBLISH, V5, WILLMESSAGE, Client, props
+from mqtt_helpers import (
+    CONNECT,
+    DISCONNECT,
+    PUBLISH,
+    V5,
+    WILLMESSAGE,
+    Client,
+    props,
+    raw,
+    read_packets,
+    split_packets,
+)
 
 V31 = mqtt.MQTTv31
-
-
-def raw(port: int) -> socket.socket:
-    s = socket.create_connection(("127.0.0.1", port))
-    s.settimeout(5)
-    return s
 
 
 def connect_packet(cid: bytes, flags: int = 0x02, name: bytes = b"MQTT", level: int = 4) -> bytes:
@@ -33,40 +38,6 @@ def connect_packet(cid: bytes, flags: int = 0x02, name: bytes = b"MQTT", level: 
 def subscribe_packet(filt: bytes, qos: int, pid: int = 1) -> bytes:
     body = pid.to_bytes(2, "big") + len(filt).to_bytes(2, "big") + filt + bytes([qos])
     return bytes([0x82, len(body)]) + body
-
-
-def split_packets(buf: bytes) -> tuple[list[bytes], bytes]:
-    """Whole MQTT packets off the front of `buf`, and the incomplete rest."""
-    out = []
-    while len(buf) >= 2:
-        n, mul, i = 0, 1, 1
-        while True:
-            if i >= len(buf):
-                return out, buf
-            b = buf[i]
-            n += (b & 0x7F) * mul
-            mul *= 128
-            i += 1
-            if not b & 0x80:
-                break
-        if len(buf) < i + n:
-            break
-        out.append(buf[: i + n])
-        buf = buf[i + n :]
-    return out, buf
-
-
-def read_packets(s: socket.socket, n: int, timeout: float = 5.0) -> list[bytes]:
-    s.settimeout(timeout)
-    got: list[bytes] = []
-    buf = b""
-    while len(got) < n:
-        chunk = s.recv(65536)
-        assert chunk, f"closed after {len(got)} packets: {got}"
-        pkts, buf = split_packets(buf + chunk)
-        got += pkts
-    assert not buf and len(got) == n, got
-    return got
 
 
 def assert_silent(s: socket.socket, wait: float = 0.5) -> None:

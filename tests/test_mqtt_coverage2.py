@@ -11,13 +11,7 @@ import time
 
 import pytest
 from mqtt_broker import broker, embedded  # noqa: F401 - the fixtures
-from mqtt_helpers import CONNECT, V5, WILLMESSAGE, Client, props
-
-
-def raw(port: int) -> socket.socket:
-    s = socket.create_connection(("127.0.0.1", port))
-    s.settimeout(5)
-    return s
+from mqtt_helpers import CONNECT, V5, WILLMESSAGE, Client, props, raw, read_packets, split_packets
 
 
 def varint(n: int) -> bytes:
@@ -56,27 +50,6 @@ def connect_packet(
     return packet(0x10, body)
 
 
-def split_packets(buf: bytes) -> tuple[list[bytes], bytes]:
-    """Whole MQTT packets off the front of `buf`, and the incomplete rest."""
-    out = []
-    while len(buf) >= 2:
-        n, mul, i = 0, 1, 1
-        while True:
-            if i >= len(buf):
-                return out, buf
-            b = buf[i]
-            n += (b & 0x7F) * mul
-            mul *= 128
-            i += 1
-            if not b & 0x80:
-                break
-        if len(buf) < i + n:
-            break
-        out.append(buf[: i + n])
-        buf = buf[i + n :]
-    return out, buf
-
-
 def read_until_closed(s: socket.socket, timeout: float = 5.0) -> list[bytes]:
     """Every packet the server sends until it closes the connection (bounded by `timeout`)."""
     deadline = time.monotonic() + timeout
@@ -95,19 +68,6 @@ def read_until_closed(s: socket.socket, timeout: float = 5.0) -> list[bytes]:
     pkts, rest = split_packets(data)
     assert not rest, data
     return pkts
-
-
-def read_packets(s: socket.socket, n: int, timeout: float = 5.0) -> list[bytes]:
-    s.settimeout(timeout)
-    got: list[bytes] = []
-    buf = b""
-    while len(got) < n:
-        chunk = s.recv(65536)
-        assert chunk, f"closed after {len(got)} packets: {got}"
-        pkts, buf = split_packets(buf + chunk)
-        got += pkts
-    assert not buf and len(got) == n, got
-    return got
 
 
 def parse_connack_props(connack: bytes) -> dict[int, int]:

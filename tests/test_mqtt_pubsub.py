@@ -12,7 +12,17 @@ import time
 
 import pytest
 from mqtt_broker import broker, embedded  # noqa: F401 - the fixtures
-from mqtt_helpers import CONNECT, PUBLISH, SUBSCRIBE, V5, V311, Client, props
+from mqtt_helpers import (
+    CONNECT,
+    PUBLISH,
+    SUBSCRIBE,
+    V5,
+    V311,
+    Client,
+    props,
+    read_packets,
+    split_packets,
+)
 
 
 def _sub(broker, cid, filt, qos=0, version=V311, **kw):
@@ -245,44 +255,10 @@ def _v5_subscribe(filt: bytes, qos: int, pid: int = 1) -> bytes:
     return bytes([0x82, len(body)]) + body
 
 
-def _packets(buf: bytes) -> tuple[list[bytes], bytes]:
-    """Split whole MQTT packets off `buf` (remaining length < 2 MiB)."""
-    out = []
-    while len(buf) >= 2:
-        n, mul, i = 0, 1, 1
-        while True:
-            if i >= len(buf):
-                return out, buf
-            b = buf[i]
-            n += (b & 0x7F) * mul
-            mul *= 128
-            i += 1
-            if not b & 0x80:
-                break
-        if len(buf) < i + n:
-            break
-        out.append(buf[: i + n])
-        buf = buf[i + n :]
-    return out, buf
-
-
-def _read_packets(s: socket.socket, n: int, timeout: float = 5.0) -> list[bytes]:
-    s.settimeout(timeout)
-    got: list[bytes] = []
-    buf = b""
-    while len(got) < n:
-        chunk = s.recv(65536)
-        assert chunk, f"closed after {len(got)} packets"
-        pkts, buf = _packets(buf + chunk)
-        got += pkts
-    assert not buf
-    return got
-
-
 def _raw_v5(broker, cid: bytes, **kw) -> socket.socket:
     s = socket.create_connection(("127.0.0.1", broker.port))
     s.sendall(_v5_connect(cid, **kw))
-    (connack,) = _read_packets(s, 1)
+    (connack,) = read_packets(s, 1)
     assert connack[0] == 0x20 and connack[3] == 0
     return s
 
@@ -290,29 +266,29 @@ def _raw_v5(broker, cid: bytes, **kw) -> socket.socket:
 def test_15_outbound_receive_maximum(broker):
     s = _raw_v5(broker, b"rm2", receive_max=2)
     s.sendall(_v5_subscribe(b"rm/t", 1))
-    assert _read_packets(s, 1)[0][0] == 0x90
+    assert read_packets(s, 1)[0][0] == 0x90
     pub = Client(broker.port, "p").connect()
     for i in range(5):
         pub.publish("rm/t", f"{i}", 1)
-    first = _read_packets(s, 2)
+    first = read_packets(s, 2)
     assert [p[0] & 0xF6 for p in first] == [0x32, 0x32]
     s.settimeout(0.5)
     with pytest.raises(TimeoutError):
         s.recv(100)  # window of 2 is full: nothing more until an ack
     pid = first[0][2 + 2 + 4 : 2 + 2 + 4 + 2]
     s.sendall(b"\x40\x02" + pid)  # PUBACK the first
-    (third,) = _read_packets(s, 1)
+    (third,) = read_packets(s, 1)
     assert third.endswith(b"2")
 
 
 def test_16_client_maximum_packet_size(broker):
     s = _raw_v5(broker, b"mps", max_packet=64)
     s.sendall(_v5_subscribe(b"mp/t", 0))
-    assert _read_packets(s, 1)[0][0] == 0x90
+    assert read_packets(s, 1)[0][0] == 0x90
     pub = Client(broker.port, "p").connect()
     pub.publish("mp/t", b"x" * 200, 1)  # too large for this client: skipped
     pub.publish("mp/t", b"small", 1)
-    (p,) = _read_packets(s, 1)
+    (p,) = read_packets(s, 1)
     assert p.endswith(b"small")
 
 
@@ -330,7 +306,7 @@ def test_17_inbound_receive_maximum_exceeded(broker):
         if not chunk:
             break
         data += chunk
-    pkts_in, _ = _packets(data)
+    pkts_in, _ = split_packets(data)
     assert pkts_in[-1][0] == 0xE0 and pkts_in[-1][2] == 0x93  # DISCONNECT receive max exceeded
 
 
@@ -339,9 +315,9 @@ def test_18_backpressure_slow_reader_does_not_stall_others(broker):
     slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     slow.connect(("127.0.0.1", broker.port))
     slow.sendall(_v5_connect(b"slow"))
-    _read_packets(slow, 1)
+    read_packets(slow, 1)
     slow.sendall(_v5_subscribe(b"bp/t", 0))
-    _read_packets(slow, 1)
+    read_packets(slow, 1)
     fast = _sub(broker, "fast", "bp/t", 0)
     pub = Client(broker.port, "p").connect()
     n = 600
@@ -352,7 +328,7 @@ def test_18_backpressure_slow_reader_does_not_stall_others(broker):
     assert [int.from_bytes(m.payload[:4], "big") for m in got] == list(range(n))
     assert broker.stats()["write_pauses"] > 0  # the slow socket did push back
     # The slow reader was skipped while unwritable and resumed: everything arrives, in order.
-    msgs = _read_packets(slow, n, timeout=30)
+    msgs = read_packets(slow, n, timeout=30)
     seqs = [int.from_bytes(p[-8004:-8000], "big") for p in msgs]
     assert seqs == list(range(n))
 
@@ -360,12 +336,12 @@ def test_18_backpressure_slow_reader_does_not_stall_others(broker):
 def test_19_shared_member_leaving_hands_over_unacked(broker):
     a = _raw_v5(broker, b"member-a")
     a.sendall(_v5_subscribe(b"$share/g/ho/t", 1))
-    assert _read_packets(a, 1)[0][0] == 0x90
+    assert read_packets(a, 1)[0][0] == 0x90
     b = _sub(broker, "member-b", "$share/g/ho/t", 1, V5)
     pub = Client(broker.port, "p").connect()
     pub.publish("ho/t", b"one", 1)
     pub.publish("ho/t", b"two", 1)
-    got_a = _read_packets(a, 1)  # round robin: one of them went to A, which never acks
+    got_a = read_packets(a, 1)  # round robin: one of them went to A, which never acks
     a.close()
     got_b = b.expect(2, timeout=10)
     assert sorted(m.payload for m in got_b) == [b"one", b"two"]
