@@ -1,4 +1,4 @@
-"""MQTT over WebSocket (subprotocol `mqtt`, path `/mqtt`): an adapter in front of the MQTT protocol.
+"""MQTT over WebSocket (subprotocol `mqtt` or `mqttv3.1`, path `/mqtt`): an adapter in front of the MQTT protocol.
 
 `WebSocketProtocol` owns the socket. wsproto (sans-IO) does the HTTP upgrade and parses the
 client's masked frames; once upgraded, the inner MQTT protocol is handed a `WsTransport` shim and
@@ -31,6 +31,7 @@ from wsproto.events import (
 from wsproto.utilities import RemoteProtocolError
 
 log = logging.getLogger("lightgate.mqtt.ws")
+SUBPROTOCOLS = ("mqtt", "mqttv3.1")
 
 
 def ws_binary_frame(payload: bytes | bytearray | memoryview, _h1: bytes = b"\x82") -> bytes:
@@ -133,10 +134,12 @@ class WebSocketProtocol(asyncio.Protocol):
         if path != self._path:
             self._reject(404)
             return
-        if "mqtt" not in req.subprotocols:
+        # `mqtt` (3.1.1 and 5.0); `mqttv3.1` is what MQTT 3.1 clients (e.g. Paho JS 1.0) offer.
+        chosen = next((p for p in req.subprotocols if p in SUBPROTOCOLS), None)
+        if chosen is None:
             self._reject(400)
             return
-        self.transport.write(self._ws.send(AcceptConnection(subprotocol="mqtt")))
+        self.transport.write(self._ws.send(AcceptConnection(subprotocol=chosen)))
         self._inner = self._factory()
         self._inner.connection_made(WsTransport(self))
 

@@ -108,6 +108,12 @@ def test_51_websocket_subprotocol_and_framing(broker):
             ws_connect(url, subprotocols=subprotocols, open_timeout=5)
         assert exc.value.response.status_code == 400
 
+    # MQTT 3.1 clients offer `mqttv3.1`: accepted and echoed, and MQIsdp works over it.
+    with ws_connect(url, subprotocols=["mqttv3.1"], open_timeout=5) as ws:
+        assert ws.subprotocol == "mqttv3.1"
+        ws.send(connect_packet(b"ws-v31", name=b"MQIsdp", level=3))
+        assert ws.recv(timeout=5) == b"\x20\x02\x00\x00"
+
     with ws_connect(url, subprotocols=["mqtt"], open_timeout=5) as ws:
         assert ws.subprotocol == "mqtt"
         pkt = connect_packet(b"ws-frames")
