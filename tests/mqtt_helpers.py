@@ -248,20 +248,29 @@ def raw(port: int) -> socket.socket:
     return s
 
 
+def read_varint(buf: bytes, i: int) -> tuple[int, int] | None:
+    """The MQTT variable byte integer at `buf[i]` and the index after it; None if `buf` ends
+    inside it."""
+    n, mul = 0, 1
+    while True:
+        if i >= len(buf):
+            return None
+        b = buf[i]
+        n += (b & 0x7F) * mul
+        mul *= 128
+        i += 1
+        if not b & 0x80:
+            return n, i
+
+
 def split_packets(buf: bytes) -> tuple[list[bytes], bytes]:
     """Whole MQTT packets off the front of `buf`, and the incomplete rest."""
     out = []
     while len(buf) >= 2:
-        n, mul, i = 0, 1, 1
-        while True:
-            if i >= len(buf):
-                return out, buf
-            b = buf[i]
-            n += (b & 0x7F) * mul
-            mul *= 128
-            i += 1
-            if not b & 0x80:
-                break
+        got = read_varint(buf, 1)
+        if got is None:
+            return out, buf
+        n, i = got
         if len(buf) < i + n:
             break
         out.append(buf[: i + n])

@@ -11,7 +11,17 @@ import time
 
 import pytest
 from mqtt_broker import broker, embedded  # noqa: F401 - the fixtures
-from mqtt_helpers import CONNECT, V5, WILLMESSAGE, Client, props, raw, read_packets, split_packets
+from mqtt_helpers import (
+    CONNECT,
+    V5,
+    WILLMESSAGE,
+    Client,
+    props,
+    raw,
+    read_packets,
+    read_varint,
+    split_packets,
+)
 
 
 def varint(n: int) -> bytes:
@@ -72,19 +82,11 @@ def read_until_closed(s: socket.socket, timeout: float = 5.0) -> list[bytes]:
 
 def parse_connack_props(connack: bytes) -> dict[int, int]:
     """The integer properties of a v5 CONNACK (id -> value); strings/binaries skipped."""
-    i = 1
-    while connack[i] & 0x80:  # skip the remaining length
-        i += 1
-    i += 1
-    i += 2  # flags, reason code
-    n, mul = 0, 1
-    while True:
-        b = connack[i]
-        n += (b & 0x7F) * mul
-        mul *= 128
-        i += 1
-        if not b & 0x80:
-            break
+    got = read_varint(connack, 1)  # the remaining length
+    assert got is not None, connack
+    got = read_varint(connack, got[1] + 2)  # after flags and reason code: properties length
+    assert got is not None, connack
+    n, i = got
     end = i + n
     out: dict[int, int] = {}
     sizes = {0x11: 4, 0x13: 2, 0x21: 2, 0x22: 2, 0x24: 1, 0x25: 1, 0x27: 4, 0x28: 1, 0x29: 1}
