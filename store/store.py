@@ -45,23 +45,27 @@ from store.mapping import (
     MqttMessage,
     check_publish_topic,
     escape_level,
-    headers_for,
     is_valid_log_topic,
     partition_for_key,
 )
-from store.record_batch import _CBuilder, build_batch, split_batches
+from store.mqtt_batches import build_mqtt_batches
+from store.record_batch import split_batches
 
 log = logging.getLogger("lightgate.store")
 
 CLEAN_SHUTDOWN = "clean-shutdown"
 TOPICS_FILE = "topics.json"
-MQTT_BATCH_BYTES = 1 << 20  # an MQTT append is cut into batches of about this many bytes
 
 
 @dataclass(slots=True)
 class AppendResult:
-    offsets: list[tuple[str, int, int]]  # (log topic, partition, offset) per message / per record
+    """What an append returns. In-process, `offsets` are known at once and `staged` is None;
+    through `store.remote.RemoteStore` they arrive with the core's reply: `offsets` is None until
+    `staged` resolves (with the same list), and both futures fail if the core refused the append."""
+
+    offsets: list[tuple[str, int, int]] | None  # (log topic, partition, offset) per message/record
     durable: asyncio.Future[None]  # resolves when durable under the topic's fsync policy
+    staged: asyncio.Future[list[tuple[str, int, int]]] | None = None
 
 
 def _log_failure(fut: Future[Any], what: str) -> None:
@@ -291,59 +295,24 @@ class Store:
         if self._closed:
             raise StoreError("store is closed")
         routes = self._routes
-        groups: dict[Log, list[int]] = {}
-        rs = []
-        for i, m in enumerate(messages):
-            r = routes.get(m.topic) or self._route(m.topic)
-            rs.append(r)
-            g = groups.get(r[3])
-            if g is None:
-                groups[r[3]] = [i]
-            else:
-                g.append(i)
-        for lg in groups:
+
+        def route(topic: str) -> tuple[Log, bytes]:
+            r = routes.get(topic) or self._route(topic)
+            return r[3], r[2]
+
+        batches = build_mqtt_batches(messages, route, int(time.time() * 1000))
+        for lg, *_ in batches:
             if lg.failed is not None:
                 raise StoreError(f"partition {lg.name} is offline after a failed fsync")
-        now = int(time.time() * 1000)
         offsets: list[Any] = [None] * len(messages)
-        qos_b = (b"0", b"1", b"2")
-        cids: dict[str, bytes] = {}
-        for lg, idxs in groups.items():
-            j0 = 0
-            while j0 < len(idxs):
-                b = _CBuilder(2, 0, 0, -1, -1, -1, 1 << 62) if _CBuilder is not None else None
-                recs = []
-                max_ts, nbytes, j = 0, 0, j0
-                while j < len(idxs) and nbytes < MQTT_BATCH_BYTES:
-                    i = idxs[j]
-                    m = messages[i]
-                    ts = m.timestamp_ms or now
-                    if ts > max_ts:
-                        max_ts = ts
-                    if m.properties is None and not m.retain:
-                        cid = cids.get(m.client_id)
-                        if cid is None:
-                            cid = cids[m.client_id] = m.client_id.encode()
-                        hs: list[tuple[str, bytes | None]] = [
-                            ("mqtt.qos", qos_b[m.qos]),
-                            ("mqtt.client_id", cid),
-                        ]
-                    else:
-                        hs = headers_for(m)
-                    key = rs[i][2]
-                    if b is not None:
-                        b.append(j - j0, ts, key, m.payload, hs)
-                    else:
-                        recs.append((ts, key, m.payload, hs))
-                    nbytes += len(m.payload) + len(key) + 40
-                    j += 1
-                buf = b.build() if b is not None else build_batch(recs)
-                base = lg.stage(buf, j - j0, max_ts)
-                topic, part = lg.topic, lg.partition
-                for k in range(j0, j):
-                    offsets[idxs[k]] = (topic, part, base + k - j0)
-                j0 = j
-        return AppendResult(offsets, self._commit.enqueue(groups, sync))
+        staged: dict[Log, list[int]] = {}
+        for lg, buf, n, max_ts, idxs in batches:
+            base = lg.stage(buf, n, max_ts)
+            staged[lg] = idxs
+            topic, part = lg.topic, lg.partition
+            for k, i in enumerate(idxs):
+                offsets[i] = (topic, part, base + k)
+        return AppendResult(offsets, self._commit.enqueue(staged, sync))
 
     def append_batch(
         self, topic: str, partition: int, batch: bytes, sync: bool = True

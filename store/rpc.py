@@ -1,0 +1,441 @@
+"""The link between Lightgate processes: framed, symmetric RPC over one stream socket.
+
+The core process (store, light queues, Kafka) serves its store and light-queue methods to MQTT
+proxies in other processes or on other hosts (docs/architecture.md, "Processes and cores"). One
+connection per proxy carries everything in both directions, so replies keep the order in which
+the server produced them: a light-queue read that returns an entry is always answered after the
+append that made that entry was acknowledged to the same proxy (the proxy's recent-append cache
+relies on it).
+
+Wire format, sans-IO below (`encode_frame`, `FrameDecoder`), asyncio above (`RpcPeer`)::
+
+    frame  = length u32 (bytes after this field) | kind u8 | call id u32 | method u16 | body
+    CALL   the peer answers with exactly one REPLY or ERROR carrying the same call id
+    SEND   one-way; call id 0
+    REPLY  body = the method's answer
+    ERROR  body = code u16 | UTF-8 message
+    PING   empty; sent every `heartbeat` s while idle, a peer silent for 3 intervals is dropped
+
+Method numbers: 1-31 store (store.remote), 32-63 light queues (lightqueue.remote), 64-95 the
+wiring (lightgate: hello, proxy stats). A CALL to an unknown method gets ERROR `NO_SUCH_METHOD`;
+a frame longer than `max_frame` or of an unknown kind is a protocol error that closes the link.
+
+Why not the Kafka protocol for this: the proxy also needs light-queue reads, holds, sessions and
+retained messages, which Kafka has no APIs for, and per-tick multi-partition appends whose
+offsets come back before their fsync; a 11-byte header keeps the hot path cheap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+log = logging.getLogger("lightgate.rpc")
+
+CALL, SEND, REPLY, ERROR, PING = 1, 2, 3, 4, 5
+HEAD = struct.Struct(">IBIH")  # length, kind, call id, method
+HEAD_SIZE = HEAD.size  # 11
+_LEN = struct.Struct(">I")
+_ERR = struct.Struct(">H")
+MAX_FRAME = 256 << 20
+
+# ERROR codes (u16). Methods may define their own from 100 up.
+INTERNAL, NO_SUCH_METHOD, BAD_REQUEST, CLOSED = 1, 2, 3, 4
+
+
+class RpcError(Exception):
+    """A call failed on the peer (or the link went away before its answer)."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class FrameError(ValueError):
+    """The peer broke the framing: the link is closed."""
+
+
+def encode_frame(kind: int, call_id: int, method: int, body: bytes = b"") -> bytes:
+    return HEAD.pack(len(body) + 7, kind, call_id, method) + body
+
+
+def error_body(code: int, message: str) -> bytes:
+    return _ERR.pack(code) + message.encode("utf-8", "replace")
+
+
+def parse_error(body: bytes) -> RpcError:
+    if len(body) < 2:
+        return RpcError(INTERNAL, "malformed error frame")
+    return RpcError(_ERR.unpack_from(body)[0], body[2:].decode("utf-8", "replace"))
+
+
+class FrameDecoder:
+    """Bytes in, `(kind, call id, method, body)` out. Keeps only the unparsed tail."""
+
+    __slots__ = ("_buf", "max_frame")
+
+    def __init__(self, max_frame: int = MAX_FRAME) -> None:
+        self._buf = bytearray()
+        self.max_frame = max_frame
+
+    def feed(self, data: bytes) -> list[tuple[int, int, int, bytes]]:
+        # Whole frames inside one chunk (the common case) are sliced from `data` itself; only a
+        # partial tail is kept, in a bytearray that grows in place (no quadratic re-joining of a
+        # multi-megabyte frame that arrives in many chunks).
+        tail = self._buf
+        if tail:
+            tail += data
+            buf: Any = tail
+        else:
+            buf = data
+        out = []
+        pos, n = 0, len(buf)
+        unpack = HEAD.unpack_from
+        while n - pos >= HEAD_SIZE:
+            length, kind, call_id, method = unpack(buf, pos)
+            if length < 7 or length > self.max_frame:
+                raise FrameError(f"frame length {length} outside 7..{self.max_frame}")
+            if not CALL <= kind <= PING:
+                raise FrameError(f"unknown frame kind {kind}")
+            end = pos + 4 + length
+            if end > n:
+                break
+            out.append((kind, call_id, method, bytes(buf[pos + HEAD_SIZE : end])))
+            pos = end
+        if buf is tail:
+            del tail[:pos]
+        elif pos < n:
+            self._buf = bytearray(buf[pos:])
+        return out
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buf)
+
+
+# A method: (peer, body) -> reply bytes, an awaitable of reply bytes, or None (SEND only).
+Handler = Callable[["RpcPeer", bytes], "bytes | Awaitable[bytes] | None"]
+
+
+class RpcPeer(asyncio.Protocol):
+    """One end of a link. Event-loop-only.
+
+    `methods` are what the other side may call or send. `call` returns a future of the reply
+    body (RpcError on ERROR or when the link is lost first); `send` is one-way. Frames written in
+    one loop tick go out in one write. `paused` is True while the transport's write buffer is
+    over its high-water mark (callers throttle their own producers on it).
+    """
+
+    def __init__(
+        self,
+        methods: dict[int, Handler],
+        *,
+        name: str = "peer",
+        heartbeat: float = 2.0,
+        max_frame: int = MAX_FRAME,
+        on_lost: Callable[[RpcPeer, Exception | None], None] | None = None,
+        on_pause: Callable[[bool], None] | None = None,
+    ) -> None:
+        self.methods = methods
+        self.name = name
+        self._decoder = FrameDecoder(max_frame)
+        self._heartbeat = heartbeat
+        self._on_lost = on_lost
+        self.on_pause = on_pause
+        self.transport: asyncio.Transport | None = None
+        self._next_id = 0
+        self._calls: dict[int, asyncio.Future[bytes]] = {}
+        self._out: list[bytes] = []
+        self._flush_scheduled = False
+        self._loop = asyncio.get_running_loop()
+        self._timer: asyncio.TimerHandle | None = None
+        self._last_rx = time.monotonic()
+        self.paused = False
+        self.closed: asyncio.Future[None] = self._loop.create_future()
+        self.state: dict[str, Any] = {}  # what the application keeps per link (holds, proxy id)
+
+    # -- asyncio.Protocol ----------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        transport.set_write_buffer_limits(high=4 << 20)
+        if self._heartbeat:
+            self._timer = self._loop.call_later(self._heartbeat, self._tick)
+
+    def data_received(self, data: bytes) -> None:
+        self._last_rx = time.monotonic()
+        try:
+            frames = self._decoder.feed(data)
+        except FrameError as exc:
+            log.warning("rpc link %s: %s; closing", self.name, exc)
+            self.abort()
+            return
+        for kind, call_id, method, body in frames:
+            if kind in (REPLY, ERROR):
+                fut = self._calls.pop(call_id, None)
+                if fut is not None and not fut.done():
+                    if kind == REPLY:
+                        fut.set_result(body)
+                    else:
+                        fut.set_exception(parse_error(body))
+            elif kind in (CALL, SEND):
+                self._dispatch(kind, call_id, method, body)
+
+    def _dispatch(self, kind: int, call_id: int, method: int, body: bytes) -> None:
+        handler = self.methods.get(method)
+        if handler is None:
+            if kind == CALL:
+                self._error(call_id, NO_SUCH_METHOD, f"no method {method}")
+            return
+        try:
+            res = handler(self, body)
+        except RpcError as exc:
+            if kind == CALL:
+                self._error(call_id, exc.code, str(exc))
+            else:
+                log.warning("rpc link %s: one-way method %d failed: %s", self.name, method, exc)
+            return
+        except Exception as exc:
+            log.exception("rpc link %s: method %d failed", self.name, method)
+            if kind == CALL:
+                self._error(call_id, INTERNAL, f"{type(exc).__name__}: {exc}")
+            return
+        if kind != CALL:
+            return
+        if isinstance(res, (bytes, bytearray)):
+            self._write(encode_frame(REPLY, call_id, method, bytes(res)))
+        elif res is None:
+            self._write(encode_frame(REPLY, call_id, method))
+        else:
+            fut = asyncio.ensure_future(res)
+            fut.add_done_callback(lambda f: self._answer(call_id, method, f))
+
+    def _answer(self, call_id: int, method: int, fut: asyncio.Future[Any]) -> None:
+        if fut.cancelled():
+            self._error(call_id, INTERNAL, "cancelled")
+            return
+        exc = fut.exception()
+        if exc is None:
+            self._write(encode_frame(REPLY, call_id, method, bytes(fut.result() or b"")))
+        elif isinstance(exc, RpcError):
+            self._error(call_id, exc.code, str(exc))
+        else:
+            log.error("rpc link %s: method %d failed: %r", self.name, method, exc)
+            self._error(call_id, INTERNAL, f"{type(exc).__name__}: {exc}")
+
+    def _error(self, call_id: int, code: int, message: str) -> None:
+        self._write(encode_frame(ERROR, call_id, 0, error_body(code, message)))
+
+    def pause_writing(self) -> None:
+        self.paused = True
+        if self.on_pause is not None:
+            self.on_pause(True)
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        if self.on_pause is not None:
+            self.on_pause(False)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        calls, self._calls = self._calls, {}
+        for fut in calls.values():
+            if not fut.done():
+                fut.set_exception(RpcError(CLOSED, f"link {self.name} closed"))
+        self._out.clear()
+        if not self.closed.done():
+            self.closed.set_result(None)
+        if self._on_lost is not None:
+            self._on_lost(self, exc)
+
+    # -- calling -------------------------------------------------------------------------------
+    def start_call(self, method: int, body: bytes = b"") -> tuple[int, asyncio.Future[bytes]]:
+        """Send a CALL; (its call id, the future of its reply body)."""
+        fut: asyncio.Future[bytes] = self._loop.create_future()
+        if self.is_closing():
+            fut.set_exception(RpcError(CLOSED, f"link {self.name} closed"))
+            return 0, fut
+        self._next_id = call_id = (self._next_id % 0xFFFFFFFF) + 1
+        self._calls[call_id] = fut
+        self._write(encode_frame(CALL, call_id, method, body))
+        return call_id, fut
+
+    def call(self, method: int, body: bytes = b"") -> asyncio.Future[bytes]:
+        return self.start_call(method, body)[1]
+
+    def send(self, method: int, body: bytes = b"") -> bool:
+        """One-way; False when the link is closed (nothing sent)."""
+        if self.is_closing():
+            return False
+        self._write(encode_frame(SEND, 0, method, body))
+        return True
+
+    def is_closing(self) -> bool:
+        return self.transport is None or self.transport.is_closing()
+
+    # -- writing -------------------------------------------------------------------------------
+    def _write(self, frame: bytes) -> None:
+        if self.transport is None or self.transport.is_closing():
+            return
+        if len(frame) >= 65536:  # big bodies go out at once, not copied into a join
+            if self._out:
+                self._flush()
+            self.transport.write(frame)
+            return
+        self._out.append(frame)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        out = self._out
+        if not out or self.transport is None:
+            out.clear()
+            return
+        data = out[0] if len(out) == 1 else b"".join(out)
+        out.clear()
+        if not self.transport.is_closing():
+            self.transport.write(data)
+
+    def _tick(self) -> None:
+        self._timer = None
+        if self.transport is None or self.transport.is_closing():
+            return
+        silent = time.monotonic() - self._last_rx
+        if silent > 3 * self._heartbeat:
+            log.warning("rpc link %s silent for %.1f s; closing", self.name, silent)
+            self.abort()
+            return
+        self._write(encode_frame(PING, 0, 0))
+        self._timer = self._loop.call_later(self._heartbeat, self._tick)
+
+    def close(self) -> None:
+        """Write what is queued, then close."""
+        self._flush()
+        if self.transport is not None:
+            self.transport.close()
+
+    def abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+
+
+def parse_address(address: str) -> tuple[str, str | int]:
+    """`unix:/path` → ("unix", path); `host:port` → (host, port)."""
+    if address.startswith("unix:"):
+        return "unix", address[5:]
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"address {address!r}: expected unix:/path or host:port")
+    return host or "127.0.0.1", int(port)
+
+
+class RpcServer:
+    """Accepts links on a TCP port or a Unix socket; every link is an `RpcPeer` on `methods`."""
+
+    def __init__(
+        self,
+        methods: dict[int, Handler],
+        *,
+        on_connect: Callable[[RpcPeer], None] | None = None,
+        on_lost: Callable[[RpcPeer, Exception | None], None] | None = None,
+        heartbeat: float = 2.0,
+    ) -> None:
+        self.methods = methods
+        self._on_connect = on_connect
+        self._on_lost = on_lost
+        self._heartbeat = heartbeat
+        self._server: asyncio.AbstractServer | None = None
+        self.peers: set[RpcPeer] = set()
+        self.address = ""
+
+    def _make(self) -> RpcPeer:
+        peer = RpcPeer(self.methods, name="server", heartbeat=self._heartbeat, on_lost=self._lost)
+        self.peers.add(peer)
+        if self._on_connect is not None:
+            self._on_connect(peer)
+        return peer
+
+    def _lost(self, peer: RpcPeer, exc: Exception | None) -> None:
+        self.peers.discard(peer)
+        if self._on_lost is not None:
+            self._on_lost(peer, exc)
+
+    async def start(self, address: str) -> str:
+        """Listen on `address` (port 0 picks one); returns the actual address."""
+        loop = asyncio.get_running_loop()
+        host, port = parse_address(address)
+        if host == "unix":
+            import os
+
+            path = str(port)
+            if os.path.exists(path):
+                os.unlink(path)  # a stale socket from a killed process; DATA/LOCK is ours
+            self._server = await loop.create_unix_server(self._make, path)
+            self.address = f"unix:{path}"
+        else:
+            self._server = await loop.create_server(self._make, host, int(port), reuse_address=True)
+            sock = self._server.sockets[0].getsockname()
+            self.address = f"{sock[0]}:{sock[1]}"
+        return self.address
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for peer in list(self.peers):
+            peer.close()
+        if self._server is not None:
+            try:
+                await asyncio.wait_for(self._server.wait_closed(), 2.0)
+            except (TimeoutError, Exception):
+                pass
+            self._server = None
+
+
+async def connect(
+    address: str,
+    methods: dict[int, Handler],
+    *,
+    name: str = "client",
+    heartbeat: float = 2.0,
+    on_lost: Callable[[RpcPeer, Exception | None], None] | None = None,
+    timeout: float = 10.0,
+) -> RpcPeer:
+    """Open a link to an `RpcServer`."""
+    loop = asyncio.get_running_loop()
+    host, port = parse_address(address)
+
+    def make() -> RpcPeer:
+        return RpcPeer(methods, name=name, heartbeat=heartbeat, on_lost=on_lost)
+
+    if host == "unix":
+        coro = loop.create_unix_connection(make, str(port))
+    else:
+        coro = loop.create_connection(make, host, int(port))
+    _, peer = await asyncio.wait_for(coro, timeout)
+    return peer
+
+
+# -- body helpers shared by the services ---------------------------------------------------------
+_U16 = struct.Struct(">H")
+
+
+def put_str(out: list[bytes], s: str) -> None:
+    b = s.encode("utf-8")
+    out.append(_U16.pack(len(b)))
+    out.append(b)
+
+
+def get_str(buf: bytes, pos: int) -> tuple[str, int]:
+    (n,) = _U16.unpack_from(buf, pos)
+    end = pos + 2 + n
+    if end > len(buf):
+        raise RpcError(BAD_REQUEST, "truncated string")
+    return buf[pos + 2 : end].decode("utf-8"), end
