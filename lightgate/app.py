@@ -33,6 +33,8 @@ class Gateway:
         self.endpoints: dict[str, tuple[str, int]] = {}
         self._closers: list[Any] = []
         self._stats_sources: list[tuple[str, Any]] = []  # (metric prefix, source)
+        self.core_link: Any = None  # mqtt_processes > 0: the link the proxy process uses
+        self.supervisor: Any = None  # ... and what watches that process
 
     async def start(self) -> None:
         cfg = self.cfg
@@ -81,6 +83,9 @@ class Gateway:
             and not (cfg.tls_cert and cfg.mqtts_port != -1)
         ):
             return
+        if cfg.mqtt_processes > 0:
+            await self._start_proxy_process(queues, notifier)
+            return
         mqtt = MqttServer(self.store, queues, notifier, ProxySettings.from_config(cfg))
         await mqtt.start()
         self._closers.append(mqtt)
@@ -93,6 +98,41 @@ class Gateway:
             )
         if cfg.ws_port != -1:
             self.endpoints["ws"] = await mqtt.start_ws(cfg.host, cfg.ws_port)
+
+    async def _start_proxy_process(self, queues: Any, notifier: Any) -> None:
+        """`mqtt_processes = 1`: the core link and notify over TCP, then the proxy child
+        (lightgate/split.py), whose listeners become this gateway's MQTT endpoints."""
+        from lightgate.split import CoreLink, ProxySupervisor, core_address
+        from notify import TcpNotifyServer
+
+        cfg = self.cfg
+        assert self.store is not None
+        link = CoreLink(self.store, queues)
+        publish, on_round = notifier.publish, link.queue_service.on_round
+
+        def sink(events: Any) -> None:
+            publish(events)
+            on_round()
+
+        queues.set_sink(sink)
+        address = await link.start(core_address(cfg))
+        self._closers.append(link)
+        notify_host = cfg.host if cfg.core_listen else "127.0.0.1"
+        if "notify" in self.endpoints:
+            nport = self.endpoints["notify"][1]
+        else:
+            tcp = TcpNotifyServer(notifier, notify_host, max(cfg.notify_port, 0))
+            await tcp.start()
+            self._closers.append(tcp)
+            nport = tcp.port
+        if notify_host in ("0.0.0.0", "::", ""):
+            notify_host = "127.0.0.1"
+        supervisor = ProxySupervisor(cfg, address, f"{notify_host}:{nport}")
+        self._closers.append(supervisor)
+        self.endpoints.update(await supervisor.start())
+        self._stats_sources.append(("mqtt_", link))
+        self.core_link = link
+        self.supervisor = supervisor
 
     async def _start_kafka(self) -> None:
         cfg = self.cfg
@@ -123,13 +163,18 @@ class Gateway:
         ]
         return "lightgate ready " + " ".join(parts)
 
-    def metrics(self) -> dict[str, float | int]:
+    async def metrics(self) -> dict[str, float | int]:
         out: dict[str, float | int] = {"uptime_seconds": round(time.time() - self.started_at, 1)}
         for prefix, source in self._stats_sources:
             stats = getattr(source, "stats", None)
             if stats is None:
-                continue
-            for key, value in stats().items():
+                stats = getattr(source, "proxy_stats", None)  # the proxy process, over the link
+                if stats is None:
+                    continue
+            values = stats()
+            if asyncio.iscoroutine(values):
+                values = await values
+            for key, value in values.items():
                 # Prometheus carries numbers only; labels such as a version string go to /health.
                 if isinstance(value, (int, float)) and not key.startswith("uptime"):
                     out[prefix + key] = value

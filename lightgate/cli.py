@@ -7,7 +7,13 @@ import asyncio
 import sys
 from collections.abc import Sequence
 
-from lightgate.config import ConfigError, GatewayConfig, config_keys, load_config
+from lightgate.config import (
+    ConfigError,
+    GatewayConfig,
+    config_from_json,
+    config_keys,
+    load_config,
+)
 from lightgate.logs import setup_logging
 
 _SERVE_FLAGS = ("data_dir", "host", "mqtt_port", "mqtts_port", "ws_port", "kafka_port", "http_port")
@@ -56,6 +62,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_common(rebuild)
 
+    proxy = sub.add_parser(
+        "proxy",
+        help="run an MQTT proxy against a core (`serve` starts one itself with mqtt_processes=1)",
+        description="Run the MQTT listeners, sessions and delivery in this process, with the "
+        "store and light queues of a core reached over its core link (`core_listen`) and notify "
+        "over TCP (`notify_port`). Listener flags and --set work as for serve.",
+    )
+    _add_common(proxy)
+    proxy.add_argument("--core", required=True, help="core link address: host:port or unix:/path")
+    proxy.add_argument("--notify", required=True, help="the core's notify listener, host:port")
+    proxy.add_argument("--proxy-id", default="mqtt-1", help="this proxy's id (default mqtt-1)")
+    proxy.add_argument("--host", help="listen address (default 127.0.0.1)")
+    for flag, default in (("mqtt-port", 1883), ("mqtts-port", 8883), ("ws-port", 8083)):
+        proxy.add_argument(f"--{flag}", type=int, help=f"default {default}")
+    proxy.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    proxy.add_argument("--config-json", help=argparse.SUPPRESS)  # serve passes its resolved config
+    proxy.add_argument("--exit-with-parent", action="store_true", help=argparse.SUPPRESS)
+
     analytics = sub.add_parser(
         "analytics",
         help="device analytics jobs on the log with Spark (run `lightgate analytics --help`)",
@@ -100,6 +124,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         tune_gc(cfg.gc_gen0)
         return _run(serve(cfg))
+    if ns.command == "proxy":
+        from lightgate.split import exit_with_parent, run_proxy
+
+        if ns.exit_with_parent:
+            exit_with_parent()
+        if ns.config_json:
+            cfg = config_from_json(ns.config_json)
+            setup_logging(cfg.log_format, cfg.log_level)
+        tune_gc(cfg.gc_gen0)
+        return _run(run_proxy(cfg, ns.core, ns.notify, ns.proxy_id))
     if ns.command == "rebuild-queues":
         from lightgate.app import rebuild_queues
 

@@ -54,6 +54,12 @@ class GatewayConfig:
     kafka_auto_create_topics: bool = True
     kafka_max_frame_bytes: int = 100 * 1024 * 1024
 
+    # Processes: 0 runs the MQTT proxy inside `serve`; 1 runs it in a child process that reaches
+    # the store and light queues over the core link (lightgate/split.py), using a second core.
+    mqtt_processes: int = 0
+    core_listen: str = ""  # the core link's address: "" = DATA/core.sock, or host:port, unix:/path
+    recent_cache_bytes: int = 64 * 1024 * 1024  # per proxy: its appended messages kept for delivery
+
     # Notify: "inprocess" for the embedded default, "tcp" to serve proxies in other processes.
     notify_transport: str = "inprocess"
     notify_port: int = -1
@@ -164,12 +170,29 @@ def _validate(cfg: GatewayConfig) -> None:
         raise ConfigError(f"fsync: expected always, interval_ms or never, got {cfg.fsync!r}")
     if cfg.default_partitions < 1:
         raise ConfigError("default_partitions must be >= 1")
+    if cfg.mqtt_processes not in (0, 1):
+        raise ConfigError(
+            "mqtt_processes: 0 (the proxy in serve) or 1 (one proxy process); more proxies per "
+            "core need cross-proxy session ownership, which is not built yet"
+        )
+    if cfg.recent_cache_bytes < 0:
+        raise ConfigError("recent_cache_bytes must be >= 0")
     if cfg.notify_transport not in ("inprocess", "tcp"):
         raise ConfigError("notify_transport: expected inprocess or tcp")
     if bool(cfg.tls_cert) != bool(cfg.tls_key):
         raise ConfigError("tls_cert and tls_key must be set together")
     if cfg.log_format not in ("json", "text"):
         raise ConfigError("log_format: expected json or text")
+
+
+def config_from_json(text: str) -> GatewayConfig:
+    """A resolved config passed from `serve` to its proxy process (every key, already checked)."""
+    import json
+
+    values = {k: _coerce(k, v) for k, v in json.loads(text).items() if k in _FIELDS}
+    cfg = GatewayConfig(**values)
+    _validate(cfg)
+    return cfg
 
 
 def config_keys() -> dict[str, Any]:

@@ -7,14 +7,15 @@ endpoint, not a web server, so a dependency on a web framework would buy nothing
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 log = logging.getLogger("lightgate.http")
 
-MetricsFn = Callable[[], dict[str, float | int]]
+MetricsFn = Callable[[], "dict[str, float | int] | Awaitable[dict[str, float | int]]"]
 HealthFn = Callable[[], dict[str, Any]]
 
 _MAX_HEAD = 8192
@@ -74,7 +75,10 @@ class HttpServer:
         path = parts[1].split("?", 1)[0]
         try:
             if path == "/metrics":
-                body = render_prometheus(self._metrics())
+                metrics = self._metrics()
+                if inspect.isawaitable(metrics):
+                    metrics = await metrics
+                body = render_prometheus(metrics)
                 await self._reply(writer, 200, body, "text/plain; version=0.0.4")
             elif path == "/health":
                 health = self._health()

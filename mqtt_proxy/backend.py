@@ -1,40 +1,86 @@
 """The proxy's view of the layers below: store, light queues, notify, sessions, retained.
 
 One small adapter so the MQTT code names what it needs (positions, holds, retained lookups,
-session state) once, and the calls into `lightqueue` / `notify` live in one place.
+session state) once. Two implementations, one interface:
+
+- `LocalBackend`: the store, light queues and notifier live in this process (`lightgate serve`
+  by default). Every call completes before it returns; the callbacks run inside the call.
+- `RemoteBackend`: they live in the core process, reached over the core link (store.remote,
+  lightqueue.remote) and notify over TCP (docs/architecture.md, "Processes and cores"). Calls
+  that need an answer complete later, on the link's reply.
+
+So the proxy code is written in continuation style (`load(..., done)`, `acquire_many(..., done)`)
+and is correct either way; callers that must not let other work in between (a SUBSCRIBE and the
+packets behind it) block their connection until `done` runs (`MqttConnection.block`).
+
+Messages this proxy appended are kept (`remember`) keyed by log position, so delivery resolves
+them without reading the store (a light-queue entry is only (topic, partition, offset)). The
+cache is bounded by bytes, not count: a lagging subscriber within `recent_bytes` of the head
+still costs no store read.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
-from itertools import islice
 from typing import Any
 
 from mqtt_proxy.subscriptions import FilterSpec
 
 log = logging.getLogger("lightgate.mqtt.backend")
 
-RECENT_MAX = 65536  # appended messages kept for delivery without a store read
+RECENT_OVERHEAD = (
+    240  # bytes a remembered message costs besides its payload (measured, see RESULTS)
+)
+
+LoadDone = Callable[[Any, list[Any] | None], None]  # (ReadResult or None on failure, messages)
+Acquired = tuple[str, int] | str  # (queue, start sequence) or the reason it was refused
 
 
 class Backend:
-    def __init__(self, store: Any, queues: Any, notifier: Any, proxy_id: str) -> None:
+    """What both backends share: the recent-append cache and the notify side."""
+
+    def __init__(self, store: Any, notifier: Any, proxy_id: str, recent_bytes: int) -> None:
         self.store = store
-        self.queues = queues
         self.notifier = notifier
         self.proxy_id = proxy_id
         self._recent: dict[tuple[str, int, int], Any] = {}
+        self._recent_order: list[tuple[list[Any], int]] = []  # (offsets of one append, bytes)
+        self._recent_bytes = 0
+        self.recent_max = recent_bytes
 
-    # -- reading ---------------------------------------------------------------------------
-    def read(self, queue: str, from_seq: int, max_n: int) -> Any:
-        return self.queues.read(queue, from_seq, max_n)
+    async def start(self) -> None:
+        """Anything to learn from the layers below before serving clients."""
 
-    def resolve(self, entries: list[Any]) -> list[Any]:
-        """Messages for light-queue entries: from this proxy's recent appends when it published
-        them itself (no store read, no batch parse), else through the store in one batched read."""
+    # -- the recent-append cache -----------------------------------------------------------
+    def remember(self, msgs: list[Any], offsets: list[Any]) -> None:
+        """Keep what this proxy just appended, keyed by log position, for `resolve`. The
+        MqttMessage itself serves: it has every field delivery reads (timestamp set at receipt).
+        Evicted oldest append first once `recent_max` bytes are held."""
+        recent = self._recent
+        nbytes = RECENT_OVERHEAD * len(msgs)
+        for m, off in zip(msgs, offsets, strict=True):
+            if off is not None:
+                recent[off] = m
+                nbytes += len(m.payload)
+        self._recent_order.append((offsets, nbytes))
+        self._recent_bytes += nbytes
+        if self._recent_bytes > self.recent_max:
+            order = self._recent_order
+            drop = 0
+            while self._recent_bytes > self.recent_max * 7 // 8 and drop < len(order) - 1:
+                offs, n = order[drop]
+                for off in offs:
+                    recent.pop(off, None)
+                self._recent_bytes -= n
+                drop += 1
+            del order[:drop]
+
+    def _from_recent(self, entries: list[Any]) -> tuple[list[Any], list[int]]:
+        """Messages found in the recent cache, and the indexes of the entries that were not."""
         recent = self._recent
         out: list[Any] = [None] * len(entries)
         missing: list[int] = []
@@ -46,21 +92,11 @@ class Backend:
                 missing.append(i)
             else:
                 out[i] = m
-        if missing:
-            got = self.queues.resolve([entries[i] for i in missing])
-            for i, m in zip(missing, got, strict=True):
-                out[i] = m
-        return out
+        return out, missing
 
-    def remember(self, msgs: list[Any], offsets: list[tuple[str, int, int]]) -> None:
-        """Keep what this proxy just appended, keyed by log position, for `resolve`. The
-        MqttMessage itself serves: it has every field delivery reads (timestamp set at receipt)."""
-        recent = self._recent
-        recent.update(zip(offsets, msgs, strict=True))
-        over = len(recent) - RECENT_MAX
-        if over > 0:
-            for k in list(islice(recent, over + RECENT_MAX // 8)):
-                del recent[k]
+    @property
+    def recent_count(self) -> int:
+        return len(self._recent)
 
     # -- notify ----------------------------------------------------------------------------
     def set_interest(self, queue: str, on: bool) -> None:
@@ -75,24 +111,6 @@ class Backend:
         async for batch in self.notifier.batches(self.proxy_id):
             yield batch
 
-    # -- subscriptions ---------------------------------------------------------------------
-    def acquire(self, spec: FilterSpec) -> tuple[str, int]:
-        """Hold the light queue a subscription reads; (queue name, where a new one starts).
-
-        The live end for a plain filter, the first history entry for a replay (its own queue,
-        `$replay/<since>/<filter>`, which goes live after the backfill). Each acquire needs one
-        `release(queue)`; restoring a persistent session acquires again (the holds are in memory).
-        """
-        a = self.queues.acquire_filter(spec.filter, spec.replay_since_ms)
-        return a.queue, a.start_seq
-
-    def indexed(self) -> int:
-        """Records the dispatcher has indexed since it opened (a monotonic counter)."""
-        return int(self.queues.dispatcher.records)
-
-    def release(self, queue: str) -> None:
-        self.queues.release_filter(queue)
-
     def bound_replay(self, spec: FilterSpec, max_depth_ms: int) -> FilterSpec:
         """Apply `max_replay_depth_ms`: a replay never reaches further back than that."""
         floor = int(time.time() * 1000) - max_depth_ms
@@ -101,27 +119,212 @@ class Backend:
             return replace(spec, replay_since_ms=floor)
         return spec
 
-    # -- retained --------------------------------------------------------------------------
+    def close(self) -> None:
+        self.notifier.drop(self.proxy_id)
+
+    # -- the interface both implement ------------------------------------------------------
+    def load(self, queue: str, from_seq: int, max_n: int, done: LoadDone) -> None:
+        """Entries of `queue` from `from_seq` and their messages: `done(read result, msgs)`."""
+        raise NotImplementedError
+
+    def acquire_many(self, specs: list[FilterSpec], done: Callable[[list[Acquired]], None]) -> None:
+        """Hold the light queue each subscription reads (see LightQueues.acquire_filter)."""
+        raise NotImplementedError
+
+    def release(self, queue: str) -> None:
+        raise NotImplementedError
+
+    def indexed(self) -> int:
+        """Records the dispatcher has indexed since it opened (a monotonic counter)."""
+        raise NotImplementedError
+
     def retain(self, msg: Any, offset: tuple[str, int, int]) -> None:
         """Set (or, with an empty payload, clear) the retained message of `msg.topic`."""
+        raise NotImplementedError
+
+    def retained_for(self, filt: str, done: Callable[[list[Any]], None]) -> None:
+        """Unexpired retained messages matching `filt` (a tree walk, not a scan)."""
+        raise NotImplementedError
+
+    async def load_sessions(self) -> list[dict[str, Any]]:
+        raise NotImplementedError
+
+    def save_sessions(
+        self, items: list[tuple[str, dict[str, Any]]], done: Callable[[], None] | None = None
+    ) -> None:
+        """Write session states; `done` runs once they are written (SUBACK waits for it)."""
+        raise NotImplementedError
+
+    def delete_session(self, client_id: str) -> None:
+        raise NotImplementedError
+
+    async def acquire_all(self, specs: list[FilterSpec]) -> list[Acquired]:
+        """`acquire_many` as a coroutine (session restore at start)."""
+        fut: asyncio.Future[list[Acquired]] = asyncio.get_running_loop().create_future()
+        self.acquire_many(specs, fut.set_result)
+        return await fut
+
+
+class LocalBackend(Backend):
+    """Store, light queues and notifier in this process: every call answers at once."""
+
+    def __init__(
+        self, store: Any, queues: Any, notifier: Any, proxy_id: str, recent_bytes: int
+    ) -> None:
+        super().__init__(store, notifier, proxy_id, recent_bytes)
+        self.queues = queues
+
+    def load(self, queue: str, from_seq: int, max_n: int, done: LoadDone) -> None:
+        res = self.queues.read(queue, from_seq, max_n)
+        msgs, missing = self._from_recent(res.entries)
+        if missing:
+            entries = res.entries
+            got = self.queues.resolve([entries[i] for i in missing])
+            for i, m in zip(missing, got, strict=True):
+                msgs[i] = m
+        done(res, msgs)
+
+    def acquire_many(self, specs: list[FilterSpec], done: Callable[[list[Acquired]], None]) -> None:
+        out: list[Acquired] = []
+        for spec in specs:
+            try:
+                a = self.queues.acquire_filter(spec.filter, spec.replay_since_ms)
+            except Exception as exc:
+                log.warning("cannot hold the queue of %r: %s", spec.raw, exc)
+                out.append(f"{type(exc).__name__}: {exc}")
+                continue
+            out.append((a.queue, a.start_seq))
+        done(out)
+
+    def release(self, queue: str) -> None:
+        self.queues.release_filter(queue)
+
+    def indexed(self) -> int:
+        return int(self.queues.dispatcher.records)
+
+    def retain(self, msg: Any, offset: tuple[str, int, int]) -> None:
         self.queues.retained.set(
             msg.topic, msg.payload, msg.qos, msg.client_id, msg.properties, msg.timestamp_ms, offset
         )
 
-    def retained_for(self, filt: str) -> list[Any]:
-        """Unexpired retained messages matching `filt` (a tree walk, not a scan)."""
-        return self.queues.retained.match(filt)
+    def retained_for(self, filt: str, done: Callable[[list[Any]], None]) -> None:
+        done(self.queues.retained.match(filt))
 
-    # -- sessions --------------------------------------------------------------------------
-    def load_sessions(self) -> list[dict[str, Any]]:
+    async def load_sessions(self) -> list[dict[str, Any]]:
         return list(self.queues.sessions.load_all())
 
-    def save_sessions(self, items: list[tuple[str, dict[str, Any]]]) -> None:
+    def save_sessions(
+        self, items: list[tuple[str, dict[str, Any]]], done: Callable[[], None] | None = None
+    ) -> None:
         if items:
             self.queues.sessions.put_many(items)
+        if done is not None:
+            done()
 
     def delete_session(self, client_id: str) -> None:
         self.queues.sessions.delete(client_id)
 
-    def close(self) -> None:
-        self.notifier.drop(self.proxy_id)
+
+class RemoteBackend(Backend):
+    """Store and light queues in the core process (`RemoteStore`, `RemoteLightQueues` on one
+    link), notify over TCP (`TcpNotifyClient`). A failed call is logged once per kind; the link
+    going away ends the proxy (the wiring watches `link_lost`)."""
+
+    def __init__(
+        self, store: Any, queues: Any, notifier: Any, proxy_id: str, recent_bytes: int
+    ) -> None:
+        super().__init__(store, notifier, proxy_id, recent_bytes)
+        self.queues = queues
+        self._loop = asyncio.get_running_loop()
+
+    async def start(self) -> None:
+        from mqtt_proxy.device_events import TOPIC
+
+        await self.store.ensure_topic(TOPIC, force=True)
+
+    def load(self, queue: str, from_seq: int, max_n: int, done: LoadDone) -> None:
+        self.queues.read(queue, from_seq, max_n).add_done_callback(
+            lambda f: self._read_done(f, queue, done)
+        )
+
+    def _read_done(self, fut: asyncio.Future[Any], queue: str, done: LoadDone) -> None:
+        if fut.cancelled() or fut.exception() is not None:
+            log.warning("light-queue read of %s failed: %r", queue, fut.exception())
+            done(None, None)
+            return
+        res = fut.result()
+        msgs, missing = self._from_recent(res.entries)
+        if not missing:
+            done(res, msgs)
+            return
+        entries = res.entries
+
+        def resolved(f: asyncio.Future[Any]) -> None:
+            if f.cancelled() or f.exception() is not None:
+                log.warning("resolving %d entries of %s failed: %r", len(missing), queue,
+                            f.exception())  # fmt: skip
+                done(None, None)
+                return
+            for i, m in zip(missing, f.result(), strict=True):
+                msgs[i] = m
+            done(res, msgs)
+
+        self.queues.resolve([entries[i] for i in missing]).add_done_callback(resolved)
+
+    def acquire_many(self, specs: list[FilterSpec], done: Callable[[list[Acquired]], None]) -> None:
+        if not specs:
+            done([])
+            return
+
+        def answered(f: asyncio.Future[Any]) -> None:
+            if f.cancelled() or f.exception() is not None:
+                err = f"core link: {f.exception()!r}"
+                done([err] * len(specs))
+            else:
+                done(list(f.result()))
+
+        items = [(s.filter, s.replay_since_ms) for s in specs]
+        self.queues.acquire_many(items).add_done_callback(answered)
+
+    def release(self, queue: str) -> None:
+        self.queues.release(queue)
+
+    def indexed(self) -> int:
+        return int(self.queues.indexed)
+
+    def retain(self, msg: Any, offset: tuple[str, int, int]) -> None:
+        self.queues.retain(
+            msg.topic, msg.payload, msg.qos, msg.client_id, msg.properties, msg.timestamp_ms, offset
+        )
+
+    def retained_for(self, filt: str, done: Callable[[list[Any]], None]) -> None:
+        def answered(f: asyncio.Future[Any]) -> None:
+            if f.cancelled() or f.exception() is not None:
+                log.warning("retained lookup for %r failed: %r", filt, f.exception())
+                done([])
+            else:
+                done([m for m in f.result() if m is not None])
+
+        self.queues.retained_match(filt).add_done_callback(answered)
+
+    async def load_sessions(self) -> list[dict[str, Any]]:
+        return list(await self.queues.load_sessions())
+
+    def save_sessions(
+        self, items: list[tuple[str, dict[str, Any]]], done: Callable[[], None] | None = None
+    ) -> None:
+        if done is None:
+            if items:
+                self.queues.put_sessions(items)
+            return
+        fut = self.queues.put_sessions(items, wait=True)
+
+        def written(f: asyncio.Future[Any]) -> None:
+            if f.cancelled() or f.exception() is not None:
+                log.error("writing %d sessions failed: %r", len(items), f.exception())
+            done()
+
+        fut.add_done_callback(written)
+
+    def delete_session(self, client_id: str) -> None:
+        self.queues.delete_session(client_id)

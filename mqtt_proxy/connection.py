@@ -63,6 +63,8 @@ class MqttConnection(asyncio.Protocol):
         "disconnect_reason",
         "_loop",
         "connected",
+        "_blocked",
+        "_held",
     )
 
     def __init__(self, server: MqttServer) -> None:
@@ -86,6 +88,8 @@ class MqttConnection(asyncio.Protocol):
         self.disconnect_reason = ""
         self.connected = False
         self._loop = server.loop
+        self._blocked = False  # an operation of this connection waits for the core (block())
+        self._held: list[Any] = []  # packets received meanwhile, handled on unblock()
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -105,8 +109,14 @@ class MqttConnection(asyncio.Protocol):
             packets = self.codec.receive_data(data)
         except RemoteProtocolError as exc:
             # Act on the packets completed before the bad one (as a broker would have), then close.
-            self._handle(exc.packets)
+            if self._blocked:
+                self._held += exc.packets
+            else:
+                self._handle(exc.packets)
             self.protocol_error(exc, str(exc))
+            return
+        if self._blocked:
+            self._held += packets
             return
         self._handle(packets)
         if self.server.inbound.throttled and not self.closed:
@@ -115,13 +125,37 @@ class MqttConnection(asyncio.Protocol):
     def _handle(self, packets: list[Any], _Publish: type = Publish) -> None:
         on_publish = handlers.handle_publish
         dispatch = handlers.DISPATCH
-        for p in packets:
+        p: Any
+        for i, p in enumerate(packets):
             if self.closed:
                 return
             if type(p) is _Publish:
                 on_publish(self, p)
             else:
                 dispatch[type(p)](self, p)
+                if self._blocked:  # a SUBSCRIBE waits for the core: the rest comes after it
+                    self._held = packets[i + 1 :] + self._held
+                    self.transport.pause_reading()
+                    return
+
+    def block(self) -> None:
+        """Handle no further packet of this connection until `unblock` (see _handle)."""
+        self._blocked = True
+
+    def unblock(self) -> None:
+        """The blocking operation finished: handle what arrived meanwhile, read again."""
+        if not self._blocked:
+            return
+        self._blocked = False
+        held, self._held = self._held, []
+        if self.closed:
+            return
+        if held:
+            self._handle(held)
+        if not self._blocked and not self.closed:
+            self.transport.resume_reading()
+            if self.server.inbound.throttled:
+                self.server.inbound.throttle(self)
 
     def pause_writing(self) -> None:
         self.writable = False

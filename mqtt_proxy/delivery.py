@@ -134,7 +134,10 @@ class SharedGroup:
 
 
 class QueueState:
-    __slots__ = ("name", "subs", "groups", "cache", "last_seq", "read_end")
+    __slots__ = (
+        "name", "subs", "groups", "cache", "last_seq", "read_end", "floor", "loading",
+        "loaded_start", "retry",
+    )  # fmt: skip
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -143,6 +146,10 @@ class QueueState:
         self.cache: dict[int, CachedMsg | None] = {}
         self.last_seq = -1  # highest sequence announced by notify or seen in a read
         self.read_end = 0  # next_seq of the last read: nothing at or past it is known yet
+        self.floor = 0  # the queue's first valid sequence as of the last read (retention)
+        self.loading = 0  # 1: a load is being asked for, 2: its answer is still to come
+        self.loaded_start = 0  # first valid sequence of the last answered load
+        self.retry: asyncio.TimerHandle | None = None  # a failed load is retried later
 
 
 class Delivery:
@@ -155,7 +162,7 @@ class Delivery:
         stats: dict[str, int],
         on_interest: Callable[[str, bool], None],
     ) -> None:
-        self._reader = reader  # LightQueues-like: read(queue, from_seq, max_n), resolve(entries)
+        self._reader = reader  # a Backend: load(queue, from_seq, max_n, done)
         self._batch = settings.read_batch
         self._cache_max = settings.cache_per_queue
         self._stats = stats
@@ -203,6 +210,8 @@ class Delivery:
             del self.queues[sub.queue]
             self.lag.pop(sub.queue, None)
             self._dirty.discard(qs)
+            if qs.retry is not None:
+                qs.retry.cancel()
             self._on_interest(sub.queue, False)
 
     def group_of(self, sub: Subscription) -> SharedGroup | None:
@@ -267,14 +276,35 @@ class Delivery:
                     log.exception("delivery failed on queue %s", qs.name)
 
     # -- reading -------------------------------------------------------------------------
-    def _load(self, qs: QueueState, from_seq: int) -> int:
-        """Make sure the cache holds a batch from `from_seq`; return the first valid sequence
-        (> from_seq when retention trimmed the queue)."""
-        res = self._reader.read(qs.name, from_seq, self._batch)
-        entries = res.entries
+    def _load(self, qs: QueueState, from_seq: int) -> int | None:
+        """Ask for a batch from `from_seq`. Returns the first valid sequence (> from_seq when
+        retention trimmed the queue) when the answer came within the call (in-process backend);
+        None while it is on its way (core link): the answer re-marks the queue."""
+        if qs.loading:
+            return None
+        qs.loading = 1
+        self._reader.load(
+            qs.name, from_seq, self._batch, lambda res, msgs: self._loaded(qs, from_seq, res, msgs)
+        )
+        if not qs.loading:
+            return qs.loaded_start
+        qs.loading = 2
+        return None
+
+    def _loaded(self, qs: QueueState, from_seq: int, res: Any, msgs: list[Any] | None) -> None:
+        was_waiting = qs.loading == 2
+        qs.loading = 0
+        qs.loaded_start = from_seq
+        live = self.queues.get(qs.name) is qs
+        if res is None or msgs is None:  # the backend failed (logged there): try again later
+            if live and qs.retry is None:
+                qs.retry = self._loop.call_later(0.5, self._retry, qs)
+            return
         start = max(from_seq, res.start_seq)
-        if entries:
-            msgs = self._reader.resolve(entries)
+        qs.loaded_start = start
+        if res.start_seq > qs.floor:
+            qs.floor = res.start_seq
+        if msgs:
             cache = qs.cache
             seq = start
             for m in msgs:
@@ -292,15 +322,27 @@ class Delivery:
             qs.read_end = res.next_seq
         if res.next_seq - 1 > qs.last_seq:
             qs.last_seq = res.next_seq - 1
-        return start
+        if was_waiting and live:
+            self.mark(qs)
+
+    def _retry(self, qs: QueueState) -> None:
+        qs.retry = None
+        if self.queues.get(qs.name) is qs:
+            self.mark(qs)
 
     def _range(self, qs: QueueState, pos: int) -> tuple[int, int]:
-        """Ensure messages from `pos` are cached; return (first valid seq, end exclusive)."""
+        """Messages cached from `pos`: (first valid seq, end exclusive); start == end when there
+        is nothing yet (caught up, or a load is on its way)."""
+        if pos < qs.floor:
+            pos = qs.floor
         cache = qs.cache
         if pos not in cache:
             if pos >= qs.read_end and pos > qs.last_seq:
                 return pos, pos
-            pos = self._load(qs, pos)
+            start = self._load(qs, pos)
+            if start is None:
+                return pos, pos
+            pos = start
         end = pos
         limit = pos + self._batch
         while end < limit and end in cache:
@@ -317,7 +359,7 @@ class Delivery:
         cohorts: dict[tuple[Any, ...], list[Subscription]] = {}
         for sub in qs.subs:
             conn = sub.session.conn
-            if conn is None or not conn.writable:
+            if conn is None or not conn.writable or sub.held:
                 continue
             if (
                 sub.qos == 0
@@ -471,8 +513,8 @@ class Delivery:
         for _ in range(PUMP_BATCHES * self._batch):
             if g.redeliver:
                 seq = g.redeliver[0]
-                if seq not in qs.cache:
-                    self._load(qs, seq)
+                if seq not in qs.cache and seq >= qs.floor and self._load(qs, seq) is None:
+                    return False  # its load is on the way; the answer marks the queue again
                 m = qs.cache.get(seq)
             else:
                 start, end = self._range(qs, g.pos)
@@ -499,7 +541,7 @@ class Delivery:
         for i in range(n):
             sub = members[(g.rr + i) % n]
             conn = sub.session.conn
-            if conn is None or not conn.writable:
+            if conn is None or not conn.writable or sub.held:
                 continue
             qos = min(m.qos, sub.qos)
             if qos and len(sub.session.inflight) >= conn.out_window:

@@ -79,7 +79,10 @@ class DeviceEvents:
         store = self._store
         try:
             if not self._partitions:
-                self._partitions = store.ensure_topic(TOPIC) or 1
+                n = store.partitions(TOPIC)
+                if n is None:  # the in-process store (a RemoteStore learns it at start)
+                    n = store.ensure_topic(TOPIC)
+                self._partitions = n
             by_part: dict[int, list[Any]] = {}  # partition -> [builder, records so far]
             for key, value, ts in pending:
                 kb = key.encode()

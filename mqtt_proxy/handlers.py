@@ -34,7 +34,7 @@ from mqtt_proxy.codec import (
     Unsubscribe,
 )
 from mqtt_proxy.session import Will
-from mqtt_proxy.subscriptions import FilterError, parse_filter
+from mqtt_proxy.subscriptions import FilterError, FilterSpec, parse_filter
 
 if TYPE_CHECKING:
     from mqtt_proxy.connection import MqttConnection
@@ -50,6 +50,7 @@ NOT_AUTHORIZED = ReasonCode.NOT_AUTHORIZED
 BAD_AUTH_METHOD = ReasonCode.BAD_AUTHENTICATION_METHOD
 TOPIC_FILTER_INVALID = ReasonCode.TOPIC_FILTER_INVALID
 PACKET_ID_NOT_FOUND = ReasonCode.PACKET_IDENTIFIER_NOT_FOUND
+UNSPECIFIED = ReasonCode.UNSPECIFIED_ERROR
 
 
 class Refuse(Exception):
@@ -267,21 +268,45 @@ def handle_subscribe(conn: MqttConnection, p: Subscribe) -> None:
             continue
         if spec.replay_since_ms is not None:
             spec = server.backend.bound_replay(spec, server.settings.max_replay_depth_ms)
-        accepted.append((spec, ts))
+        accepted.append((spec, ts, len(codes)))
         codes.append(ts.qos)
     sessions = server.sessions
-    initial = []
-    for spec, ts in accepted:
-        sub = sessions.subscribe(
-            session, spec, ts.qos, ts.no_local, ts.retain_as_published, ts.retain_handling, sub_id
-        )
-        if sub is not None:
-            initial.append(sub)
-    if accepted:
-        sessions.save(session)  # a persistent subscription survives a crash once acked
-    conn.send(Suback(p.packet_id, codes))
-    for sub in initial:
-        sessions.send_initial(sub)
+    # New queue-backed subscriptions need their light queue held first (a call into the core
+    # when the proxy runs in its own process): the connection handles nothing else until the
+    # SUBACK and the retained messages are out, so packets behind this SUBSCRIBE see it done.
+    need: dict[str, FilterSpec] = {}
+    for spec, _ts, _i in accepted:
+        if sessions.needs_queue(session, spec):
+            need.setdefault(spec.raw, spec)
+    conn.block()
+
+    def acquired(got: list[Any]) -> None:
+        held = dict(zip(need, got, strict=True))
+        initial = []
+        stored = False
+        for spec, ts, i in accepted:
+            a = held.pop(spec.raw, None)
+            if isinstance(a, str):  # the queue could not be held (e.g. a replay gone)
+                codes[i] = UNSPECIFIED if v5 else 0x80
+                continue
+            sub = sessions.subscribe(
+                session, spec, ts.qos, ts.no_local, ts.retain_as_published, ts.retain_handling,
+                sub_id, a,
+            )  # fmt: skip
+            stored = True
+            if sub is not None:
+                initial.append(sub)
+
+        def saved() -> None:
+            conn.send(Suback(p.packet_id, codes))
+            sessions.send_initial(initial, conn.unblock)
+
+        if stored:
+            sessions.save(session, saved)  # a persistent subscription survives a crash once acked
+        else:
+            saved()
+
+    server.backend.acquire_many(list(need.values()), acquired)
 
 
 def handle_unsubscribe(conn: MqttConnection, p: Unsubscribe) -> None:
@@ -289,9 +314,16 @@ def handle_unsubscribe(conn: MqttConnection, p: Unsubscribe) -> None:
     assert session is not None
     sessions = conn.server.sessions
     codes = [0x00 if sessions.unsubscribe(session, f) else 0x11 for f in p.filters]
+
+    def saved() -> None:
+        conn.send(Unsuback(p.packet_id, codes if conn.v5 else ()))
+        conn.unblock()
+
+    conn.block()
     if 0x00 in codes:
-        sessions.save(session)
-    conn.send(Unsuback(p.packet_id, codes if conn.v5 else ()))
+        sessions.save(session, saved)
+    else:
+        saved()
 
 
 def handle_disconnect(conn: MqttConnection, p: Disconnect) -> None:

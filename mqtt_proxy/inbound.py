@@ -90,21 +90,31 @@ class Inbound:
             for conn, _pid, _ack in acks:
                 conn.fail(0x80, "store append failed")
             return
-        backend = server.backend
-        backend.remember(msgs, res.offsets)
         self.appended += len(msgs)
         if not self.throttled and self.backlog() > LAG_HIGH:
             self.throttled = True
             self._loop.call_later(0.001, self._check_lag)
-        if retained:
-            offsets = res.offsets
-            for i in retained:
-                backend.retain(msgs[i], offsets[i])
+        if res.offsets is not None:
+            self._staged(msgs, retained, res.offsets)
+        else:  # through the core link: the offsets come with its reply
+            assert res.staged is not None
+            res.staged.add_done_callback(lambda f: self._staged_later(f, msgs, retained))
         fut = res.durable
         if acks:
             self.inflight += 1
             self._futs.add(fut)
             fut.add_done_callback(lambda f, acks=acks: self._durable(f, acks))
+
+    def _staged(self, msgs: list[Any], retained: list[int], offsets: list[Any]) -> None:
+        backend = self._server.backend
+        backend.remember(msgs, offsets)
+        for i in retained:
+            backend.retain(msgs[i], offsets[i])
+
+    def _staged_later(self, fut: asyncio.Future[Any], msgs: list[Any], retained: list[int]) -> None:
+        # A refused append fails `durable` too: its acks are failed there, logged once.
+        if not fut.cancelled() and fut.exception() is None:
+            self._staged(msgs, retained, fut.result())
 
     def _durable(self, fut: asyncio.Future[None], acks: list[tuple[Any, int, int]]) -> None:
         self.inflight -= 1

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from time import time as _time
 from typing import Any
 
-from mqtt_proxy.backend import Backend
+from mqtt_proxy.backend import Backend, LocalBackend, RemoteBackend
 from mqtt_proxy.codec import EMPTY_PROPERTIES
 from mqtt_proxy.delivery import Delivery
 from mqtt_proxy.device_events import DeviceEvents
@@ -56,13 +56,19 @@ class MqttServer:
         settings: ProxySettings | None = None,
         *,
         proxy_id: str = "mqtt-0",
+        remote: bool = False,
     ) -> None:
-        """Construct inside the running event loop: the server binds to it."""
+        """Construct inside the running event loop: the server binds to it. `remote`: store and
+        queues are a `RemoteStore` / `RemoteLightQueues` and the notifier a `TcpNotifyClient`
+        (this proxy runs in its own process; see backend.py)."""
         self.loop = asyncio.get_running_loop()
         self.settings = settings or ProxySettings()
         self.proxy_id = proxy_id
         self.store = store
-        self.backend = Backend(store, queues, notifier, proxy_id)
+        backend_cls = RemoteBackend if remote else LocalBackend
+        self.backend: Backend = backend_cls(
+            store, queues, notifier, proxy_id, self.settings.recent_cache_bytes
+        )
         # Hooks the embedder may set; None allows everything (subject to allow_anonymous).
         self.authenticate: AuthHook | None = None
         self.authorize_subscribe: AclHook | None = None
@@ -98,11 +104,14 @@ class MqttServer:
         self._servers: list[asyncio.AbstractServer] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._closing = False
+        self._started = False
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
         """Restore persistent sessions, start the notify consumer, resync and $SYS timers."""
-        self.sessions.restore()
+        self._started = True
+        await self.backend.start()
+        await self.sessions.restore()
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._consume_events()))
         self._tasks.append(loop.create_task(self._periodic()))
@@ -143,7 +152,7 @@ class MqttServer:
         port: int,
         ssl_ctx: ssl.SSLContext | None = None,
     ) -> tuple[str, int]:
-        if not self._tasks:
+        if not self._started:
             await self.start()
         loop = asyncio.get_running_loop()
         srv = await loop.create_server(
@@ -257,6 +266,7 @@ class MqttServer:
         out["clients_connected"] = len(self.conns)
         out["sessions"] = len(self.sessions.sessions)
         out["queues_active"] = len(self.delivery.queues)
+        out["recent_cache_messages"] = self.backend.recent_count
         out["inflight_appends"] = self.inbound.inflight
         out["uptime_s"] = int(time.time() - self.started_at)
         out["version"] = VERSION

@@ -39,6 +39,7 @@ class Subscription:
     pos: int = 0  # next light-queue sequence to read
     pending: dict[int, int] = field(default_factory=dict)  # seq -> packet id, unacked QoS 1/2
     local: bool = False  # `$SYS/...`: served by the proxy, no light queue
+    held: bool = False  # delivery waits: its retained messages are still to be sent
 
     def acked_pos(self) -> int:
         return min(self.pending) if self.pending else self.pos

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from mqtt_proxy.delivery import CachedMsg
@@ -47,16 +48,28 @@ class SessionManager:
         self._flushes = 0
 
     # -- restore / persist ---------------------------------------------------------------------
-    def restore(self) -> None:
+    async def restore(self) -> None:
         """Load persistent sessions after a restart; they are offline until their client returns."""
         now = time.time()
         backend = self.server.backend
-        for state in backend.load_sessions():
+        restored: list[Session] = []
+        for state in await backend.load_sessions():
             try:
                 s = Session.from_state(state)
             except Exception:
                 log.exception("dropping unreadable session %r", state.get("client_id"))
                 continue
+            restored.append(s)
+        # Hold every queue the restored subscriptions read (holds live in memory), in one call.
+        held = [sub for s in restored for sub in s.subs.values() if not sub.local]
+        got = await backend.acquire_all([sub.spec for sub in held])
+        for lost, answer in zip(held, got, strict=True):
+            if isinstance(answer, str):
+                log.error("session %r: %r cannot be restored (%s); it is dropped",
+                          lost.session.client_id, lost.spec.raw, answer)  # fmt: skip
+                del lost.session.subs[lost.spec.raw]
+                lost.session.dirty = True
+        for s in restored:
             was_offline = bool(s.disconnected_at)
             if not was_offline:
                 s.disconnected_at = now  # it was online when the gateway stopped
@@ -66,9 +79,6 @@ class SessionManager:
                     sub.pending[inf.seq] = pid
                     if inf.seq >= sub.pos:
                         sub.pos = inf.seq + 1
-            for sub in s.subs.values():
-                if not sub.local:
-                    backend.acquire(sub.spec)
             self.sessions[s.client_id] = s
             self._arm_expiry(s, now)
             if was_offline and s.will is not None:
@@ -250,6 +260,10 @@ class SessionManager:
         server.backend.delete_session(session.client_id)
 
     # -- subscribe -----------------------------------------------------------------------------
+    def needs_queue(self, session: Session, spec: FilterSpec) -> bool:
+        """A SUBSCRIBE of `spec` creates a subscription that reads a light queue."""
+        return spec.raw not in session.subs and not is_local(spec)
+
     def subscribe(
         self,
         session: Session,
@@ -259,13 +273,18 @@ class SessionManager:
         rap: bool,
         rh: int,
         sub_id: int | None,
+        acquired: tuple[str, int] | None = None,
     ) -> Subscription | None:
-        """Add or replace one subscription. Returns it when retain handling wants its retained
-        messages sent now: the caller does so (`send_initial`) after the SUBACK."""
+        """Add or replace one subscription; a new queue-backed one reads `acquired` (the
+        queue `Backend.acquire_many` holds for it, and where it starts). Returns it when retain
+        handling wants its retained messages sent now: it is then `held` (no delivery) until
+        the caller has sent them (`send_initial`, after the SUBACK)."""
         server = self.server
         existing = session.subs.get(spec.raw)
-        local = spec.filter.startswith("$") and spec.replay_since_ms is None
+        local = is_local(spec)
         if existing is not None:
+            if acquired is not None:
+                server.backend.release(acquired[0])  # the same filter twice in one SUBSCRIBE
             existing.qos, existing.no_local = qos, no_local
             existing.retain_as_published, existing.retain_handling = rap, rh
             existing.sub_id = sub_id
@@ -275,34 +294,55 @@ class SessionManager:
             sub = Subscription(session, spec, qos, no_local, rap, rh, sub_id, local=local)
             is_new = True
             if not local:
-                sub.queue, start = server.backend.acquire(spec)
+                assert acquired is not None
+                sub.queue, start = acquired
                 group = server.delivery.group(spec.share_group, sub.queue)
                 sub.pos = group.pos if group is not None else start
             session.subs[spec.raw] = sub
             server.counters["subscriptions"] += 1
-            if session.conn is not None and not local:
-                server.delivery.attach(sub)
+        initial = spec.share_group is None and (rh == 0 or (rh == 1 and is_new))
+        if initial:
+            sub.held = True
+        if is_new and session.conn is not None and not local:
+            server.delivery.attach(sub)
         session.dirty = session.persistent
         if session.conn is not None:
             session.conn.session_overlap = session.overlapping
-        if spec.share_group is None and (rh == 0 or (rh == 1 and is_new)):
-            return sub
-        return None
+        return sub if initial else None
 
-    def send_initial(self, sub: Subscription) -> None:
-        """What a new subscription gets at once: retained messages, or `$SYS` values."""
-        if sub.local:
-            self.server.sys.send_current(sub)
-        else:
-            self.send_retained(sub)
+    def send_initial(self, subs: list[Subscription], done: Callable[[], None]) -> None:
+        """What new subscriptions get at once: retained messages, or `$SYS` values; then they
+        are released to delivery and `done` runs (after the last answer, in order)."""
+        pending = [len(subs) + 1]
 
-    def save(self, session: Session) -> None:
-        """Write one persistent session now (SUBSCRIBE / UNSUBSCRIBE, before their ack): a
-        `kill -9` right after a SUBACK must not lose the subscription (the periodic flush runs
-        every `session_flush_ms`). A synchronous LevelDB write without fsync, as every session
-        write (lightqueue/sessions.py): the OS has it when this returns."""
+        def one_done(sub: Subscription | None) -> None:
+            if sub is not None:
+                sub.held = False
+                if sub.session.conn is not None and not sub.local:
+                    qs = self.server.delivery.queues.get(sub.queue)
+                    if qs is not None:
+                        self.server.delivery.mark(qs)
+            pending[0] -= 1
+            if pending[0] == 0:
+                done()
+
+        for sub in subs:
+            if sub.local:
+                self.server.sys.send_current(sub)
+                one_done(sub)
+            else:
+                self.send_retained(sub, one_done)
+        one_done(None)
+
+    def save(self, session: Session, done: Callable[[], None]) -> None:
+        """Write one persistent session now (SUBSCRIBE / UNSUBSCRIBE, before their ack), then
+        `done`: a `kill -9` right after a SUBACK must not lose the subscription (the periodic
+        flush runs every `session_flush_ms`). A LevelDB write without fsync, as every session
+        write (lightqueue/sessions.py): the OS has it when `done` runs."""
         if session.persistent:
-            self.server.backend.save_sessions([self._state(session)])
+            self.server.backend.save_sessions([self._state(session)], done)
+        else:
+            done()
 
     def unsubscribe(self, session: Session, raw: str) -> bool:
         sub = session.subs.pop(raw, None)
@@ -317,12 +357,25 @@ class SessionManager:
             session.conn.session_overlap = session.overlapping
         return True
 
-    def send_retained(self, sub: Subscription) -> None:
+    def send_retained(
+        self, sub: Subscription, done: Callable[[Subscription], None] | None = None
+    ) -> None:
         conn = sub.session.conn
         if conn is None:
+            if done is not None:
+                done(sub)
             return
-        msgs = self.server.backend.retained_for(sub.spec.filter)
-        if not msgs:
+
+        def found(msgs: list[Any]) -> None:
+            self._write_retained(sub, msgs)
+            if done is not None:
+                done(sub)
+
+        self.server.backend.retained_for(sub.spec.filter, found)
+
+    def _write_retained(self, sub: Subscription, msgs: list[Any]) -> None:
+        conn = sub.session.conn
+        if not msgs or conn is None or conn.closed:
             return
         now_ms = int(time.time() * 1000)
         session = sub.session
@@ -345,3 +398,8 @@ class SessionManager:
             out.append(data)
         if out:
             conn.write_delivery(b"".join(out), len(out), sum(map(len, out)))
+
+
+def is_local(spec: FilterSpec) -> bool:
+    """`$SYS/...` and other `$` filters (not replays) are served by the proxy, not a queue."""
+    return spec.filter.startswith("$") and spec.replay_since_ms is None

@@ -21,6 +21,7 @@ class ProxySettings:
     max_replay_depth_ms: int = 7 * 24 * 3600 * 1000
     sys_interval_s: int = 10
     allow_anonymous: bool = True
+    recent_cache_bytes: int = 64 << 20
     # Not in the gateway config (yet): internal knobs with sensible defaults.
     max_topic_alias: int = 64
     session_flush_ms: int = 100

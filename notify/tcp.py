@@ -88,9 +88,9 @@ class _ServerConn(asyncio.Protocol):
         self._drain_scheduled = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
-        self._hb = _Heartbeat(transport, self._server.heartbeat)
+        tr: asyncio.Transport = transport  # type: ignore[assignment]  # uvloop's: no subclasses
+        self._transport = tr
+        self._hb = _Heartbeat(tr, self._server.heartbeat)
         self._server._conns.add(self)
 
     def data_received(self, data: bytes) -> None:
@@ -229,9 +229,9 @@ class _ClientProto(asyncio.Protocol):
         self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
-        self._hb = _Heartbeat(transport, self._client.heartbeat)
+        tr: asyncio.Transport = transport  # type: ignore[assignment]  # uvloop's: no subclasses
+        self.transport = tr
+        self._hb = _Heartbeat(tr, self._client.heartbeat)
 
     def data_received(self, data: bytes) -> None:
         assert self.transport is not None and self._hb is not None
@@ -288,7 +288,8 @@ class TcpNotifyClient:
         p.transport.write(data)
         return True
 
-    def register(self, proxy_id: str, queues: Iterable[str]) -> None:
+    def register(self, proxy_id: str, queues: Iterable[str], announce: bool = True) -> None:
+        """Add interest; the server always answers a REGISTER with each queue's last_seq."""
         self._check(proxy_id)
         new = [q for q in queues if q not in self._interest]
         self._interest.update(new)
@@ -303,6 +304,10 @@ class TcpNotifyClient:
             self._box.pending.pop(q, None)
         if gone:
             self._send(encode_queues(UNREGISTER, gone))
+
+    def drop(self, proxy_id: str) -> None:
+        """Forget every interest (the proxy is closing)."""
+        self.unregister(proxy_id, list(self._interest))
 
     def publish(self, events: Iterable[tuple[str, int]]) -> None:
         """Send events for the server to route (dropped while disconnected: resync covers it)."""
@@ -320,6 +325,21 @@ class TcpNotifyClient:
             for q, seq in box.take().items():
                 if q in self._interest:
                     yield QueueEvent(q, seq)
+
+    async def batches(self, proxy_id: str) -> AsyncIterator[dict[str, int]]:
+        """Like `events`, one dict queue → last_seq per wake-up (InProcessNotifier's shape)."""
+        self._check(proxy_id)
+        box = self._box
+        interest = self._interest
+        while True:
+            await box.wait()
+            if box.closed and not box.pending:
+                return
+            got = box.take()
+            if any(q not in interest for q in got):
+                got = {q: s for q, s in got.items() if q in interest}
+            if got:
+                yield got
 
     async def start(self) -> None:
         if self._task is None:

@@ -182,6 +182,8 @@ class RemoteStore:
         self._durable: dict[int, asyncio.Future[None]] = {}
         self._token = 0
         self.inflight = 0  # APPEND calls without a reply yet
+        # Appends waiting for a new log topic's partition count, and every one after them.
+        self._held: list[tuple[Sequence[MqttMessage], bool, AppendResult, set[str]]] = []
 
     def methods(self) -> dict[int, Handler]:
         return {DURABLE: self._on_durable}
@@ -202,6 +204,11 @@ class RemoteStore:
 
     def topics(self) -> dict[str, int]:
         return dict(self._counts)
+
+    async def barrier(self) -> None:
+        """One round trip: the core has handled everything this link sent before it."""
+        assert self.peer is not None
+        await self.peer.call(TOPICS)
 
     async def ensure_topic(self, name: str, force: bool = False) -> int:
         """Partitions of `name`, creating the topic in the core when `auto_create_topics` is on
@@ -253,7 +260,10 @@ class RemoteStore:
 
     def append_mqtt(self, messages: Sequence[MqttMessage], sync: bool = True) -> AppendResult:
         """Build the batches here, append them in the core. Raises TopicMappingError for
-        `$`-topics and invalid topics before anything is sent, like `Store.append_mqtt`."""
+        `$`-topics and invalid topics before anything is sent, like `Store.append_mqtt`.
+
+        Appends leave in call order: one that waits for a new log topic holds back every later
+        one (else a later tick's messages on that topic would be stored first)."""
         res = self._result()
         missing: set[str] = set()
         routes, counts = self._routes, self._counts
@@ -264,23 +274,28 @@ class RemoteStore:
                 lt = escape_level(m.topic if i < 0 else m.topic[:i])
                 if lt not in counts:
                     missing.add(lt)
-        if missing:
-            task = asyncio.ensure_future(self._after_ensure(missing, messages, sync, res))
-            task.add_done_callback(_log_task_failure)
+        if missing or self._held:
+            self._held.append((messages, sync, res, missing))
+            if len(self._held) == 1:
+                task = asyncio.ensure_future(self._release_held())
+                task.add_done_callback(_log_task_failure)
         else:
             self._send_mqtt(messages, sync, res)
         return res
 
-    async def _after_ensure(
-        self, topics: set[str], messages: Sequence[MqttMessage], sync: bool, res: AppendResult
-    ) -> None:
-        try:
-            for t in sorted(topics):
-                await self.ensure_topic(t)
-        except Exception as exc:
-            _fail(res, exc)
-            return
-        self._send_mqtt(messages, sync, res)
+    async def _release_held(self) -> None:
+        """Send the held appends in order, each once its log topics are known."""
+        held = self._held
+        while held:
+            messages, sync, res, missing = held[0]
+            try:
+                for t in sorted(missing):
+                    await self.ensure_topic(t)
+            except Exception as exc:
+                _fail(res, exc)
+            else:
+                self._send_mqtt(messages, sync, res)
+            held.pop(0)
 
     def _send_mqtt(self, messages: Sequence[MqttMessage], sync: bool, res: AppendResult) -> None:
         try:
@@ -335,6 +350,7 @@ class RemoteStore:
         self.inflight -= 1
         if fut.exception() is not None:
             self._durable.pop(token, None)
+            log.error("append over the core link failed: %s", fut.exception())
             _fail(res, StoreError(f"append failed: {fut.exception()}"))
             return
         body = fut.result()
@@ -351,6 +367,7 @@ class RemoteStore:
                 offsets[i] = (topic, part, base + k)
         if errors:
             self._durable.pop(token, None)
+            log.error("the core refused an append: %s", "; ".join(errors))
             _fail(res, StoreError("; ".join(errors)))
             return
         res.offsets = offsets

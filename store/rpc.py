@@ -160,9 +160,8 @@ class RpcPeer(asyncio.Protocol):
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
-        transport.set_write_buffer_limits(high=4 << 20)
+        self.transport = transport  # type: ignore[assignment]  # uvloop's are not subclasses
+        transport.set_write_buffer_limits(high=4 << 20)  # type: ignore[attr-defined]
         if self._heartbeat:
             self._timer = self._loop.call_later(self._heartbeat, self._tick)
 

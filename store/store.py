@@ -221,6 +221,10 @@ class Store:
         """Log topic name → partition count."""
         return dict(self._counts)
 
+    def partitions(self, name: str) -> int | None:
+        """Partition count of `name`, None if it does not exist."""
+        return self._counts.get(name)
+
     def topic_config(self, name: str) -> TopicConfig:
         return self._tconf[name]
 

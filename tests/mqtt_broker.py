@@ -4,9 +4,11 @@ Two ways to run the gateway under test, same interface (`port`, `ws_port`, `tls_
 `restart()`; `ProcessBroker` also has `crash_restart()`, SIGKILL then start):
 - `InProcessBroker`: the real Store, light queues, notifier and `MqttServer` on their own event
   loop in a background thread, so tests can set the embedder hooks (`server.authenticate`, ACLs).
-- `ProcessBroker`: a real `lightgate serve` subprocess (tests/gateway_process.py), used once
-  the CLI wires the MQTT server (LIGHTGATE_TEST_INPROCESS=1 forces the in-process one). Tests
-  that need the embedder hooks skip on it.
+- `ProcessBroker`: a real `lightgate serve` subprocess (tests/gateway_process.py), as one
+  process or with `split=True` as two (`mqtt_processes=1`: the MQTT proxy in a child process
+  over the core link); the `broker` fixture runs every test in both modes
+  (LIGHTGATE_TEST_INPROCESS=1 forces the in-process one). Tests that need the embedder hooks
+  skip on it.
 Both read what was stored with `records(log_topic)`, through the lock-free segment reader.
 Tests are written with blocking paho clients (tests/mqtt_helpers.py) either way.
 """
@@ -136,15 +138,17 @@ class ProcessBroker:
     in_process = False
     server = None
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, split: bool = False) -> None:
         from gateway_process import GatewayProcess
 
         _, self.cert = make_tls_context(data_dir.parent)
         key = data_dir.parent / "key.pem"
         self.data_dir = data_dir
+        self.split = split
+        mode = ["--set", "mqtt_processes=1"] if split else []
         self.gw = GatewayProcess(
             data_dir,
-            ["--mqtts-port", "0", "--set", "sys_interval_s=1"],
+            ["--mqtts-port", "0", "--set", "sys_interval_s=1", *mode],
             {"LIGHTGATE_TLS_CERT": str(self.cert), "LIGHTGATE_TLS_KEY": str(key)},
         )
         self.port = self.ws_port = self.tls_port = 0
@@ -214,13 +218,21 @@ async def open_queues(store: Any, data_dir: Path) -> tuple[Any, Any, list[Any]]:
     return queues, notifier, [queues.close, notifier.close]
 
 
-@pytest.fixture
-def broker(tmp_path: Path) -> Iterator[InProcessBroker | ProcessBroker]:
+@pytest.fixture(params=["serve", "split"])
+def broker(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[InProcessBroker | ProcessBroker]:
+    """Every MQTT end-to-end test runs twice: against `lightgate serve` as one process, and with
+    `mqtt_processes=1` (the proxy in its own process, over the core link)."""
     b: InProcessBroker | ProcessBroker
-    if os.environ.get("LIGHTGATE_TEST_INPROCESS") != "1" and serve_has_mqtt():
-        b = ProcessBroker(tmp_path / "data").start()
-    else:
+    if os.environ.get("LIGHTGATE_TEST_INPROCESS") == "1" or not serve_has_mqtt():
+        if request.param == "split":
+            pytest.skip("the in-process broker has no split mode")
         b = InProcessBroker(tmp_path / "data", {}).start()
+    elif request.param == "split":
+        b = ProcessBroker(tmp_path / "data", split=True).start()
+    else:
+        b = ProcessBroker(tmp_path / "data").start()
     try:
         yield b
     finally:

@@ -295,3 +295,22 @@ async def test_holds_of_a_lost_link_are_released(tmp_path: Path) -> None:
         await asyncio.sleep(0.01)
     assert lq.held("h/#") == 0
     await close()
+
+
+async def test_appends_keep_call_order_across_a_new_topic(tmp_path: Path) -> None:
+    """The first append to a new log topic waits for its partition count; an append made once
+    the count is known, but before that first one left, must not overtake it in the log."""
+    store, lq, rs, rq, close = await _core(tmp_path)
+    await rs.ensure_topic("old")
+    first = rs.append_mqtt([msg("new/t", b"1"), msg("old/t", b"a")])
+    while "new" not in rs.topics():
+        await asyncio.sleep(0)
+    second = rs.append_mqtt([msg("new/t", b"2"), msg("old/t", b"b")])
+    third = rs.append_mqtt([msg("new/t", b"3"), msg("old/t", b"c")])
+    for r in (first, second, third):
+        await asyncio.wait_for(r.durable, 5)
+    for topic in ("new", "old"):
+        (part,) = {o[1] for r in (first, second, third) for o in r.offsets if o[0] == topic}
+        values = [r.value for r in sr.iter_records_from(tmp_path / "core", topic, part)]
+        assert values == ([b"1", b"2", b"3"] if topic == "new" else [b"a", b"b", b"c"])
+    await close()

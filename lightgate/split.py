@@ -1,0 +1,288 @@
+"""The MQTT proxy in its own process: the core's side of the link, the proxy's main, the supervisor.
+
+With `mqtt_processes = 1`, `lightgate serve` is two processes on two cores:
+
+- the **core** (this process): store, dispatcher and light queues (LevelDB), notify, the Kafka
+  listener and HTTP. It serves the store and the light queues on the core link (`core_listen`,
+  by default a Unix socket in the data dir) and notify over TCP;
+- the **proxy** (`lightgate proxy`, a child started and watched by `ProxySupervisor`): every MQTT
+  listener (TCP, TLS, WebSocket), sessions and delivery. It parses PUBLISHes and builds their
+  RecordBatches itself, appends them through the link, and pulls light-queue entries on notify
+  events, resolving its own recent messages without asking the core.
+
+The same `lightgate proxy --core ADDR --notify HOST:PORT` runs on another host against a core
+whose `core_listen` and `notify_port` face the network: the split is a configuration, not a
+different program. One proxy per core for now (sessions and `$share` groups live in the proxy;
+several proxies would need the core to own client-id takeover and shared-group positions).
+
+Lifecycle: the child prints `lightgate proxy ready mqtt=... ws=...`, the core then prints its own
+ready line with those endpoints. If the child dies, the core logs it and starts a new one on the
+same ports (persistent sessions resume from the core's store; the dead link's queue holds were
+released). The child dies with the core (PR_SET_PDEATHSIG) and exits when the link drops.
+Graceful stop: the core stops the child first (it flushes sessions and waits for its appends to
+be durable), then itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from lightgate.config import GatewayConfig
+from store.rpc import RpcPeer, RpcServer, connect
+
+log = logging.getLogger("lightgate.split")
+
+HELLO, STATS = 64, 65  # proxy → core: its id (one-way); core → proxy: its counters (JSON)
+READY_PREFIX = "lightgate proxy ready"
+
+
+def core_address(cfg: GatewayConfig) -> str:
+    """Where the core link listens: `core_listen`, else a Unix socket in the data dir (an
+    abstract one when that path is too long for a socket address)."""
+    if cfg.core_listen:
+        return cfg.core_listen
+    path = str((cfg.data_path / "core.sock").resolve())
+    if len(path.encode()) <= 100:
+        return f"unix:{path}"
+    return f"unix:\0lightgate-core-{os.getpid()}"
+
+
+class CoreLink:
+    """The core's end: store + light queues on the link, proxies by id, their stats."""
+
+    def __init__(self, store: Any, queues: Any) -> None:
+        from lightqueue.remote import LightQueueService
+        from store.remote import StoreService
+
+        self.store_service = StoreService(store)
+        self.queue_service = LightQueueService(queues)
+        self.proxies: dict[str, RpcPeer] = {}
+        methods = {
+            **self.store_service.methods(),
+            **self.queue_service.methods(),
+            HELLO: self._hello,
+        }
+        self.server = RpcServer(methods, on_connect=self._connected, on_lost=self._lost)
+
+    async def start(self, address: str) -> str:
+        return await self.server.start(address)
+
+    def _connected(self, peer: RpcPeer) -> None:
+        self.queue_service.peer_connected(peer)
+
+    def _hello(self, peer: RpcPeer, body: bytes) -> None:
+        proxy_id = body.decode()
+        peer.name = proxy_id
+        peer.state["proxy_id"] = proxy_id
+        self.proxies[proxy_id] = peer
+        log.info("proxy %s connected to the core link", proxy_id)
+
+    def _lost(self, peer: RpcPeer, exc: Exception | None) -> None:
+        self.queue_service.peer_lost(peer)
+        pid = peer.state.get("proxy_id")
+        if pid is not None and self.proxies.get(pid) is peer:
+            del self.proxies[pid]
+            log.info("proxy %s left the core link", pid)
+
+    async def proxy_stats(self) -> dict[str, Any]:
+        """The MQTT counters of every connected proxy, summed (numbers only)."""
+        out: dict[str, Any] = {}
+        for peer in list(self.proxies.values()):
+            try:
+                stats = json.loads(await asyncio.wait_for(peer.call(STATS), 2.0))
+            except Exception as exc:
+                log.warning("no stats from proxy %s: %r", peer.name, exc)
+                continue
+            for k, v in stats.items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    out[k] = out.get(k, 0) + v
+                else:
+                    out.setdefault(k, v)
+        return out
+
+    async def close(self) -> None:
+        await self.server.close()
+
+
+# -- the proxy process -------------------------------------------------------------------------
+def exit_with_parent() -> None:
+    """Linux: die with the process that started us (a `kill -9` of the core takes us along)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:  # pragma: no cover - not Linux
+        return
+    if os.getppid() == 1:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+async def run_proxy(cfg: GatewayConfig, core: str, notify: str, proxy_id: str) -> int:
+    """`lightgate proxy`: MQTT listeners over a remote core until SIGTERM or the link drops."""
+    from lightgate.app import tls_context
+    from lightqueue.remote import RemoteLightQueues
+    from mqtt_proxy.server import MqttServer
+    from mqtt_proxy.settings import ProxySettings
+    from notify import TcpNotifyClient
+    from store.remote import RemoteStore
+
+    rs, rq = RemoteStore(), RemoteLightQueues()
+    server: MqttServer | None = None
+
+    def stats(peer: RpcPeer, body: bytes) -> bytes:
+        return json.dumps(server.stats() if server is not None else {}).encode()
+
+    methods = {**rs.methods(), **rq.methods(), STATS: stats}
+    try:
+        peer = await connect(core, methods, name="core")
+    except (OSError, TimeoutError) as exc:
+        print(f"lightgate proxy: cannot reach the core at {core}: {exc}", file=sys.stderr)
+        return 1
+    peer.send(HELLO, proxy_id.encode())
+    rs.attach(peer)
+    rq.attach(peer)
+    await rs.start()
+    nhost, _, nport = notify.rpartition(":")
+    notifier = TcpNotifyClient(nhost or "127.0.0.1", int(nport), proxy_id)
+    await notifier.start()
+    await asyncio.wait_for(notifier.connected.wait(), 10)
+    server = MqttServer(
+        rs, rq, notifier, ProxySettings.from_config(cfg), proxy_id=proxy_id, remote=True
+    )
+    endpoints: dict[str, tuple[str, int]] = {}
+    try:
+        await server.start()
+        if cfg.mqtt_port != -1:
+            endpoints["mqtt"] = await server.start_tcp(cfg.host, cfg.mqtt_port)
+        if cfg.tls_cert and cfg.mqtts_port != -1:
+            endpoints["mqtts"] = await server.start_tls(cfg.host, cfg.mqtts_port, tls_context(cfg))
+        if cfg.ws_port != -1:
+            endpoints["ws"] = await server.start_ws(cfg.host, cfg.ws_port)
+    except OSError as exc:
+        print(f"lightgate proxy: cannot start: {exc}", file=sys.stderr)
+        await server.close()
+        peer.close()
+        return 1
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    peer.closed.add_done_callback(lambda _f: stop.set())
+    parts = " ".join(f"{k}={h}:{p}" for k, (h, p) in endpoints.items())
+    print(f"{READY_PREFIX} {parts}".rstrip(), flush=True)
+    log.info("mqtt proxy ready", extra={"proxy_id": proxy_id, "core": core})
+    await stop.wait()
+    lost = peer.closed.done()
+    if lost:
+        log.error("core link lost; the proxy stops (its supervisor starts a new one)")
+    await server.close()
+    if not lost:
+        try:
+            await asyncio.wait_for(rs.barrier(), 5)  # the core has what close() sent
+        except Exception as exc:
+            log.warning("no answer from the core before closing: %r", exc)
+    await notifier.close()
+    peer.close()
+    return 1 if lost else 0
+
+
+# -- the supervisor in the core ------------------------------------------------------------------
+class ProxySupervisor:
+    """Starts `lightgate proxy` as a child, learns its endpoints, restarts it if it dies."""
+
+    def __init__(self, cfg: GatewayConfig, core: str, notify: str) -> None:
+        self.cfg = cfg
+        self.core = core
+        self.notify = notify
+        self.endpoints: dict[str, tuple[str, int]] = {}
+        self.restarts = 0
+        self._proc: asyncio.subprocess.Process | None = None
+        self._watch: asyncio.Task[None] | None = None
+        self._stopping = False
+
+    def _args(self) -> list[str]:
+        conf = asdict(self.cfg)
+        conf.pop("extra", None)
+        conf["data_dir"] = str(Path(self.cfg.data_dir).resolve())
+        for name, key in (("mqtt", "mqtt_port"), ("mqtts", "mqtts_port"), ("ws", "ws_port")):
+            if name in self.endpoints:  # a restarted child binds the ports clients know
+                conf[key] = self.endpoints[name][1]
+        return [
+            sys.executable, "-m", "lightgate", "proxy", "--core", self.core, "--notify",
+            self.notify, "--proxy-id", "mqtt-1", "--config-json", json.dumps(conf),
+            "--exit-with-parent",
+        ]  # fmt: skip
+
+    async def start(self, timeout: float = 60.0) -> dict[str, tuple[str, int]]:
+        await self._spawn(timeout)
+        self._watch = asyncio.get_running_loop().create_task(self._watch_child())
+        return self.endpoints
+
+    async def _spawn(self, timeout: float) -> None:
+        proc = await asyncio.create_subprocess_exec(
+            *self._args(), stdout=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL
+        )
+        self._proc = proc
+        assert proc.stdout is not None
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                line = await asyncio.wait_for(proc.stdout.readline(), max(0.1, left))
+            except TimeoutError:
+                line = b""
+            if not line:
+                if proc.returncode is None:
+                    proc.kill()
+                await proc.wait()
+                raise OSError(f"the MQTT proxy process did not start (exit {proc.returncode})")
+            text = line.decode(errors="replace").strip()
+            if text.startswith(READY_PREFIX):
+                break
+        eps = {}
+        for word in text[len(READY_PREFIX) :].split():
+            name, _, addr = word.partition("=")
+            host, _, port = addr.rpartition(":")
+            eps[name] = (host, int(port))
+        self.endpoints = eps
+        log.info("mqtt proxy process %d ready", proc.pid, extra={"endpoints": text})
+
+    async def _watch_child(self) -> None:
+        while not self._stopping:
+            proc = self._proc
+            assert proc is not None
+            code = await proc.wait()
+            if self._stopping:
+                return
+            self.restarts += 1
+            log.error("the MQTT proxy process %d exited with %s; starting a new one",
+                      proc.pid, code)  # fmt: skip
+            await asyncio.sleep(min(5.0, 0.2 * self.restarts))
+            try:
+                await self._spawn(60.0)
+            except OSError as exc:
+                log.error("restarting the MQTT proxy failed: %s", exc)
+
+    async def close(self) -> None:
+        """Graceful: SIGTERM the child and wait for it (it flushes through the link first)."""
+        self._stopping = True
+        proc = self._proc
+        if proc is not None and proc.returncode is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(proc.wait(), 20)
+            except TimeoutError:
+                log.error("the MQTT proxy did not stop in 20 s; killing it")
+                proc.kill()
+                await proc.wait()
+        if self._watch is not None:
+            self._watch.cancel()
