@@ -36,7 +36,7 @@ from collections import Counter
 from typing import Any
 
 from lightqueue import codec
-from lightqueue.model import Entry, ReadResult, StoredMessage, props_from_obj, props_to_obj
+from lightqueue.model import ReadResult, StoredMessage, props_from_obj, props_to_obj
 from store.rpc import BAD_REQUEST, Handler, RpcError, RpcPeer, get_str, put_str
 
 log = logging.getLogger("lightgate.lightqueue.remote")
@@ -76,7 +76,7 @@ def encode_entries(out: list[bytes], entries: list[Any]) -> None:
     out += packed
 
 
-def decode_entries(body: bytes, pos: int) -> tuple[list[Entry | None], int]:
+def decode_entries(body: bytes, pos: int) -> tuple[list[Any], int]:
     (nt,) = _U16.unpack_from(body, pos)
     pos += 2
     names = []
@@ -88,9 +88,9 @@ def decode_entries(body: bytes, pos: int) -> tuple[list[Entry | None], int]:
     end = pos + n * _ENTRY.size
     if end > len(body):
         raise RpcError(BAD_REQUEST, "truncated entries")
-    out: list[Entry | None] = [
-        None if t == _VOID else Entry(names[t], p, o)
-        for t, p, o in _ENTRY.iter_unpack(body[pos:end])
+    # Plain tuples: they compare and hash as Entry does, at half the cost to build.
+    out: list[Any] = [
+        None if t == _VOID else (names[t], p, o) for t, p, o in _ENTRY.iter_unpack(body[pos:end])
     ]
     return out, end
 

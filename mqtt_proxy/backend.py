@@ -13,10 +13,10 @@ So the proxy code is written in continuation style (`load(..., done)`, `acquire_
 and is correct either way; callers that must not let other work in between (a SUBSCRIBE and the
 packets behind it) block their connection until `done` runs (`MqttConnection.block`).
 
-Messages this proxy appended are kept (`remember`) keyed by log position, so delivery resolves
-them without reading the store (a light-queue entry is only (topic, partition, offset)). The
-cache is bounded by bytes, not count: a lagging subscriber within `recent_bytes` of the head
-still costs no store read.
+Messages this proxy appended are kept (`remember`) by log position, so delivery resolves them
+without reading the store (a light-queue entry is only (topic, partition, offset)). The cache is
+bounded by bytes, not count: a lagging subscriber within `recent_cache_bytes` of the head still
+costs no store read.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from bisect import bisect_right
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from typing import Any
@@ -47,56 +49,89 @@ class Backend:
         self.store = store
         self.notifier = notifier
         self.proxy_id = proxy_id
-        self._recent: dict[tuple[str, int, int], Any] = {}
-        self._recent_order: list[tuple[list[Any], int]] = []  # (offsets of one append, bytes)
+        # (log topic, partition) -> (base offsets, runs of messages); fifo: every run, oldest first
+        self._parts: dict[tuple[str, int], tuple[list[int], list[list[Any]]]] = {}
+        self._fifo: deque[tuple[tuple[str, int], int, int]] = deque()
         self._recent_bytes = 0
+        self._recent_count = 0
         self.recent_max = recent_bytes
 
     async def start(self) -> None:
         """Anything to learn from the layers below before serving clients."""
 
     # -- the recent-append cache -----------------------------------------------------------
-    def remember(self, msgs: list[Any], offsets: list[Any]) -> None:
-        """Keep what this proxy just appended, keyed by log position, for `resolve`. The
-        MqttMessage itself serves: it has every field delivery reads (timestamp set at receipt).
-        Evicted oldest append first once `recent_max` bytes are held."""
-        recent = self._recent
-        nbytes = RECENT_OVERHEAD * len(msgs)
-        for m, off in zip(msgs, offsets, strict=True):
-            if off is not None:
-                recent[off] = m
-                nbytes += len(m.payload)
-        self._recent_order.append((offsets, nbytes))
-        self._recent_bytes += nbytes
+    def remember(self, msgs: list[Any], runs: list[Any]) -> None:
+        """Keep what this proxy just appended, for `_from_recent`. The MqttMessage itself
+        serves: it has every field delivery reads (timestamp set at receipt).
+
+        Stored as runs, one per batch (`AppendResult.runs`: base offset + the messages in
+        offset order), so remembering costs nothing per message; oldest runs go first once
+        `recent_max` bytes are held (payload bytes, from the batch size, plus RECENT_OVERHEAD
+        per message)."""
+        parts = self._parts
+        fifo = self._fifo
+        for topic, part, base, idxs, nbytes in runs:
+            run = msgs if len(idxs) == len(msgs) else [msgs[i] for i in idxs]
+            key = (topic, part)
+            p = parts.get(key)
+            if p is None:
+                p = parts[key] = ([], [])
+            p[0].append(base)
+            p[1].append(run)
+            cost = nbytes + RECENT_OVERHEAD * len(run)
+            fifo.append((key, cost, len(run)))
+            self._recent_bytes += cost
+            self._recent_count += len(run)
         if self._recent_bytes > self.recent_max:
-            order = self._recent_order
-            drop = 0
-            while self._recent_bytes > self.recent_max * 7 // 8 and drop < len(order) - 1:
-                offs, n = order[drop]
-                for off in offs:
-                    recent.pop(off, None)
-                self._recent_bytes -= n
-                drop += 1
-            del order[:drop]
+            target = self.recent_max * 7 // 8
+            while self._recent_bytes > target and fifo:
+                key, cost, n = fifo.popleft()
+                bases, rs = parts[key]
+                del bases[0]  # a partition's runs are appended in offset order
+                del rs[0]
+                if not bases:
+                    del parts[key]
+                self._recent_bytes -= cost
+                self._recent_count -= n
 
     def _from_recent(self, entries: list[Any]) -> tuple[list[Any], list[int]]:
-        """Messages found in the recent cache, and the indexes of the entries that were not."""
-        recent = self._recent
+        """Messages found in the recent runs, and the indexes of the entries that were not."""
+        parts = self._parts
         out: list[Any] = [None] * len(entries)
         missing: list[int] = []
+        hits: dict[tuple[str, int], tuple[int, list[Any]]] = {}  # last run hit per partition
         for i, e in enumerate(entries):
             if e is None:
                 continue
-            m = recent.get(e)
-            if m is None:
-                missing.append(i)
-            else:
-                out[i] = m
+            t, p, o = e
+            key = (t, p)
+            hit = hits.get(key)
+            if hit is not None:
+                j = o - hit[0]
+                if 0 <= j < len(hit[1]):
+                    out[i] = hit[1][j]
+                    continue
+            part = parts.get(key)
+            if part is not None:
+                bases, rs = part
+                k = bisect_right(bases, o) - 1
+                if k >= 0:
+                    run = rs[k]
+                    j = o - bases[k]
+                    if j < len(run):
+                        out[i] = run[j]
+                        hits[key] = (bases[k], run)
+                        continue
+            missing.append(i)
         return out, missing
 
     @property
     def recent_count(self) -> int:
-        return len(self._recent)
+        return self._recent_count
+
+    @property
+    def recent_bytes(self) -> int:
+        return self._recent_bytes
 
     # -- notify ----------------------------------------------------------------------------
     def set_interest(self, queue: str, on: bool) -> None:

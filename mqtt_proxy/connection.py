@@ -65,6 +65,7 @@ class MqttConnection(asyncio.Protocol):
         "connected",
         "_blocked",
         "_held",
+        "paused_since",
     )
 
     def __init__(self, server: MqttServer) -> None:
@@ -90,6 +91,7 @@ class MqttConnection(asyncio.Protocol):
         self._loop = server.loop
         self._blocked = False  # an operation of this connection waits for the core (block())
         self._held: list[Any] = []  # packets received meanwhile, handled on unblock()
+        self.paused_since = 0.0  # loop time of the last pause_writing (delivery's slow check)
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -159,6 +161,7 @@ class MqttConnection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.writable = False
+        self.paused_since = self._loop.time()
         self.server.counters["write_pauses"] += 1
 
     def resume_writing(self) -> None:

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
-from mqtt_proxy.codec import PublishTemplate
+from mqtt_proxy.codec import PublishTemplate, publish_qos0
 from mqtt_proxy.outbound import delivery_properties
 from mqtt_proxy.session import Inflight, Session, Subscription
 from mqtt_proxy.subscriptions import topic_matches
@@ -46,6 +46,7 @@ log = logging.getLogger("lightgate.mqtt.delivery")
 
 INTERNAL_TOPIC_PREFIX = "__lightgate"
 PUMP_BATCHES = 64  # reads of `read_batch` entries per reader per tick before yielding the loop
+SLOW_AFTER_S = 0.1  # a subscriber whose socket stays full this long is a slow consumer
 
 
 class CachedMsg:
@@ -61,6 +62,7 @@ class CachedMsg:
         "ts_ms",
         "expire_at_ms",
         "templates",
+        "data0",
     )
 
     def __init__(
@@ -82,7 +84,8 @@ class CachedMsg:
         self.ts_ms = ts_ms
         expiry = props.message_expiry if props is not None else None
         self.expire_at_ms = ts_ms + expiry * 1000 if expiry is not None else None
-        self.templates: dict[tuple[Any, ...], PublishTemplate] = {}
+        self.templates: dict[tuple[Any, ...], PublishTemplate] | None = None
+        self.data0: bytes | None = None  # QoS 0, 3.1.1, no retain: the common packet, cached
 
     @classmethod
     def from_stored(cls, m: Any) -> CachedMsg:
@@ -97,7 +100,10 @@ class CachedMsg:
         """The PUBLISH for one kind of receiver, built once per (QoS, retain, version, ids).
         A v5 message with an expiry is rebuilt per pump: its remaining lifetime changes."""
         key = (qos, retain, v5, sub_ids)
-        tpl = self.templates.get(key)
+        templates = self.templates
+        if templates is None:
+            templates = self.templates = {}
+        tpl = templates.get(key)
         if tpl is None or (v5 and self.expire_at_ms is not None):
             props = None
             if v5:
@@ -108,8 +114,20 @@ class CachedMsg:
             tpl = PublishTemplate.build(
                 self.topic, self.payload, qos, retain, props, 5 if v5 else 4
             )
-            self.templates[key] = tpl
+            templates[key] = tpl
         return tpl
+
+    def qos0(self, retain: bool, v5: bool, sub_ids: tuple[int, ...], now_ms: int) -> bytes:
+        """The QoS 0 PUBLISH for a cohort: `template(0, ...).data`, but without a template
+        object where no property has to be carried (the fan-in/fan-out hot path)."""
+        if self.props is not None or sub_ids:
+            return self.template(0, retain, v5, sub_ids, now_ms).data
+        if retain or v5:
+            return publish_qos0(self.topic, self.payload, retain, v5)
+        d = self.data0
+        if d is None:
+            d = self.data0 = publish_qos0(self.topic, self.payload)
+        return d
 
 
 @dataclass(slots=True, eq=False)
@@ -383,9 +401,27 @@ class Delivery:
             self._trim(qs)
         if more:
             self.mark(qs)
-            readers = [s.pos for s in qs.subs if s.session.conn is not None]
-            readers += [g.pos for g in qs.groups.values()]
-            self.lag[qs.name] = qs.last_seq + 1 - min(readers, default=qs.last_seq + 1)
+        self._measure_lag(qs)
+
+    def _measure_lag(self, qs: QueueState) -> None:
+        """What this queue owes readers that can take it now (`lag`, which throttles ingest):
+        writable ones, and ones whose socket filled less than SLOW_AFTER_S ago (a fast reader
+        that reads in bursts). A reader paused for longer is a slow consumer: it catches up
+        from its light queue later and never holds publishers back."""
+        low = None
+        recent_pause = self._loop.time() - SLOW_AFTER_S
+        for s in qs.subs:
+            c = s.session.conn
+            if c is None or s.held or (not c.writable and c.paused_since < recent_pause):
+                continue
+            if low is None or s.pos < low:
+                low = s.pos
+        for g in qs.groups.values():
+            if low is None or g.pos < low:
+                low = g.pos
+        behind = 0 if low is None else qs.last_seq + 1 - low
+        if behind > 0:
+            self.lag[qs.name] = behind
         elif qs.name in self.lag:
             del self.lag[qs.name]
 
@@ -422,7 +458,7 @@ class Delivery:
                 m = cache[seq]
                 if m is None or m.expired(now_ms):
                     continue
-                chunks.append(m.template(0, m.retain and rap, v5, sub_ids, now_ms).data)
+                chunks.append(m.qos0(m.retain and rap, v5, sub_ids, now_ms))
             n = len(chunks)
             if n:
                 data = b"".join(chunks)

@@ -32,6 +32,7 @@ log = logging.getLogger("lightgate.mqtt.inbound")
 PUBACK, PUBREC = 4, 5
 LAG_HIGH = 20_000  # records appended but not yet indexed: pause publishers above this
 LAG_LOW = 5_000  # ... and resume them below this
+TICK_MAX = 10_000  # messages parsed in one tick before publishers are paused as well
 
 
 class Inbound:
@@ -66,9 +67,15 @@ class Inbound:
 
     def add(self, msg: Any, conn: Any = None, pid: int = 0, qos: int = 0) -> None:
         """Queue one message for this tick's append; `conn`/`pid` get the ack when durable."""
+        msgs = self._msgs
         if msg.retain:
-            self._retained.append(len(self._msgs))
-        self._msgs.append(msg)
+            self._retained.append(len(msgs))
+        msgs.append(msg)
+        if len(msgs) == TICK_MAX and not self.throttled:
+            # One loop tick can read megabytes from many sockets: stop reading more before
+            # this tick alone outruns what dispatch and delivery can absorb.
+            self.throttled = True
+            self._loop.call_later(0.001, self._check_lag)
         if qos:
             self._acks.append((conn, pid, PUBACK if qos == 1 else PUBREC))
         if not self._scheduled:
@@ -94,27 +101,31 @@ class Inbound:
         if not self.throttled and self.backlog() > LAG_HIGH:
             self.throttled = True
             self._loop.call_later(0.001, self._check_lag)
-        if res.offsets is not None:
-            self._staged(msgs, retained, res.offsets)
+        if res.runs is not None:
+            self._staged(msgs, retained, res)
         else:  # through the core link: the offsets come with its reply
             assert res.staged is not None
-            res.staged.add_done_callback(lambda f: self._staged_later(f, msgs, retained))
+            res.staged.add_done_callback(lambda f: self._staged_later(f, msgs, retained, res))
         fut = res.durable
         if acks:
             self.inflight += 1
             self._futs.add(fut)
             fut.add_done_callback(lambda f, acks=acks: self._durable(f, acks))
 
-    def _staged(self, msgs: list[Any], retained: list[int], offsets: list[Any]) -> None:
+    def _staged(self, msgs: list[Any], retained: list[int], res: Any) -> None:
         backend = self._server.backend
-        backend.remember(msgs, offsets)
-        for i in retained:
-            backend.retain(msgs[i], offsets[i])
+        backend.remember(msgs, res.runs)
+        if retained:
+            offsets = res.offsets
+            for i in retained:
+                backend.retain(msgs[i], offsets[i])
 
-    def _staged_later(self, fut: asyncio.Future[Any], msgs: list[Any], retained: list[int]) -> None:
+    def _staged_later(
+        self, fut: asyncio.Future[Any], msgs: list[Any], retained: list[int], res: Any
+    ) -> None:
         # A refused append fails `durable` too: its acks are failed there, logged once.
         if not fut.cancelled() and fut.exception() is None:
-            self._staged(msgs, retained, fut.result())
+            self._staged(msgs, retained, res)
 
     def _durable(self, fut: asyncio.Future[None], acks: list[tuple[Any, int, int]]) -> None:
         self.inflight -= 1
@@ -147,7 +158,8 @@ class Inbound:
 
     def backlog(self) -> int:
         """Records we appended that the dispatcher has not indexed yet (Kafka appends make this
-        an underestimate, never an overestimate), or what delivery owes writable readers."""
+        an underestimate, never an overestimate; through the core link it includes what is
+        still on its way there), or what delivery owes readers that can take it now."""
         server = self._server
         undispatched = self.appended - (server.backend.indexed() - self._indexed0)
         lag = server.delivery.lag

@@ -267,7 +267,10 @@ class MqttServer:
         out["sessions"] = len(self.sessions.sessions)
         out["queues_active"] = len(self.delivery.queues)
         out["recent_cache_messages"] = self.backend.recent_count
+        out["recent_cache_bytes"] = self.backend.recent_bytes
         out["inflight_appends"] = self.inbound.inflight
+        out["ingest_backlog"] = self.inbound.backlog()
+        out["ingest_throttled"] = int(self.inbound.throttled)
         out["uptime_s"] = int(time.time() - self.started_at)
         out["version"] = VERSION
         return out

@@ -37,7 +37,7 @@ from store.mapping import MqttMessage, check_publish_topic, escape_level, partit
 from store.mqtt_batches import build_mqtt_batches
 from store.record_batch import split_batches
 from store.rpc import BAD_REQUEST, Handler, RpcError, RpcPeer, get_str, put_str
-from store.store import AppendResult
+from store.store import AppendResult, Run
 
 log = logging.getLogger("lightgate.store.remote")
 
@@ -123,7 +123,7 @@ class StoreService:
                 out.append(_I64.pack(-1))
                 put_str(out, str(exc) or type(exc).__name__)
                 continue
-            out.append(_I64.pack(res.offsets[0][2]))
+            out.append(_I64.pack(res.runs[0][2]))
             out.append(b"\0\0")
             if sync:
                 waits.append(res.durable)
@@ -256,7 +256,7 @@ class RemoteStore:
 
     def _result(self) -> AppendResult:
         loop = asyncio.get_running_loop()
-        return AppendResult(None, loop.create_future(), loop.create_future())
+        return AppendResult(None, 0, loop.create_future(), loop.create_future())
 
     def append_mqtt(self, messages: Sequence[MqttMessage], sync: bool = True) -> AppendResult:
         """Build the batches here, append them in the core. Raises TopicMappingError for
@@ -303,7 +303,9 @@ class RemoteStore:
         except Exception as exc:
             _fail(res, exc)
             return
-        items = [(slot[0], slot[1], buf, idxs) for slot, buf, _n, _ts, idxs in batches]
+        items: list[tuple[str, int, bytes | bytearray, Sequence[int]]] = [
+            (slot[0], slot[1], buf, idxs) for slot, buf, _n, _ts, idxs in batches
+        ]
         self._send(items, len(messages), sync, res)
 
     def append_batch(
@@ -313,12 +315,12 @@ class RemoteStore:
         (one per record) arrive with `staged`."""
         res = self._result()
         count = sum(h.record_count for h in split_batches(batch))
-        self._send([(topic, partition, bytes(batch), list(range(count)))], count, sync, res)
+        self._send([(topic, partition, bytes(batch), range(count))], count, sync, res)
         return res
 
     def _send(
         self,
-        items: list[tuple[str, int, bytes | bytearray, list[int]]],
+        items: list[tuple[str, int, bytes | bytearray, Sequence[int]]],
         total: int,
         sync: bool,
         res: AppendResult,
@@ -342,7 +344,7 @@ class RemoteStore:
     def _replied(
         self,
         fut: asyncio.Future[bytes],
-        items: list[tuple[str, int, bytes | bytearray, list[int]]],
+        items: list[tuple[str, int, bytes | bytearray, Sequence[int]]],
         total: int,
         token: int,
         res: AppendResult,
@@ -354,25 +356,25 @@ class RemoteStore:
             _fail(res, StoreError(f"append failed: {fut.exception()}"))
             return
         body = fut.result()
-        offsets: list[Any] = [None] * total
+        runs: list[Run] = []
         errors = []
         pos = 0
-        for topic, part, _buf, idxs in items:
+        for topic, part, buf, idxs in items:
             (base,) = _I64.unpack_from(body, pos)
             err, pos = get_str(body, pos + 8)
             if base < 0:
                 errors.append(f"{topic}-{part}: {err}")
                 continue
-            for k, i in enumerate(idxs):
-                offsets[i] = (topic, part, base + k)
+            runs.append((topic, part, base, idxs, len(buf)))
         if errors:
             self._durable.pop(token, None)
             log.error("the core refused an append: %s", "; ".join(errors))
             _fail(res, StoreError("; ".join(errors)))
             return
-        res.offsets = offsets
+        res.runs = runs
+        res.count = total
         assert res.staged is not None
-        res.staged.set_result(offsets)
+        res.staged.set_result(None)
 
     def _on_durable(self, peer: RpcPeer, body: bytes) -> None:
         (token,) = _U32.unpack_from(body, 0)

@@ -20,7 +20,6 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -57,15 +56,44 @@ CLEAN_SHUTDOWN = "clean-shutdown"
 TOPICS_FILE = "topics.json"
 
 
-@dataclass(slots=True)
-class AppendResult:
-    """What an append returns. In-process, `offsets` are known at once and `staged` is None;
-    through `store.remote.RemoteStore` they arrive with the core's reply: `offsets` is None until
-    `staged` resolves (with the same list), and both futures fail if the core refused the append."""
+Run = tuple[str, int, int, Sequence[int], int]  # topic, partition, base offset, indexes, bytes
 
-    offsets: list[tuple[str, int, int]] | None  # (log topic, partition, offset) per message/record
-    durable: asyncio.Future[None]  # resolves when durable under the topic's fsync policy
-    staged: asyncio.Future[list[tuple[str, int, int]]] | None = None
+
+class AppendResult:
+    """What an append returns: where its records went, and when they are durable.
+
+    `runs` has one entry per batch written: (log topic, partition, base offset, the indexes of
+    the input messages in offset order, batch bytes), so nobody pays for a tuple per message
+    who does not need one; `offsets` (log topic, partition, offset) per message or record is
+    derived from it on first use. In-process both are known at once and `staged` is None;
+    through `store.remote.RemoteStore` they arrive with the core's reply (`runs` is None until
+    `staged` resolves), and both futures fail if the core refused the append.
+    """
+
+    __slots__ = ("runs", "count", "durable", "staged", "_offsets")
+
+    def __init__(
+        self,
+        runs: list[Run] | None,
+        count: int,
+        durable: asyncio.Future[None],
+        staged: asyncio.Future[None] | None = None,
+    ) -> None:
+        self.runs = runs
+        self.count = count  # messages (append_mqtt) or records (append_batch)
+        self.durable = durable  # resolves when durable under the topic's fsync policy
+        self.staged = staged
+        self._offsets: list[tuple[str, int, int]] | None = None
+
+    @property
+    def offsets(self) -> list[tuple[str, int, int]] | None:
+        if self._offsets is None and self.runs is not None:
+            out: list[Any] = [None] * self.count
+            for topic, part, base, idxs, _n in self.runs:
+                for k, i in enumerate(idxs):
+                    out[i] = (topic, part, base + k)
+            self._offsets = out
+        return self._offsets
 
 
 def _log_failure(fut: Future[Any], what: str) -> None:
@@ -308,15 +336,13 @@ class Store:
         for lg, *_ in batches:
             if lg.failed is not None:
                 raise StoreError(f"partition {lg.name} is offline after a failed fsync")
-        offsets: list[Any] = [None] * len(messages)
+        runs: list[Run] = []
         staged: dict[Log, list[int]] = {}
         for lg, buf, n, max_ts, idxs in batches:
             base = lg.stage(buf, n, max_ts)
             staged[lg] = idxs
-            topic, part = lg.topic, lg.partition
-            for k, i in enumerate(idxs):
-                offsets[i] = (topic, part, base + k)
-        return AppendResult(offsets, self._commit.enqueue(staged, sync))
+            runs.append((lg.topic, lg.partition, base, idxs, len(buf)))
+        return AppendResult(runs, len(messages), self._commit.enqueue(staged, sync))
 
     def append_batch(
         self, topic: str, partition: int, batch: bytes, sync: bool = True
@@ -336,14 +362,15 @@ class Store:
         if lg.failed is not None:
             raise StoreError(f"partition {lg.name} is offline after a failed fsync")
         headers = split_batches(batch)
-        offsets: list[tuple[str, int, int]] = []
+        runs: list[Run] = []
         data = batch if type(batch) is bytes else bytes(batch)  # views need immutable bytes
-        pos = 0
+        pos = count = 0
         for h in headers:
             base = lg.stage_view(data, pos, h.size, h.record_count, h.max_timestamp)
             pos += h.size
-            offsets += [(topic, partition, o) for o in range(base, base + h.record_count)]
-        return AppendResult(offsets, self._commit.enqueue({lg: []}, sync))
+            runs.append((topic, partition, base, range(count, count + h.record_count), h.size))
+            count += h.record_count
+        return AppendResult(runs, count, self._commit.enqueue({lg: []}, sync))
 
     def _seal(self, lg: Log, seg: Any) -> None:
         idx, tix = seg.index_bytes()

@@ -305,3 +305,28 @@ def test_every_property_in_every_allowed_packet(case: tuple[tuple[int, int], Any
         props = Properties(**{spec.name: value})
     pkt = _carrier(ptype, props)
     assert Parser(version=5).feed(encode(pkt, 5)) == [pkt]
+
+
+@settings(deadline=None, max_examples=150)
+@given(
+    st.text(
+        st.characters(blacklist_categories=("Cs", "Cc"), blacklist_characters="+#\ufeff"),
+        min_size=1,
+        max_size=40,
+    ),
+    st.one_of(st.binary(max_size=300), st.binary(min_size=16380, max_size=16400)),
+    st.booleans(),
+    st.sampled_from([4, 5]),
+)
+def test_delivery_encoders_agree(topic: str, payload: bytes, retain: bool, version: int) -> None:
+    """The three ways delivery encodes a QoS 0 PUBLISH write the same bytes as `encode`, and
+    those bytes parse back to the message (short and multi-byte remaining lengths)."""
+    from mqtt_proxy.codec import PublishTemplate, encode_publish, publish_qos0
+
+    want = encode(Publish(topic, payload, 0, retain), version)
+    assert encode_publish(topic, payload, 0, retain, version=version) == want
+    assert PublishTemplate.build(topic, payload, 0, retain, None, version).data == want
+    assert publish_qos0(topic, payload, retain, version == 5) == want
+    assert publish_qos0(topic, payload, retain, version == 5) == want  # cached topic bytes
+    (got,) = Parser(version=version).feed(want)
+    assert (got.topic, got.payload, got.retain, got.qos) == (topic, payload, retain, 0)

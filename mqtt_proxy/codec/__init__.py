@@ -38,7 +38,7 @@ constructed by our code; the parser builds them directly after checking the wire
 """
 
 from .connection import CLIENT, SERVER, Connection, Role, State
-from .encoder import PINGREQ, PINGRESP, PublishTemplate, encode, encode_publish
+from .encoder import PINGREQ, PINGRESP, PublishTemplate, encode, encode_publish, publish_qos0
 from .errors import LocalProtocolError, ProtocolError, RemoteProtocolError
 from .packets import (
     Auth,
@@ -77,6 +77,7 @@ __all__ = [
     "PublishTemplate",
     "encode",
     "encode_publish",
+    "publish_qos0",
     "LocalProtocolError",
     "ProtocolError",
     "RemoteProtocolError",

@@ -276,7 +276,8 @@ def _append(
         return E.unknown_topic_or_partition, -1, str(exc), None
     except StoreError as exc:  # partition offline after a failed fsync
         return E.kafka_storage_error, -1, str(exc), None
-    base = result.offsets[0][2]
+    assert result.runs is not None
+    base = result.runs[0][2]
     b.counters["produce_bytes"] += len(records)
     b.counters["produce_records"] += h.record_count
     b.producers.record(topic, partition, h, base)

@@ -1,0 +1,61 @@
+"""The proxy's recent-append cache (mqtt_proxy.backend): runs by log position, bounded by bytes.
+
+Filled from real `Store.append_mqtt` results, checked against the offsets the store assigned.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mqtt_proxy.backend import RECENT_OVERHEAD, Backend
+from store import MqttMessage, Store, StoreConfig
+
+
+def _msgs(n: int, tag: str, size: int = 64) -> list[MqttMessage]:
+    return [
+        MqttMessage(f"r/{i % 3}", f"{tag}{i}".encode().ljust(size, b"."), 0, "c") for i in range(n)
+    ]
+
+
+async def test_runs_resolve_what_was_appended_and_miss_the_rest(tmp_path: Path) -> None:
+    store = await Store.open(tmp_path, StoreConfig(default_partitions=3, fsync="never"))
+    b = Backend(store, None, "p", recent_bytes=1 << 30)
+    first, second = _msgs(50, "a"), _msgs(40, "b")
+    r1 = store.append_mqtt(first, sync=False)
+    # Records this proxy did not append (another producer) sit between its runs.
+    store.append_mqtt(_msgs(7, "x"), sync=False)
+    r2 = store.append_mqtt(second, sync=False)
+    b.remember(first, r1.runs)  # type: ignore[arg-type]
+    b.remember(second, r2.runs)  # type: ignore[arg-type]
+    assert b.recent_count == 90
+    wanted = list(r2.offsets or []) + [None] + list(r1.offsets or [])
+    got, missing = b._from_recent(wanted)
+    assert got == second + [None] + first and missing == []
+    foreign = [(t, p, o) for (t, p, o) in (r1.offsets or [])]
+    foreign = [(t, p, o + 1_000) for t, p, o in foreign[:3]] + [("nope", 0, 1)]
+    got, missing = b._from_recent(foreign)
+    assert got == [None] * 4 and missing == [0, 1, 2, 3]
+    # The gap left by the other producer's records misses too.
+    last_a = max(o for t, p, o in r1.offsets or [] if p == 0)
+    first_b = min(o for t, p, o in r2.offsets or [] if p == 0)
+    gap = [("r", 0, o) for o in range(last_a + 1, first_b)]
+    assert gap and b._from_recent(gap)[1] == list(range(len(gap)))
+    await store.close()
+
+
+async def test_oldest_runs_go_first_past_the_byte_budget(tmp_path: Path) -> None:
+    store = await Store.open(tmp_path, StoreConfig(default_partitions=1, fsync="never"))
+    per_append = 100 * (RECENT_OVERHEAD + 64 + 40)  # about what one append of 100 costs
+    b = Backend(store, None, "p", recent_bytes=3 * per_append)
+    results = []
+    for k in range(10):
+        msgs = _msgs(100, f"m{k}-")
+        res = store.append_mqtt(msgs, sync=False)
+        b.remember(msgs, res.runs)  # type: ignore[arg-type]
+        results.append((msgs, res))
+        assert b.recent_bytes <= 3 * per_append
+    kept = [k for k, (_m, res) in enumerate(results) if not b._from_recent(res.offsets or [])[1]]
+    gone = [k for k, (_m, res) in enumerate(results) if b._from_recent(res.offsets or [])[1]]
+    assert gone == list(range(len(gone))) and kept == list(range(len(gone), 10))
+    assert 1 <= len(kept) <= 3 and b.recent_count == 100 * len(kept)
+    await store.close()
