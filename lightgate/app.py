@@ -100,14 +100,12 @@ class Gateway:
             self.endpoints["ws"] = await mqtt.start_ws(cfg.host, cfg.ws_port)
 
     async def _start_proxy_process(self, queues: Any, notifier: Any) -> None:
-        """`mqtt_processes = 1`: the core link and notify over TCP, then the proxy child
-        (lightgate/split.py), whose listeners become this gateway's MQTT endpoints."""
+        """`mqtt_processes = 1`: the core link (store, light queues, notify), then the proxy
+        child (lightgate/split.py), whose listeners become this gateway's MQTT endpoints."""
         from lightgate.split import CoreLink, ProxySupervisor, core_address
-        from notify import TcpNotifyServer
 
-        cfg = self.cfg
         assert self.store is not None
-        link = CoreLink(self.store, queues)
+        link = CoreLink(self.store, queues, notifier)
         publish, on_round = notifier.publish, link.queue_service.on_round
 
         def sink(events: Any) -> None:
@@ -115,19 +113,9 @@ class Gateway:
             on_round()
 
         queues.set_sink(sink)
-        address = await link.start(core_address(cfg))
+        address = await link.start(core_address(self.cfg))
         self._closers.append(link)
-        notify_host = cfg.host if cfg.core_listen else "127.0.0.1"
-        if "notify" in self.endpoints:
-            nport = self.endpoints["notify"][1]
-        else:
-            tcp = TcpNotifyServer(notifier, notify_host, max(cfg.notify_port, 0))
-            await tcp.start()
-            self._closers.append(tcp)
-            nport = tcp.port
-        if notify_host in ("0.0.0.0", "::", ""):
-            notify_host = "127.0.0.1"
-        supervisor = ProxySupervisor(cfg, address, f"{notify_host}:{nport}")
+        supervisor = ProxySupervisor(self.cfg, address)
         self._closers.append(supervisor)
         self.endpoints.update(await supervisor.start())
         self._stats_sources.append(("mqtt_", link))

@@ -66,12 +66,11 @@ def build_parser() -> argparse.ArgumentParser:
         "proxy",
         help="run an MQTT proxy against a core (`serve` starts one itself with mqtt_processes=1)",
         description="Run the MQTT listeners, sessions and delivery in this process, with the "
-        "store and light queues of a core reached over its core link (`core_listen`) and notify "
-        "over TCP (`notify_port`). Listener flags and --set work as for serve.",
+        "store, light queues and notify of a core reached over its core link (`core_listen`). "
+        "Listener flags and --set work as for serve.",
     )
     _add_common(proxy)
     proxy.add_argument("--core", required=True, help="core link address: host:port or unix:/path")
-    proxy.add_argument("--notify", required=True, help="the core's notify listener, host:port")
     proxy.add_argument("--proxy-id", default="mqtt-1", help="this proxy's id (default mqtt-1)")
     proxy.add_argument("--host", help="listen address (default 127.0.0.1)")
     for flag, default in (("mqtt-port", 1883), ("mqtts-port", 8883), ("ws-port", 8083)):
@@ -133,7 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             cfg = config_from_json(ns.config_json)
             setup_logging(cfg.log_format, cfg.log_level)
         tune_gc(cfg.gc_gen0)
-        return _run(run_proxy(cfg, ns.core, ns.notify, ns.proxy_id))
+        return _run(run_proxy(cfg, ns.core, ns.proxy_id))
     if ns.command == "rebuild-queues":
         from lightgate.app import rebuild_queues
 

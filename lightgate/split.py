@@ -3,16 +3,16 @@
 With `mqtt_processes = 1`, `lightgate serve` is two processes on two cores:
 
 - the **core** (this process): store, dispatcher and light queues (LevelDB), notify, the Kafka
-  listener and HTTP. It serves the store and the light queues on the core link (`core_listen`,
-  by default a Unix socket in the data dir) and notify over TCP;
+  listener and HTTP. It serves the store, the light queues and notify on the core link
+  (`core_listen`, by default a Unix socket in the data dir);
 - the **proxy** (`lightgate proxy`, a child started and watched by `ProxySupervisor`): every MQTT
   listener (TCP, TLS, WebSocket), sessions and delivery. It parses PUBLISHes and builds their
-  RecordBatches itself, appends them through the link, and pulls light-queue entries on notify
-  events, resolving its own recent messages without asking the core.
+  RecordBatches itself, appends them through the link, and delivers the light-queue entries the
+  core pushes for the queues it watches (pulling only to catch up), resolving its own recent
+  messages without asking the core.
 
-The same `lightgate proxy --core ADDR --notify HOST:PORT` runs on another host against a core
-whose `core_listen` and `notify_port` face the network: the split is a configuration, not a
-different program. One proxy per core for now (sessions and `$share` groups live in the proxy;
+The same `lightgate proxy --core HOST:PORT` runs on another host against a core whose
+`core_listen` faces the network: the split is a configuration, not a different program. One proxy per core for now (sessions and `$share` groups live in the proxy;
 several proxies would need the core to own client-id takeover and shared-group positions).
 
 Lifecycle: the child prints `lightgate proxy ready mqtt=... ws=...`, the core then prints its own
@@ -43,6 +43,7 @@ from store.rpc import RpcPeer, RpcServer, connect
 log = logging.getLogger("lightgate.split")
 
 HELLO, STATS = 64, 65  # proxy → core: its id (one-way); core → proxy: its counters (JSON)
+REGISTER, UNREGISTER, EVENTS = 66, 67, 68  # notify over the link (bodies as notify.frames)
 READY_PREFIX = "lightgate proxy ready"
 
 
@@ -58,19 +59,27 @@ def core_address(cfg: GatewayConfig) -> str:
 
 
 class CoreLink:
-    """The core's end: store + light queues on the link, proxies by id, their stats."""
+    """The core's end: store + light queues on the link, notify routed over it, proxies by id.
 
-    def __init__(self, store: Any, queues: Any) -> None:
+    Notify travels on the same link as the light queues' pushed entries: a dispatch round
+    pushes a watched queue's new entries and then its event, in that order on one socket, so
+    the proxy never asks the core for entries that were already on their way to it.
+    """
+
+    def __init__(self, store: Any, queues: Any, notifier: Any) -> None:
         from lightqueue.remote import LightQueueService
         from store.remote import StoreService
 
         self.store_service = StoreService(store)
         self.queue_service = LightQueueService(queues)
+        self.routes = notifier.routes
         self.proxies: dict[str, RpcPeer] = {}
         methods = {
             **self.store_service.methods(),
             **self.queue_service.methods(),
             HELLO: self._hello,
+            REGISTER: self._register,
+            UNREGISTER: self._unregister,
         }
         self.server = RpcServer(methods, on_connect=self._connected, on_lost=self._lost)
 
@@ -82,16 +91,56 @@ class CoreLink:
 
     def _hello(self, peer: RpcPeer, body: bytes) -> None:
         proxy_id = body.decode()
+        old = self.proxies.get(proxy_id)
+        if old is not None and old is not peer:
+            old.abort()  # a restarted proxy: the old link's routes go with it
         peer.name = proxy_id
         peer.state["proxy_id"] = proxy_id
         self.proxies[proxy_id] = peer
+        self.routes.drop(proxy_id)
+        box = self.routes.mailbox(proxy_id)
+        box.on_ready = lambda b: self._ready(peer)
         log.info("proxy %s connected to the core link", proxy_id)
+
+    def _ready(self, peer: RpcPeer) -> None:
+        if not peer.state.get("drain"):
+            peer.state["drain"] = True
+            asyncio.get_running_loop().call_soon(self._drain, peer)
+
+    def _drain(self, peer: RpcPeer) -> None:
+        """Everything coalesced for this proxy since the last drain, in one EVENTS frame."""
+        from notify.frames import events_body
+
+        peer.state["drain"] = False
+        pid = peer.state.get("proxy_id")
+        if pid is None or self.proxies.get(pid) is not peer:
+            return
+        pending = self.routes.mailbox(pid).take()
+        if pending:
+            peer.send(EVENTS, events_body(pending.items()))
+
+    def _register(self, peer: RpcPeer, body: bytes) -> None:
+        from notify.frames import REGISTER as R
+        from notify.frames import decode_body
+
+        pid = peer.state.get("proxy_id")
+        if pid is not None:
+            self.routes.register(pid, decode_body(R, body), announce=True)
+
+    def _unregister(self, peer: RpcPeer, body: bytes) -> None:
+        from notify.frames import UNREGISTER as U
+        from notify.frames import decode_body
+
+        pid = peer.state.get("proxy_id")
+        if pid is not None:
+            self.routes.unregister(pid, decode_body(U, body))
 
     def _lost(self, peer: RpcPeer, exc: Exception | None) -> None:
         self.queue_service.peer_lost(peer)
         pid = peer.state.get("proxy_id")
         if pid is not None and self.proxies.get(pid) is peer:
             del self.proxies[pid]
+            self.routes.drop(pid)
             log.info("proxy %s left the core link", pid)
 
     async def proxy_stats(self) -> dict[str, Any]:
@@ -115,6 +164,65 @@ class CoreLink:
 
 
 # -- the proxy process -------------------------------------------------------------------------
+class LinkNotifier:
+    """A proxy's notifier over the core link: the interface of `InProcessNotifier` that the
+    MQTT proxy uses (register, unregister, drop, batches), events coalesced in a Mailbox."""
+
+    def __init__(self, proxy_id: str) -> None:
+        from notify import Mailbox
+
+        self.proxy_id = proxy_id
+        self.peer: RpcPeer | None = None
+        self._interest: set[str] = set()
+        self._box = Mailbox(proxy_id)
+
+    def methods(self) -> dict[int, Any]:
+        return {EVENTS: self._on_events}
+
+    def attach(self, peer: RpcPeer) -> None:
+        self.peer = peer
+        peer.closed.add_done_callback(lambda _f: self._box.close())
+
+    def _on_events(self, peer: RpcPeer, body: bytes) -> None:
+        from notify.frames import EVENTS as E
+        from notify.frames import decode_body
+
+        interest, box = self._interest, self._box
+        for q, seq in decode_body(E, body):  # type: ignore[attr-defined]
+            if q in interest:
+                box.put(q, seq)
+
+    def register(self, proxy_id: str, queues: Any, announce: bool = True) -> None:
+        """Add interest; the core answers each new queue with its current last sequence."""
+        from notify.frames import queues_body
+
+        new = [q for q in queues if q not in self._interest]
+        if new and self.peer is not None:
+            self._interest.update(new)
+            self.peer.send(REGISTER, queues_body(new))
+
+    def unregister(self, proxy_id: str, queues: Any) -> None:
+        from notify.frames import queues_body
+
+        gone = [q for q in queues if q in self._interest]
+        self._interest.difference_update(gone)
+        for q in gone:
+            self._box.pending.pop(q, None)
+        if gone and self.peer is not None:
+            self.peer.send(UNREGISTER, queues_body(gone))
+
+    def drop(self, proxy_id: str) -> None:
+        self.unregister(proxy_id, list(self._interest))
+
+    async def batches(self, proxy_id: str) -> Any:
+        box = self._box
+        while True:
+            await box.wait()
+            if box.closed and not box.pending:
+                return
+            yield box.take()
+
+
 def exit_with_parent() -> None:
     """Linux: die with the process that started us (a `kill -9` of the core takes us along)."""
     try:
@@ -126,35 +234,30 @@ def exit_with_parent() -> None:
         os._exit(1)
 
 
-async def run_proxy(cfg: GatewayConfig, core: str, notify: str, proxy_id: str) -> int:
+async def run_proxy(cfg: GatewayConfig, core: str, proxy_id: str) -> int:
     """`lightgate proxy`: MQTT listeners over a remote core until SIGTERM or the link drops."""
     from lightgate.app import tls_context
     from lightqueue.remote import RemoteLightQueues
     from mqtt_proxy.server import MqttServer
     from mqtt_proxy.settings import ProxySettings
-    from notify import TcpNotifyClient
     from store.remote import RemoteStore
 
-    rs, rq = RemoteStore(), RemoteLightQueues()
+    rs, rq, notifier = RemoteStore(), RemoteLightQueues(), LinkNotifier(proxy_id)
     server: MqttServer | None = None
 
     def stats(peer: RpcPeer, body: bytes) -> bytes:
         return json.dumps(server.stats() if server is not None else {}).encode()
 
-    methods = {**rs.methods(), **rq.methods(), STATS: stats}
+    methods = {**rs.methods(), **rq.methods(), **notifier.methods(), STATS: stats}
     try:
         peer = await connect(core, methods, name="core")
     except (OSError, TimeoutError) as exc:
         print(f"lightgate proxy: cannot reach the core at {core}: {exc}", file=sys.stderr)
         return 1
     peer.send(HELLO, proxy_id.encode())
-    rs.attach(peer)
-    rq.attach(peer)
+    for part in (rs, rq, notifier):
+        part.attach(peer)
     await rs.start()
-    nhost, _, nport = notify.rpartition(":")
-    notifier = TcpNotifyClient(nhost or "127.0.0.1", int(nport), proxy_id)
-    await notifier.start()
-    await asyncio.wait_for(notifier.connected.wait(), 10)
     server = MqttServer(
         rs, rq, notifier, ProxySettings.from_config(cfg), proxy_id=proxy_id, remote=True
     )
@@ -190,7 +293,6 @@ async def run_proxy(cfg: GatewayConfig, core: str, notify: str, proxy_id: str) -
             await asyncio.wait_for(rs.barrier(), 5)  # the core has what close() sent
         except Exception as exc:
             log.warning("no answer from the core before closing: %r", exc)
-    await notifier.close()
     peer.close()
     return 1 if lost else 0
 
@@ -199,10 +301,9 @@ async def run_proxy(cfg: GatewayConfig, core: str, notify: str, proxy_id: str) -
 class ProxySupervisor:
     """Starts `lightgate proxy` as a child, learns its endpoints, restarts it if it dies."""
 
-    def __init__(self, cfg: GatewayConfig, core: str, notify: str) -> None:
+    def __init__(self, cfg: GatewayConfig, core: str) -> None:
         self.cfg = cfg
         self.core = core
-        self.notify = notify
         self.endpoints: dict[str, tuple[str, int]] = {}
         self.restarts = 0
         self._proc: asyncio.subprocess.Process | None = None
@@ -217,8 +318,8 @@ class ProxySupervisor:
             if name in self.endpoints:  # a restarted child binds the ports clients know
                 conf[key] = self.endpoints[name][1]
         return [
-            sys.executable, "-m", "lightgate", "proxy", "--core", self.core, "--notify",
-            self.notify, "--proxy-id", "mqtt-1", "--config-json", json.dumps(conf),
+            sys.executable, "-m", "lightgate", "proxy", "--core", self.core,
+            "--proxy-id", "mqtt-1", "--config-json", json.dumps(conf),
             "--exit-with-parent",
         ]  # fmt: skip
 

@@ -53,7 +53,7 @@ class Queue:
 
     __slots__ = (
         "name", "qid", "kind", "start", "next", "kpfx", "mkey", "touched", "refs",
-        "released_at", "filter", "gate", "live",
+        "released_at", "filter", "gate", "live", "watchers", "watch",
     )  # fmt: skip
 
     def __init__(self, name: str, qid: int, kind: int, start: int, nxt: int) -> None:
@@ -70,6 +70,8 @@ class Queue:
         self.filter: str | None = None  # the MQTT filter it indexes (filter and replay queues)
         self.gate: dict[tuple[int, int], int] | None = None  # rebuild: (tid, part) → first offset
         self.live = kind == KIND_EXACT  # filter queues: in the trie (not backfilling)
+        self.watchers = 0  # readers that want new entries pushed (LightQueues.watch)
+        self.watch: list[tuple[str, int, int]] | None = None  # entries of this round, if watched
 
     def meta(self) -> bytes:
         return encode_meta(self.qid, self.kind, self.start, self.next)

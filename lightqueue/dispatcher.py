@@ -12,7 +12,9 @@ filter queue whose filter matches (`FilterTrie`). A round is ONE LevelDB WriteBa
 entry + 1, found at open, so it needs no write per round. So after any crash
 LevelDB holds the state after some round, whose checkpoints say exactly where to resume: records
 are indexed again from there, into the same sequence numbers, giving no duplicate and no gap.
-After the write, one coalesced `(queue, last_seq)` event per grown queue goes to the sink.
+After the write, one coalesced `(queue, last_seq)` event per grown queue goes to the sink; before
+that, a queue someone watches (`LightQueues.watch`: a proxy delivering from it) has the round's
+new entries pushed to `watch_sink`, so its reader needs no read back from LevelDB to deliver them.
 
 Recovery cases at open (`repair`):
 1. Checkpoint beyond the log end: the commitlog lost its unflushed tail in an OS crash, and its
@@ -66,6 +68,8 @@ SYSTEM_TOPIC_PREFIX = "__lightgate"
 _TARGET_CACHE_MAX = 200_000
 
 EventSink = Callable[[list[tuple[str, int]]], None]
+# (queue, first sequence, entries) for each watched queue that grew in a round
+WatchSink = Callable[[list[tuple[str, int, list[tuple[str, int, int]]]]], None]
 
 
 def is_system_topic(topic: str) -> bool:
@@ -114,6 +118,7 @@ class Dispatcher:
         self.store = store
         self.trie = trie
         self.sink = sink
+        self.watch_sink: WatchSink | None = None
         self.batch_records = batch_records
         self.read_bytes = read_bytes
         self.hwm: dict[tuple[str, int], int] = {}
@@ -281,8 +286,23 @@ class Dispatcher:
                 raise
         for t, p, c in advanced:
             ckpts[(t, p)] = c
-        if grown and self.sink is not None and own_wb:
-            self.sink([(q.name, q.next - 1) for q in grown])
+        if grown and own_wb:
+            # Watched queues get their new entries pushed first, then everyone the events, so
+            # a reader woken by an event already has what it announces.
+            pushed = []
+            for q in grown:
+                w = q.watch
+                if w:
+                    pushed.append((q.name, q.next - len(w), w))
+                    q.watch = []
+            if pushed and self.watch_sink is not None:
+                self.watch_sink(pushed)
+            if self.sink is not None:
+                self.sink([(q.name, q.next - 1) for q in grown])
+        elif grown:
+            for q in grown:  # a caller's batch (rebuild): nothing is pushed from it
+                if q.watch:
+                    q.watch = []
         waiters, self._round_waiters = self._round_waiters, []
         for f in waiters:
             if not f.done():
@@ -343,6 +363,9 @@ class Dispatcher:
                     if gated and q.gate is not None and off < q.gate.get((tid, p), 0):
                         continue
                     put(q.kpfx + pack(q.next), val)
+                    w = q.watch
+                    if w is not None:
+                        w.append((t, p, off))
                     q.next += 1
                     if q.touched != stamp:
                         q.touched = stamp

@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 from lightqueue import codec
 from lightqueue.backfill import Backfill, start_vector
 from lightqueue.db import LIGHTQUEUE_DIR, Queue, QueueDB
-from lightqueue.dispatcher import Dispatcher, EventSink
+from lightqueue.dispatcher import Dispatcher, EventSink, WatchSink
 from lightqueue.keys import (
     KIND_DROPPED,
     KIND_EXACT,
@@ -126,6 +126,29 @@ class LightQueues:
     def set_sink(self, sink: EventSink | None) -> None:
         """Where `(queue, last_seq)` events go after each dispatch batch (e.g. notifier.publish)."""
         self.dispatcher.sink = sink
+
+    def set_watch_sink(self, sink: WatchSink | None) -> None:
+        """Where watched queues' new entries go after each dispatch round (before the events)."""
+        self.dispatcher.watch_sink = sink
+
+    def watch(self, queue: str) -> bool:
+        """Push this queue's new entries to the watch sink from now on (one per `unwatch`).
+        False if the queue does not exist (nothing to watch; reads still work)."""
+        q = self.qdb.queues.get(queue)
+        if q is None:
+            return False
+        q.watchers += 1
+        if q.watch is None:
+            q.watch = []
+        return True
+
+    def unwatch(self, queue: str) -> None:
+        q = self.qdb.queues.get(queue)
+        if q is None or q.watchers == 0:
+            return
+        q.watchers -= 1
+        if q.watchers == 0:
+            q.watch = None
 
     async def start(self) -> None:
         """Repair checkpoints, begin tailing the store, resume backfills, start maintenance."""

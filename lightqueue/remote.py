@@ -20,6 +20,10 @@ Wire bodies (str = u16 length + UTF-8; `codec` = lightqueue.codec, used for the 
     SESSIONS  → codec [state, ...];  PUT_SESSIONS codec [[client id, state], ...] (call or one-way)
     DEL_SESSION str client id                             (one-way)
     INDEXED   (core → proxy, one-way) i64 records the dispatcher has indexed since it opened
+    WATCH / UNWATCH  str queue                            (one-way; counted per link)
+    ENTRIES   (core → proxy, one-way) u16 n | n × (str queue | i64 first seq | topics | entries)
+              a watched queue's new entries after each dispatch round, sent before the notify
+              events of that round, so a proxy delivers them without a READ round trip
 
     topics  = u16 n | n × str                   (log topic names the entries refer to)
     entries = u32 n | n × (u16 topic index, u32 partition, i64 offset)   index 0xFFFF = void
@@ -43,6 +47,7 @@ log = logging.getLogger("lightgate.lightqueue.remote")
 
 READ, RESOLVE, ACQUIRE, RELEASE, RETAIN, RETAINED = 32, 33, 34, 35, 36, 37
 SESSIONS, PUT_SESSIONS, DEL_SESSION, INDEXED = 38, 39, 40, 41
+WATCH, UNWATCH, ENTRIES = 42, 43, 44
 
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
@@ -157,9 +162,13 @@ class LightQueueService:
         self.queues = queues
         self.peers: set[RpcPeer] = set()
         self._push_scheduled = False
+        self._watchers: dict[str, set[RpcPeer]] = {}
+        queues.set_watch_sink(self.on_entries)
 
     def methods(self) -> dict[int, Handler]:
         return {
+            WATCH: self._watch,
+            UNWATCH: self._unwatch,
             READ: self._read,
             RESOLVE: self._resolve,
             ACQUIRE: self._acquire,
@@ -177,12 +186,55 @@ class LightQueueService:
         peer.send(INDEXED, _I64.pack(int(self.queues.dispatcher.records)))
 
     def peer_lost(self, peer: RpcPeer) -> None:
-        """Release every hold the link took (a proxy that went away holds nothing)."""
+        """Release every hold and watch the link took (a proxy that went away holds nothing)."""
         self.peers.discard(peer)
         holds: Counter[str] = peer.state.pop("holds", Counter())
         for queue, n in holds.items():
             for _ in range(n):
                 self.queues.release_filter(queue)
+        for queue in peer.state.pop("watching", set()):
+            self._drop_watch(peer, queue)
+
+    def _watch(self, peer: RpcPeer, body: bytes) -> None:
+        queue, _ = get_str(body, 0)
+        watching: set[str] = peer.state.setdefault("watching", set())
+        if queue in watching or not self.queues.watch(queue):
+            return
+        watching.add(queue)
+        self._watchers.setdefault(queue, set()).add(peer)
+
+    def _unwatch(self, peer: RpcPeer, body: bytes) -> None:
+        queue, _ = get_str(body, 0)
+        watching: set[str] = peer.state.setdefault("watching", set())
+        if queue in watching:
+            watching.discard(queue)
+            self._drop_watch(peer, queue)
+
+    def _drop_watch(self, peer: RpcPeer, queue: str) -> None:
+        self.queues.unwatch(queue)
+        peers = self._watchers.get(queue)
+        if peers is not None:
+            peers.discard(peer)
+            if not peers:
+                del self._watchers[queue]
+
+    def on_entries(self, pushed: list[tuple[str, int, list[Any]]]) -> None:
+        """The dispatcher's watch sink: one ENTRIES frame per watching link."""
+        frames: dict[RpcPeer, list[bytes]] = {}
+        counts: dict[RpcPeer, int] = {}
+        for queue, first, entries in pushed:
+            for peer in self._watchers.get(queue, ()):
+                out = frames.get(peer)
+                if out is None:
+                    out = frames[peer] = [b""]
+                    counts[peer] = 0
+                put_str(out, queue)
+                out.append(_I64.pack(first))
+                encode_entries(out, entries)
+                counts[peer] += 1
+        for peer, out in frames.items():
+            out[0] = _U16.pack(counts[peer])
+            peer.send(ENTRIES, b"".join(out))
 
     def on_round(self) -> None:
         """A dispatch round finished: tell the links how far indexing got (once per tick)."""
@@ -263,9 +315,29 @@ class RemoteLightQueues:
     def __init__(self) -> None:
         self.peer: RpcPeer | None = None
         self.indexed = 0  # the core dispatcher's record count, pushed after its rounds
+        # Where pushed entries of watched queues go: (queue, first sequence, entries).
+        self.entries_sink: Any = None
 
     def methods(self) -> dict[int, Handler]:
-        return {INDEXED: self._on_indexed}
+        return {INDEXED: self._on_indexed, ENTRIES: self._on_entries}
+
+    def _on_entries(self, peer: RpcPeer, body: bytes) -> None:
+        (n,) = _U16.unpack_from(body, 0)
+        pos = 2
+        sink = self.entries_sink
+        for _ in range(n):
+            queue, pos = get_str(body, pos)
+            (first,) = _I64.unpack_from(body, pos)
+            entries, pos = decode_entries(body, pos + 8)
+            if sink is not None:
+                sink(queue, first, entries)
+
+    def watch(self, queue: str, on: bool) -> None:
+        """Have the core push `queue`'s new entries (ENTRIES), or stop."""
+        assert self.peer is not None
+        out: list[bytes] = []
+        put_str(out, queue)
+        self.peer.send(WATCH if on else UNWATCH, b"".join(out))
 
     def attach(self, peer: RpcPeer) -> None:
         self.peer = peer

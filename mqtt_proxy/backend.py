@@ -30,6 +30,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from typing import Any
 
+from lightqueue.model import ReadResult
 from mqtt_proxy.subscriptions import FilterSpec
 
 log = logging.getLogger("lightgate.mqtt.backend")
@@ -133,13 +134,21 @@ class Backend:
     def recent_bytes(self) -> int:
         return self._recent_bytes
 
-    # -- notify ----------------------------------------------------------------------------
+    # -- notify and pushed entries ---------------------------------------------------------
     def set_interest(self, queue: str, on: bool) -> None:
+        """Delivery reads `queue` (or stopped): its events, and its new entries pushed."""
+        self._watch(queue, on)
         if on:
             # announce: the notifier answers with the queue's current last sequence at once.
             self.notifier.register(self.proxy_id, [queue], announce=True)
         else:
             self.notifier.unregister(self.proxy_id, [queue])
+
+    def _watch(self, queue: str, on: bool) -> None:
+        raise NotImplementedError
+
+    # Delivery.on_entries: (queue, first sequence, entries) of a watched queue after a round.
+    entries_sink: Callable[[str, int, list[Any]], None] | None = None
 
     async def batches(self) -> AsyncIterator[dict[str, int]]:
         """Coalesced notify events, one dict queue -> last sequence per wake-up."""
@@ -160,6 +169,14 @@ class Backend:
     # -- the interface both implement ------------------------------------------------------
     def load(self, queue: str, from_seq: int, max_n: int, done: LoadDone) -> None:
         """Entries of `queue` from `from_seq` and their messages: `done(read result, msgs)`."""
+        raise NotImplementedError
+
+    def load_entries(self, queue: str, from_seq: int, entries: list[Any], done: LoadDone) -> None:
+        """`load` for entries already known (pushed): only their messages are looked up."""
+        self._resolve(queue, ReadResult(entries, 0, from_seq + len(entries), from_seq), done)
+
+    def _resolve(self, queue: str, res: Any, done: LoadDone) -> None:
+        """done(res, messages of res.entries): the recent runs first, the store for the rest."""
         raise NotImplementedError
 
     def acquire_many(self, specs: list[FilterSpec], done: Callable[[list[Acquired]], None]) -> None:
@@ -208,9 +225,24 @@ class LocalBackend(Backend):
     ) -> None:
         super().__init__(store, notifier, proxy_id, recent_bytes)
         self.queues = queues
+        queues.set_watch_sink(self._pushed)
+
+    def _watch(self, queue: str, on: bool) -> None:
+        if on:
+            self.queues.watch(queue)
+        else:
+            self.queues.unwatch(queue)
+
+    def _pushed(self, pushed: list[tuple[str, int, list[Any]]]) -> None:
+        sink = self.entries_sink
+        if sink is not None:
+            for queue, first, entries in pushed:
+                sink(queue, first, entries)
 
     def load(self, queue: str, from_seq: int, max_n: int, done: LoadDone) -> None:
-        res = self.queues.read(queue, from_seq, max_n)
+        self._resolve(queue, self.queues.read(queue, from_seq, max_n), done)
+
+    def _resolve(self, queue: str, res: Any, done: LoadDone) -> None:
         msgs, missing = self._from_recent(res.entries)
         if missing:
             entries = res.entries
@@ -271,6 +303,14 @@ class RemoteBackend(Backend):
         super().__init__(store, notifier, proxy_id, recent_bytes)
         self.queues = queues
         self._loop = asyncio.get_running_loop()
+        queues.entries_sink = self._pushed
+
+    def _watch(self, queue: str, on: bool) -> None:
+        self.queues.watch(queue, on)
+
+    def _pushed(self, queue: str, first: int, entries: list[Any]) -> None:
+        if self.entries_sink is not None:
+            self.entries_sink(queue, first, entries)
 
     async def start(self) -> None:
         from mqtt_proxy.device_events import TOPIC
@@ -287,7 +327,9 @@ class RemoteBackend(Backend):
             log.warning("light-queue read of %s failed: %r", queue, fut.exception())
             done(None, None)
             return
-        res = fut.result()
+        self._resolve(queue, fut.result(), done)
+
+    def _resolve(self, queue: str, res: Any, done: LoadDone) -> None:
         msgs, missing = self._from_recent(res.entries)
         if not missing:
             done(res, msgs)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import islice
@@ -47,6 +48,7 @@ log = logging.getLogger("lightgate.mqtt.delivery")
 INTERNAL_TOPIC_PREFIX = "__lightgate"
 PUMP_BATCHES = 64  # reads of `read_batch` entries per reader per tick before yielding the loop
 SLOW_AFTER_S = 0.1  # a subscriber whose socket stays full this long is a slow consumer
+PUSHED_MAX = 1 << 17  # pushed entries kept per queue for readers behind the head
 
 
 class CachedMsg:
@@ -154,7 +156,7 @@ class SharedGroup:
 class QueueState:
     __slots__ = (
         "name", "subs", "groups", "cache", "last_seq", "read_end", "floor", "loading",
-        "loaded_start", "retry",
+        "loaded_start", "retry", "pushed", "pushed_n",
     )  # fmt: skip
 
     def __init__(self, name: str) -> None:
@@ -168,6 +170,10 @@ class QueueState:
         self.loading = 0  # 1: a load is being asked for, 2: its answer is still to come
         self.loaded_start = 0  # first valid sequence of the last answered load
         self.retry: asyncio.TimerHandle | None = None  # a failed load is retried later
+        # Entries the dispatcher pushed for this watched queue: (first sequence, entries) runs
+        # not yet delivered to every reader; a load finds them here instead of reading.
+        self.pushed: deque[tuple[int, list[Any]]] = deque()
+        self.pushed_n = 0
 
 
 class Delivery:
@@ -261,6 +267,20 @@ class Delivery:
             self.mark(qs)
 
     # -- scheduling ------------------------------------------------------------------------
+    def on_entries(self, queue: str, first: int, entries: list[Any]) -> None:
+        """A dispatch round's new entries of a queue read here (pushed, see LightQueues.watch)."""
+        qs = self.queues.get(queue)
+        if qs is None or not entries:
+            return
+        qs.pushed.append((first, entries))
+        qs.pushed_n += len(entries)
+        while qs.pushed_n > PUSHED_MAX and len(qs.pushed) > 1:
+            qs.pushed_n -= len(qs.pushed.popleft()[1])  # readers that far behind read instead
+        last = first + len(entries) - 1
+        if last > qs.last_seq:
+            qs.last_seq = last
+        self.mark(qs)
+
     def on_event(self, queue: str, last_seq: int) -> None:
         qs = self.queues.get(queue)
         if qs is None:
@@ -301,9 +321,14 @@ class Delivery:
         if qs.loading:
             return None
         qs.loading = 1
-        self._reader.load(
-            qs.name, from_seq, self._batch, lambda res, msgs: self._loaded(qs, from_seq, res, msgs)
-        )
+        done = lambda res, msgs: self._loaded(qs, from_seq, res, msgs)  # noqa: E731
+        for first, entries in reversed(qs.pushed):
+            if first <= from_seq < first + len(entries):
+                i = from_seq - first
+                self._reader.load_entries(qs.name, from_seq, entries[i : i + self._batch], done)
+                break
+        else:
+            self._reader.load(qs.name, from_seq, self._batch, done)
         if not qs.loading:
             return qs.loaded_start
         qs.loading = 2
@@ -397,7 +422,7 @@ class Delivery:
             more |= self._pump_cohort(qs, subs, pos, v5, rap, sid, now_ms)
         for g in list(qs.groups.values()):
             more |= self._pump_group(qs, g, now_ms)
-        if qs.cache:
+        if qs.cache or qs.pushed:
             self._trim(qs)
         if more:
             self.mark(qs)
@@ -429,6 +454,9 @@ class Delivery:
         low = min((s.pos for s in qs.subs), default=qs.read_end)
         for g in qs.groups.values():
             low = min(low, g.acked_pos())
+        pushed = qs.pushed
+        while pushed and pushed[0][0] + len(pushed[0][1]) <= low:
+            qs.pushed_n -= len(pushed.popleft()[1])
         cache = qs.cache
         if cache and next(iter(cache)) < low:
             for k in [k for k in cache if k < low]:

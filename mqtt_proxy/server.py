@@ -97,6 +97,7 @@ class MqttServer:
         self.delivery = Delivery(
             self.backend, self.settings, self.counters, self.backend.set_interest
         )
+        self.backend.entries_sink = self.delivery.on_entries
         self.inbound = Inbound(self)
         self.sessions = SessionManager(self)
         self.events = DeviceEvents(store)

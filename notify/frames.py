@@ -60,6 +60,16 @@ def encode_events(events: Iterable[tuple[str, int]]) -> bytes:
 PING_FRAME = _frame(PING, b"")
 
 
+def events_body(events: Iterable[tuple[str, int]]) -> bytes:
+    """An EVENTS body alone, for carrying events in another framing (the core link)."""
+    return encode_events(events)[_HEAD.size :]
+
+
+def queues_body(queues: Iterable[str]) -> bytes:
+    """A REGISTER / UNREGISTER body alone (see events_body)."""
+    return encode_queues(REGISTER, queues)[_HEAD.size :]
+
+
 def _read_str(body: bytes, pos: int) -> tuple[str, int]:
     (n,) = _U16.unpack_from(body, pos)
     pos += 2
