@@ -120,25 +120,29 @@ class MqttConnection(asyncio.Protocol):
         if self._blocked:
             self._held += packets
             return
-        self._handle(packets)
-        if self.server.inbound.throttled and not self.closed:
+        if self._handle(packets) and self.server.inbound.throttled and not self.closed:
+            # Only publishers are held back: a subscriber's PUBACKs are what frees delivery.
             self.server.inbound.throttle(self)
 
-    def _handle(self, packets: list[Any], _Publish: type = Publish) -> None:
+    def _handle(self, packets: list[Any], _Publish: type = Publish) -> bool:
+        """Act on `packets` in order; True if one was a PUBLISH."""
         on_publish = handlers.handle_publish
         dispatch = handlers.DISPATCH
+        published = False
         p: Any
         for i, p in enumerate(packets):
             if self.closed:
-                return
+                return published
             if type(p) is _Publish:
                 on_publish(self, p)
+                published = True
             else:
                 dispatch[type(p)](self, p)
                 if self._blocked:  # a SUBSCRIBE waits for the core: the rest comes after it
                     self._held = packets[i + 1 :] + self._held
                     self.transport.pause_reading()
-                    return
+                    return published
+        return published
 
     def block(self) -> None:
         """Handle no further packet of this connection until `unblock` (see _handle)."""
@@ -152,11 +156,10 @@ class MqttConnection(asyncio.Protocol):
         held, self._held = self._held, []
         if self.closed:
             return
-        if held:
-            self._handle(held)
+        published = bool(held) and self._handle(held)
         if not self._blocked and not self.closed:
             self.transport.resume_reading()
-            if self.server.inbound.throttled:
+            if published and self.server.inbound.throttled:
                 self.server.inbound.throttle(self)
 
     def pause_writing(self) -> None:

@@ -431,14 +431,17 @@ class Delivery:
     def _measure_lag(self, qs: QueueState) -> None:
         """What this queue owes readers that can take it now (`lag`, which throttles ingest):
         writable ones, and ones whose socket filled less than SLOW_AFTER_S ago (a fast reader
-        that reads in bursts). A reader paused for longer is a slow consumer: it catches up
-        from its light queue later and never holds publishers back."""
+        that reads in bursts). A reader paused for longer, or one whose QoS 1/2 window is full
+        of unacknowledged messages, is consumer-bound: it catches up from its light queue
+        later and never holds publishers back."""
         low = None
         recent_pause = self._loop.time() - SLOW_AFTER_S
         for s in qs.subs:
             c = s.session.conn
             if c is None or s.held or (not c.writable and c.paused_since < recent_pause):
                 continue
+            if s.qos and len(s.session.inflight) >= c.out_window:
+                continue  # waits for its own acks: the consumer, not the CPU, sets its pace
             if low is None or s.pos < low:
                 low = s.pos
         for g in qs.groups.values():
