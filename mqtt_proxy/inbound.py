@@ -101,11 +101,9 @@ class Inbound:
         if not self.throttled and self.backlog() > LAG_HIGH:
             self.throttled = True
             self._loop.call_later(0.001, self._check_lag)
-        if res.runs is not None:
-            self._staged(msgs, retained, res)
-        else:  # through the core link: the offsets come with its reply
-            assert res.staged is not None
-            res.staged.add_done_callback(lambda f: self._staged_later(f, msgs, retained, res))
+        # In-process at once; through the core link the moment its reply is read, before any
+        # pushed entry that refers to these messages.
+        res.when_staged(lambda: self._staged(msgs, retained, res))
         fut = res.durable
         if acks:
             self.inflight += 1
@@ -119,13 +117,6 @@ class Inbound:
             offsets = res.offsets
             for i in retained:
                 backend.retain(msgs[i], offsets[i])
-
-    def _staged_later(
-        self, fut: asyncio.Future[Any], msgs: list[Any], retained: list[int], res: Any
-    ) -> None:
-        # A refused append fails `durable` too: its acks are failed there, logged once.
-        if not fut.cancelled() and fut.exception() is None:
-            self._staged(msgs, retained, res)
 
     def _durable(self, fut: asyncio.Future[None], acks: list[tuple[Any, int, int]]) -> None:
         self.inflight -= 1

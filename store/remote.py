@@ -333,29 +333,32 @@ class RemoteStore:
             put_str(out, topic)
             out.append(_PART.pack(part, len(buf)))
             out.append(bytes(buf))
-        reply = peer.call(APPEND, b"".join(out))
         self.inflight += 1
         if sync:
             self._durable[token] = res.durable
         else:
             res.durable.set_result(None)
-        reply.add_done_callback(lambda f: self._replied(f, items, total, token, res))
+        peer.call_then(
+            APPEND,
+            b"".join(out),
+            lambda body, err: self._replied(body, err, items, total, token, res),
+        )
 
     def _replied(
         self,
-        fut: asyncio.Future[bytes],
+        body: bytes,
+        error: RpcError | None,
         items: list[tuple[str, int, bytes | bytearray, Sequence[int]]],
         total: int,
         token: int,
         res: AppendResult,
     ) -> None:
         self.inflight -= 1
-        if fut.exception() is not None:
+        if error is not None:
             self._durable.pop(token, None)
-            log.error("append over the core link failed: %s", fut.exception())
-            _fail(res, StoreError(f"append failed: {fut.exception()}"))
+            log.error("append over the core link failed: %s", error)
+            _fail(res, StoreError(f"append failed: {error}"))
             return
-        body = fut.result()
         runs: list[Run] = []
         errors = []
         pos = 0
@@ -371,10 +374,7 @@ class RemoteStore:
             log.error("the core refused an append: %s", "; ".join(errors))
             _fail(res, StoreError("; ".join(errors)))
             return
-        res.runs = runs
-        res.count = total
-        assert res.staged is not None
-        res.staged.set_result(None)
+        res.set_staged(runs, total)
 
     def _on_durable(self, peer: RpcPeer, body: bytes) -> None:
         (token,) = _U32.unpack_from(body, 0)

@@ -35,6 +35,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 log = logging.getLogger("lightgate.rpc")
+_asyncio_Future = asyncio.Future
 
 CALL, SEND, REPLY, ERROR, PING = 1, 2, 3, 4, 5
 HEAD = struct.Struct(">IBIH")  # length, kind, call id, method
@@ -148,7 +149,8 @@ class RpcPeer(asyncio.Protocol):
         self.on_pause = on_pause
         self.transport: asyncio.Transport | None = None
         self._next_id = 0
-        self._calls: dict[int, asyncio.Future[bytes]] = {}
+        # call id -> the future of its answer, or (call_then) the callback that takes it
+        self._calls: dict[int, Any] = {}
         self._out: list[bytes] = []
         self._flush_scheduled = False
         self._loop = asyncio.get_running_loop()
@@ -176,7 +178,14 @@ class RpcPeer(asyncio.Protocol):
         for kind, call_id, method, body in frames:
             if kind in (REPLY, ERROR):
                 fut = self._calls.pop(call_id, None)
-                if fut is not None and not fut.done():
+                if fut is None:
+                    continue
+                if type(fut) is not _asyncio_Future:  # call_then: answered right here, in order
+                    if kind == REPLY:
+                        fut(body, None)
+                    else:
+                        fut(b"", parse_error(body))
+                elif not fut.done():
                     if kind == REPLY:
                         fut.set_result(body)
                     else:
@@ -245,7 +254,9 @@ class RpcPeer(asyncio.Protocol):
             self._timer = None
         calls, self._calls = self._calls, {}
         for fut in calls.values():
-            if not fut.done():
+            if type(fut) is not _asyncio_Future:
+                fut(b"", RpcError(CLOSED, f"link {self.name} closed"))
+            elif not fut.done():
                 fut.set_exception(RpcError(CLOSED, f"link {self.name} closed"))
         self._out.clear()
         if not self.closed.done():
@@ -268,6 +279,19 @@ class RpcPeer(asyncio.Protocol):
     def call(self, method: int, body: bytes = b"") -> asyncio.Future[bytes]:
         return self.start_call(method, body)[1]
 
+    def call_then(
+        self, method: int, body: bytes, on_reply: Callable[[bytes, RpcError | None], None]
+    ) -> None:
+        """A CALL whose answer runs `on_reply(body, None)` or `on_reply(b"", error)` as soon as
+        its frame is read: no future, no loop hop, so answers are acted on in link order
+        before anything read after them (the store's offsets before pushed entries)."""
+        if self.is_closing():
+            on_reply(b"", RpcError(CLOSED, f"link {self.name} closed"))
+            return
+        self._next_id = call_id = (self._next_id % 0xFFFFFFFF) + 1
+        self._calls[call_id] = on_reply
+        self._write(encode_frame(CALL, call_id, method, body))
+
     def send(self, method: int, body: bytes = b"") -> bool:
         """One-way; False when the link is closed (nothing sent)."""
         if self.is_closing():
@@ -282,18 +306,25 @@ class RpcPeer(asyncio.Protocol):
     def _write(self, frame: bytes) -> None:
         if self.transport is None or self.transport.is_closing():
             return
+        if not self._flush_scheduled:
+            # The first frame of a tick goes out at once (a lone request or push waits for no
+            # loop hop); the rest of the tick's frames are joined into one write by _flush.
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+            self.transport.write(frame)
+            return
         if len(frame) >= 65536:  # big bodies go out at once, not copied into a join
             if self._out:
-                self._flush()
+                self._flush_now()
             self.transport.write(frame)
             return
         self._out.append(frame)
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            self._loop.call_soon(self._flush)
 
     def _flush(self) -> None:
         self._flush_scheduled = False
+        self._flush_now()
+
+    def _flush_now(self) -> None:
         out = self._out
         if not out or self.transport is None:
             out.clear()
@@ -317,7 +348,7 @@ class RpcPeer(asyncio.Protocol):
 
     def close(self) -> None:
         """Write what is queued, then close."""
-        self._flush()
+        self._flush_now()
         if self.transport is not None:
             self.transport.close()
 

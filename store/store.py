@@ -70,7 +70,7 @@ class AppendResult:
     `staged` resolves), and both futures fail if the core refused the append.
     """
 
-    __slots__ = ("runs", "count", "durable", "staged", "_offsets")
+    __slots__ = ("runs", "count", "durable", "staged", "_offsets", "_then")
 
     def __init__(
         self,
@@ -84,6 +84,27 @@ class AppendResult:
         self.durable = durable  # resolves when durable under the topic's fsync policy
         self.staged = staged
         self._offsets: list[tuple[str, int, int]] | None = None
+        self._then: list[Callable[[], None]] | None = None
+
+    def when_staged(self, cb: Callable[[], None]) -> None:
+        """Run `cb` once the offsets are known: now in-process, else the moment the core's reply
+        is read (before anything read after it); never if the append was refused."""
+        if self.runs is not None:
+            cb()
+        elif self._then is None:
+            self._then = [cb]
+        else:
+            self._then.append(cb)
+
+    def set_staged(self, runs: list[Run], count: int) -> None:
+        """The reply arrived (RemoteStore): record the runs, run the when_staged callbacks."""
+        self.runs = runs
+        self.count = count
+        then, self._then = self._then, None
+        for cb in then or ():
+            cb()
+        if self.staged is not None and not self.staged.done():
+            self.staged.set_result(None)
 
     @property
     def offsets(self) -> list[tuple[str, int, int]] | None:
