@@ -77,11 +77,14 @@ class Gateway:
             await tcp.start()
             self._closers.append(tcp)
             self.endpoints["notify"] = (cfg.host, tcp.port)
-        if (
+        no_listeners = (
             cfg.mqtt_port == -1
             and cfg.ws_port == -1
             and not (cfg.tls_cert and cfg.mqtts_port != -1)
-        ):
+        )
+        if no_listeners:
+            if cfg.core_listen:  # a core for `lightgate proxy` elsewhere, no MQTT of its own
+                await self._start_core_link(queues, notifier)
             return
         if cfg.mqtt_processes > 0:
             await self._start_proxy_process(queues, notifier)
@@ -99,10 +102,9 @@ class Gateway:
         if cfg.ws_port != -1:
             self.endpoints["ws"] = await mqtt.start_ws(cfg.host, cfg.ws_port)
 
-    async def _start_proxy_process(self, queues: Any, notifier: Any) -> None:
-        """`mqtt_processes = 1`: the core link (store, light queues, notify), then the proxy
-        child (lightgate/split.py), whose listeners become this gateway's MQTT endpoints."""
-        from lightgate.split import CoreLink, ProxySupervisor, core_address
+    async def _start_core_link(self, queues: Any, notifier: Any) -> str:
+        """The core link (store, light queues, notify) for MQTT proxies in other processes."""
+        from lightgate.split import CoreLink, core_address
 
         assert self.store is not None
         link = CoreLink(self.store, queues, notifier)
@@ -115,11 +117,22 @@ class Gateway:
         queues.set_sink(sink)
         address = await link.start(core_address(self.cfg))
         self._closers.append(link)
+        self._stats_sources.append(("mqtt_", link))
+        self.core_link = link
+        if self.cfg.core_listen and not address.startswith("unix:"):
+            host, _, port = address.rpartition(":")
+            self.endpoints["core"] = (host, int(port))
+        return address
+
+    async def _start_proxy_process(self, queues: Any, notifier: Any) -> None:
+        """`mqtt_processes = 1`: the core link, then the proxy child (lightgate/split.py),
+        whose listeners become this gateway's MQTT endpoints."""
+        from lightgate.split import ProxySupervisor
+
+        address = await self._start_core_link(queues, notifier)
         supervisor = ProxySupervisor(self.cfg, address)
         self._closers.append(supervisor)
         self.endpoints.update(await supervisor.start())
-        self._stats_sources.append(("mqtt_", link))
-        self.core_link = link
         self.supervisor = supervisor
 
     async def _start_kafka(self) -> None:
@@ -142,7 +155,7 @@ class Gateway:
         self.endpoints["kafka"] = (cfg.host, kafka.port)
 
     def ready_line(self) -> str:
-        order = ("mqtt", "mqtts", "ws", "kafka", "http", "notify")
+        order = ("mqtt", "mqtts", "ws", "kafka", "http", "notify", "core")
         parts = [
             f"{name}={host}:{port}"
             for name in order
