@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
-# MQTT (issue 4) benchmark: the mqttbench suite against Lightgate, Mosquitto and amqtt in one run.
+# MQTT (issue 4) benchmark: the mqttbench suite against Lightgate (one process, and with the MQTT
+# proxy in its own process: mqtt_processes=1), Mosquitto and amqtt in one run.
 # Usage: bench/mqtt_baseline.sh [extra baseline.py args, e.g. --repeat 3]
 set -eu
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 MB="$ROOT/../shared/tools/mqttbench"
 PY="$ROOT/.venv/bin/python"
-DAY=$(date +%F)
+DAY=$(date +%F-%H%M)  # one set of files per run
 OUT="$ROOT/bench/results"
 mkdir -p "$OUT"
 cd "$MB"
 "$PY" baseline.py --label lightgate --port 18832 --out "$OUT/$DAY-lightgate.jsonl" "$@" \
     -- "$ROOT/bench/mqtt_serve.sh" 18832 /tmp/lightgate-mqtt-bench
+"$PY" baseline.py --label lightgate-split --port 18834 --out "$OUT/$DAY-lightgate-split.jsonl" "$@" \
+    -- "$ROOT/bench/mqtt_serve.sh" 18834 /tmp/lightgate-mqtt-bench-split --set mqtt_processes=1
 "$PY" baseline.py --label mosquitto --port 18830 --out "$OUT/$DAY-mosquitto.jsonl" "$@" \
     -- mosquitto -c brokers/mosquitto.conf
 "$PY" baseline.py --label amqtt --port 18831 --out "$OUT/$DAY-amqtt.jsonl" "$@" \
     -- "$ROOT/.venv/bin/amqtt" -c brokers/amqtt.yaml
-"$PY" baseline.py --table "$OUT/$DAY-lightgate.jsonl" "$OUT/$DAY-mosquitto.jsonl" "$OUT/$DAY-amqtt.jsonl"
+"$PY" baseline.py --table "$OUT/$DAY-lightgate.jsonl" "$OUT/$DAY-lightgate-split.jsonl" \
+    "$OUT/$DAY-mosquitto.jsonl" "$OUT/$DAY-amqtt.jsonl"

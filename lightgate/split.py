@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from lightgate.config import GatewayConfig
+from notify import Mailbox, frames
 from store.rpc import RpcPeer, RpcServer, connect
 
 log = logging.getLogger("lightgate.split")
@@ -109,31 +110,23 @@ class CoreLink:
 
     def _drain(self, peer: RpcPeer) -> None:
         """Everything coalesced for this proxy since the last drain, in one EVENTS frame."""
-        from notify.frames import events_body
-
         peer.state["drain"] = False
         pid = peer.state.get("proxy_id")
         if pid is None or self.proxies.get(pid) is not peer:
             return
         pending = self.routes.mailbox(pid).take()
         if pending:
-            peer.send(EVENTS, events_body(pending.items()))
+            peer.send(EVENTS, frames.events_body(pending.items()))
 
     def _register(self, peer: RpcPeer, body: bytes) -> None:
-        from notify.frames import REGISTER as R
-        from notify.frames import decode_body
-
         pid = peer.state.get("proxy_id")
         if pid is not None:
-            self.routes.register(pid, decode_body(R, body), announce=True)
+            self.routes.register(pid, frames.decode_body(frames.REGISTER, body), announce=True)
 
     def _unregister(self, peer: RpcPeer, body: bytes) -> None:
-        from notify.frames import UNREGISTER as U
-        from notify.frames import decode_body
-
         pid = peer.state.get("proxy_id")
         if pid is not None:
-            self.routes.unregister(pid, decode_body(U, body))
+            self.routes.unregister(pid, frames.decode_body(frames.UNREGISTER, body))
 
     def _lost(self, peer: RpcPeer, exc: Exception | None) -> None:
         self.queue_service.peer_lost(peer)
@@ -169,8 +162,6 @@ class LinkNotifier:
     MQTT proxy uses (register, unregister, drop, batches), events coalesced in a Mailbox."""
 
     def __init__(self, proxy_id: str) -> None:
-        from notify import Mailbox
-
         self.proxy_id = proxy_id
         self.peer: RpcPeer | None = None
         self._interest: set[str] = set()
@@ -184,32 +175,25 @@ class LinkNotifier:
         peer.closed.add_done_callback(lambda _f: self._box.close())
 
     def _on_events(self, peer: RpcPeer, body: bytes) -> None:
-        from notify.frames import EVENTS as E
-        from notify.frames import decode_body
-
         interest, box = self._interest, self._box
-        for q, seq in decode_body(E, body):  # type: ignore[attr-defined]
+        for q, seq in frames.decode_body(frames.EVENTS, body):  # type: ignore[attr-defined]
             if q in interest:
                 box.put(q, seq)
 
     def register(self, proxy_id: str, queues: Any, announce: bool = True) -> None:
         """Add interest; the core answers each new queue with its current last sequence."""
-        from notify.frames import queues_body
-
         new = [q for q in queues if q not in self._interest]
         if new and self.peer is not None:
             self._interest.update(new)
-            self.peer.send(REGISTER, queues_body(new))
+            self.peer.send(REGISTER, frames.queues_body(new))
 
     def unregister(self, proxy_id: str, queues: Any) -> None:
-        from notify.frames import queues_body
-
         gone = [q for q in queues if q in self._interest]
         self._interest.difference_update(gone)
         for q in gone:
             self._box.pending.pop(q, None)
         if gone and self.peer is not None:
-            self.peer.send(UNREGISTER, queues_body(gone))
+            self.peer.send(UNREGISTER, frames.queues_body(gone))
 
     def drop(self, proxy_id: str) -> None:
         self.unregister(proxy_id, list(self._interest))

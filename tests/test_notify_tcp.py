@@ -121,3 +121,34 @@ async def test_silent_peer_is_dropped() -> None:
     w.close()
     await srv.close()
     await core.close()
+
+
+def test_client_is_a_full_notifier_under_uvloop() -> None:
+    """What the MQTT proxy uses of a notifier (register with announce, batches, drop), over
+    TCP on uvloop (whose transports are not asyncio.Transport subclasses)."""
+    import uvloop
+
+    async def main() -> None:
+        core = InProcessNotifier(last_seq_of=lambda q: 41 if q == "a" else None)
+        srv = TcpNotifyServer(core, heartbeat=0.2)
+        await srv.start()
+        c = TcpNotifyClient("127.0.0.1", srv.port, "p", heartbeat=0.2)
+        await c.start()
+        await asyncio.wait_for(c.connected.wait(), 5)
+        c.register("p", ["a", "b"], announce=True)
+        batches = c.batches("p")
+        got = await asyncio.wait_for(batches.__anext__(), 5)
+        assert got == {"a": 41}  # the answer to REGISTER announces the current sequence
+        core.publish([("b", 3), ("zzz", 9)])
+        assert await asyncio.wait_for(batches.__anext__(), 5) == {"b": 3}
+        c.drop("p")
+        for _ in range(100):
+            if not core.routes.proxies_for("a") and not core.routes.proxies_for("b"):
+                break
+            await asyncio.sleep(0.01)
+        assert not core.routes.proxies_for("a") and not core.routes.proxies_for("b")
+        await c.close()
+        await srv.close()
+        await core.close()
+
+    uvloop.run(main())
