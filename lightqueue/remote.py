@@ -16,6 +16,7 @@ Wire bodies (str = u16 length + UTF-8; `codec` = lightqueue.codec, used for the 
     ACQUIRE   codec [[filter, since_ms | None], ...] → codec [[queue, start_seq] | error str, ...]
     RELEASE   str queue                                   (one-way)
     RETAIN    codec [topic, payload, qos, client id, props, ts, [log topic, partition, offset]]
+              → empty, once written (a retained PUBLISH is acknowledged after this answer)
     RETAINED  str filter → u32 n | n × message
     SESSIONS  → codec [state, ...];  PUT_SESSIONS codec [[client id, state], ...] (call or one-way)
     DEL_SESSION str client id                             (one-way)
@@ -282,11 +283,12 @@ class LightQueueService:
                 del holds[queue]
         self.queues.release_filter(queue)
 
-    def _retain(self, peer: RpcPeer, body: bytes) -> None:
+    def _retain(self, peer: RpcPeer, body: bytes) -> bytes:
         topic, payload, qos, cid, props, ts, position = codec.decode(body)
         self.queues.retained.set(
             topic, payload, qos, cid, props_from_obj(props), ts, tuple(position)
         )
+        return b""
 
     def _retained(self, peer: RpcPeer, body: bytes) -> bytes:
         filt, _ = get_str(body, 0)
@@ -386,13 +388,14 @@ class RemoteLightQueues:
         properties: Any,
         timestamp_ms: int,
         position: tuple[str, int, int],
-    ) -> None:
+    ) -> asyncio.Future[bytes]:
+        """Set (empty payload: clear) a retained message; the answer comes once it is written."""
         assert self.peer is not None
         body = codec.encode(
             [topic, bytes(payload), qos, client_id, props_to_obj(properties), timestamp_ms,
              list(position)]
         )  # fmt: skip
-        self.peer.send(RETAIN, body)
+        return self.peer.call(RETAIN, body)
 
     def retained_match(self, filt: str) -> asyncio.Future[list[StoredMessage | None]]:
         out: list[bytes] = []

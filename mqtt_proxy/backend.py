@@ -190,8 +190,9 @@ class Backend:
         """Records the dispatcher has indexed since it opened (a monotonic counter)."""
         raise NotImplementedError
 
-    def retain(self, msg: Any, offset: tuple[str, int, int]) -> None:
-        """Set (or, with an empty payload, clear) the retained message of `msg.topic`."""
+    def retain(self, msg: Any, offset: tuple[str, int, int]) -> asyncio.Future[Any] | None:
+        """Set (or, with an empty payload, clear) the retained message of `msg.topic`; None
+        when done at once, else the future of the core's answer (written when it resolves)."""
         raise NotImplementedError
 
     def retained_for(self, filt: str, done: Callable[[list[Any]], None]) -> None:
@@ -269,10 +270,11 @@ class LocalBackend(Backend):
     def indexed(self) -> int:
         return int(self.queues.dispatcher.records)
 
-    def retain(self, msg: Any, offset: tuple[str, int, int]) -> None:
+    def retain(self, msg: Any, offset: tuple[str, int, int]) -> asyncio.Future[Any] | None:
         self.queues.retained.set(
             msg.topic, msg.payload, msg.qos, msg.client_id, msg.properties, msg.timestamp_ms, offset
         )
+        return None
 
     def retained_for(self, filt: str, done: Callable[[list[Any]], None]) -> None:
         done(self.queues.retained.match(filt))
@@ -369,10 +371,12 @@ class RemoteBackend(Backend):
     def indexed(self) -> int:
         return int(self.queues.indexed)
 
-    def retain(self, msg: Any, offset: tuple[str, int, int]) -> None:
-        self.queues.retain(
+    def retain(self, msg: Any, offset: tuple[str, int, int]) -> asyncio.Future[Any] | None:
+        fut = self.queues.retain(
             msg.topic, msg.payload, msg.qos, msg.client_id, msg.properties, msg.timestamp_ms, offset
         )
+        fut.add_done_callback(_log_retain_failure)
+        return fut
 
     def retained_for(self, filt: str, done: Callable[[list[Any]], None]) -> None:
         def answered(f: asyncio.Future[Any]) -> None:
@@ -405,3 +409,8 @@ class RemoteBackend(Backend):
 
     def delete_session(self, client_id: str) -> None:
         self.queues.delete_session(client_id)
+
+
+def _log_retain_failure(fut: asyncio.Future[Any]) -> None:
+    if not fut.cancelled() and fut.exception() is not None:
+        log.error("setting a retained message in the core failed: %r", fut.exception())

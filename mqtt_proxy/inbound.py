@@ -103,22 +103,39 @@ class Inbound:
             self._loop.call_later(0.001, self._check_lag)
         # In-process at once; through the core link the moment its reply is read, before any
         # pushed entry that refers to these messages.
-        res.when_staged(lambda: self._staged(msgs, retained, res))
+        writes: list[asyncio.Future[Any]] = []  # retained-message writes the acks wait for
+        res.when_staged(lambda: self._staged(msgs, retained, res, writes))
         fut = res.durable
         if acks:
             self.inflight += 1
             self._futs.add(fut)
-            fut.add_done_callback(lambda f, acks=acks: self._durable(f, acks))
+            fut.add_done_callback(lambda f, acks=acks: self._durable(f, acks, writes))
 
-    def _staged(self, msgs: list[Any], retained: list[int], res: Any) -> None:
+    def _staged(
+        self, msgs: list[Any], retained: list[int], res: Any, writes: list[asyncio.Future[Any]]
+    ) -> None:
         backend = self._server.backend
         backend.remember(msgs, res.runs)
         if retained:
             offsets = res.offsets
             for i in retained:
-                backend.retain(msgs[i], offsets[i])
+                w = backend.retain(msgs[i], offsets[i])
+                if w is not None:  # the core's answer: the ack of a retained PUBLISH waits
+                    writes.append(w)
 
-    def _durable(self, fut: asyncio.Future[None], acks: list[tuple[Any, int, int]]) -> None:
+    def _durable(
+        self,
+        fut: asyncio.Future[None],
+        acks: list[tuple[Any, int, int]],
+        writes: list[asyncio.Future[Any]] | None = None,
+    ) -> None:
+        if writes and not all(w.done() for w in writes):
+            # Acknowledged means the retained state is written too (a kill -9 right after the
+            # PUBACK must not lose it): the core answers RETAIN after writing it.
+            asyncio.gather(*writes, return_exceptions=True).add_done_callback(
+                lambda _g: self._durable(fut, acks)
+            )
+            return
         self.inflight -= 1
         self._futs.discard(fut)
         if fut.cancelled() or fut.exception() is not None:

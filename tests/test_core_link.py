@@ -267,7 +267,7 @@ async def test_remote_reads_resolve_retained_sessions(tmp_path: Path) -> None:
     # Retained, set with a log position, matched by filter.
     props = MqttProperties(None, 3600, None, None, None, (("a", "b"),))
     now = int(time.time() * 1000)
-    rq.retain("s/1/t", b"keep", 1, "c9", props, now, ("s", 1, 7))
+    assert await rq.retain("s/1/t", b"keep", 1, "c9", props, now, ("s", 1, 7)) == b""
     [m] = await rq.retained_match("s/+/t")
     assert (m.topic, m.payload, m.qos, m.client_id, m.retain, m.properties, m.timestamp_ms) == (
         "s/1/t", b"keep", 1, "c9", True, props, now,
