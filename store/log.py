@@ -26,18 +26,28 @@ from __future__ import annotations
 import bisect
 import logging
 import os
+import struct
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from store.record_batch import HEADER, TIMESTAMP_TYPE_MASK, iter_batches, iter_records
+from store.record_batch import (
+    HEADER,
+    HEADER_SIZE,
+    LENGTH_OFFSET,
+    LOG_OVERHEAD,
+    TIMESTAMP_TYPE_MASK,
+    iter_batches,
+    iter_records,
+)
 from store.segment import BatchMeta, LogSegment, segment_name
 
 log = logging.getLogger("lightgate.store")
 
 RECOVERY_POINT_FILE = "recovery-point"
 MAX_REL_OFFSET = (1 << 31) - 1
+_LENGTH = struct.Struct(">i")
 
 
 class OffsetOutOfRangeError(Exception):
@@ -314,11 +324,22 @@ class Log:
             )
         i = bisect.bisect_right(self._bases, offset) - 1
         for seg in self.segments[max(i, 0) :]:
-            pos, meta = seg.find_position(offset)
-            if meta is None:
-                continue
-            want = max(meta.size, min(max_bytes, seg.size - pos))
-            data = seg.pread(want, pos)
+            hint = seg.hint
+            if hint is not None and hint[0] == offset and hint[1] < seg.size:
+                # Sequential reader (dispatcher, tailing fetch): the batch holding `offset`
+                # starts where the last read ended, so one pread, no header walk (measured: 2
+                # preads + the walk cost ~9 us of a 16 KB read's ~13 us).
+                pos = hint[1]
+                data = seg.pread(min(seg.size - pos, max(max_bytes, HEADER_SIZE)), pos)
+                first = LOG_OVERHEAD + _LENGTH.unpack_from(data, LENGTH_OFFSET)[0]
+                if first > len(data):  # KIP-74: at least the whole first batch
+                    data = seg.pread(first, pos)
+            else:
+                pos, meta = seg.find_position(offset)
+                if meta is None:
+                    continue
+                want = max(meta.size, min(max_bytes, seg.size - pos))
+                data = seg.pread(want, pos)
             end = last = 0
             for p, size in iter_batches(data):
                 last, end = p, p + size
