@@ -201,13 +201,57 @@ def _validate_records(records: bytes | None) -> str | None:
     return None
 
 
-async def produce(b: Broker, req: Request, conn: ConnInfo) -> Any:
-    body, v = req.body, req.api_version
-    mod = response_module(0, v)
+class StagedProduce:
+    """A Produce request whose appends are done: the response is ready once `waits` are.
+
+    `stage_produce` does every append synchronously (so appends keep request order), and
+    `response()` builds the answer after the durability futures in `waits` have resolved; the
+    connection can then write it from the futures' callbacks, without a task in between.
+    """
+
+    __slots__ = ("version", "acks", "results", "waits")
+
+    def __init__(self, version: int, acks: int) -> None:
+        self.version = version
+        self.acks = acks
+        self.results: list[tuple[str, list[list[Any]]]] = []
+        self.waits: list[asyncio.Future[None]] = []  # acks=1/all: durable under the fsync policy
+
+    def response(self) -> Any:
+        """The ProduceResponse (None for acks=0); call when every future in `waits` is done.
+
+        Raises CloseConnection for a failed acks=0 produce (Kafka drops the connection instead).
+        """
+        if self.acks == 0:
+            if any(part[1] for _, parts in self.results for part in parts):
+                raise CloseConnection("acks=0 produce failed")
+            return None
+        mod = response_module(0, self.version)
+        for _, parts in self.results:
+            for part in parts:
+                fut = part[5]
+                if fut is not None and (fut.cancelled() or fut.exception() is not None):
+                    part[1], part[2] = E.kafka_storage_error, -1
+        return build(
+            mod.ProduceResponse,
+            throttle_time=0,
+            responses=tuple(
+                build(mod.TopicProduceResponse, name=name, partition_responses=tuple(
+                    build(mod.PartitionProduceResponse, index=i, error_code=err,
+                          base_offset=base, log_append_time=-1, log_start_offset=ls,
+                          record_errors=(), error_message=msg)
+                    for i, err, base, ls, msg, _ in parts))
+                for name, parts in self.results
+            ),
+        )  # fmt: skip
+
+
+def stage_produce(b: Broker, req: Request) -> StagedProduce:
+    """Validate and append every partition of a Produce request, in order, before returning."""
+    body = req.body
     acks = body.acks
+    staged = StagedProduce(req.api_version, acks)
     known = b.store.topics()
-    waits: list[asyncio.Future[None]] = []
-    results: list[tuple[str, list[list[Any]]]] = []
     for topic in body.topic_data:
         count = known.get(topic.name)
         parts = []
@@ -226,34 +270,20 @@ async def produce(b: Broker, req: Request, conn: ConnInfo) -> Any:
                 err, base, message, durable = _append(
                     b, topic.name, pd.index, pd.records, acks != 0
                 )
-                if durable is not None:
-                    waits.append(durable)
+                if durable is not None and acks != 0:
+                    staged.waits.append(durable)
             log_start = b.store.log_start_offset(topic.name, pd.index) if err == E.none else -1
             parts.append([pd.index, err, base, log_start, message, durable])
-        results.append((topic.name, parts))
-    if acks == 0:  # Kafka sends no response; on an error it drops the connection instead
-        if any(part[1] for _, parts in results for part in parts):
-            raise CloseConnection("acks=0 produce failed")
-        return None
-    if waits:
-        await asyncio.wait(waits)  # not gather: cancelling us must not cancel the store's futures
-    for _, parts in results:
-        for part in parts:
-            fut = part[5]
-            if fut is not None and (fut.cancelled() or fut.exception() is not None):
-                part[1], part[2] = E.kafka_storage_error, -1
-    return build(
-        mod.ProduceResponse,
-        throttle_time=0,
-        responses=tuple(
-            build(mod.TopicProduceResponse, name=name, partition_responses=tuple(
-                build(mod.PartitionProduceResponse, index=i, error_code=err, base_offset=base,
-                      log_append_time=-1, log_start_offset=ls, record_errors=(),
-                      error_message=msg)
-                for i, err, base, ls, msg, _ in parts))
-            for name, parts in results
-        ),
-    )  # fmt: skip
+        staged.results.append((topic.name, parts))
+    return staged
+
+
+async def produce(b: Broker, req: Request, conn: ConnInfo) -> Any:
+    staged = stage_produce(b, req)
+    if staged.waits:
+        # not gather: cancelling us must not cancel the store's futures
+        await asyncio.wait(staged.waits)
+    return staged.response()
 
 
 def _append(

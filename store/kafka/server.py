@@ -3,7 +3,11 @@
 `data_received` splits the chunk into frames and decodes each; every request starts a task at
 once (so a produce's appends happen in arrival order, and a long-polling fetch does not hold up
 the produce behind it), and responses are written strictly in request order, as Kafka clients
-require. Memory per connection is bounded: one partial frame of at most `max_frame_bytes`, at
+require. Produce takes a shorter path when no task is waiting to start ahead of it: its appends
+run at once in `data_received`, and its response is encoded and written from the callback of the
+last durability future it waits on, one loop step after the commit tick's write (a task would
+take four: wait callbacks, task wake-up, done callback, flush). So the response goes out before
+work that the same write woke, such as a light-queue dispatch round, which yields once first. Memory per connection is bounded: one partial frame of at most `max_frame_bytes`, at
 most `max_inflight_requests` requests awaiting their responses, and reading pauses while either
 that limit or the transport's write buffer is full.
 
@@ -22,6 +26,7 @@ from typing import Any, cast
 
 from .broker import Broker, ConnInfo
 from .config import KafkaConfig
+from .handlers_log import StagedProduce, stage_produce
 from .protocol import (
     CloseConnection,
     FrameReader,
@@ -35,6 +40,8 @@ from .protocol import (
 __all__ = ["KafkaServer"]
 
 log = logging.getLogger("lightgate.kafka")
+
+PRODUCE = 0
 
 
 class KafkaServer:
@@ -104,19 +111,21 @@ class KafkaServer:
 
 class _Connection(asyncio.Protocol):
     __slots__ = ("_server", "_reader", "_transport", "_info", "_pending", "_closing",
-                 "_read_paused", "_write_paused", "_flush_scheduled")  # fmt: skip
+                 "_read_paused", "_write_paused", "_flush_scheduled", "_unstarted")  # fmt: skip
 
     def __init__(self, server: KafkaServer) -> None:
         self._server = server
         self._reader = FrameReader(server.config.max_frame_bytes)
         self._transport: asyncio.Transport | None = None
         self._info = ConnInfo("", "", 0)
-        # Responses in request order: bytes ready to send, or the task that will produce them.
-        self._pending: deque[bytes | asyncio.Task[bytes | None]] = deque()
+        # Responses in request order: bytes ready to send, or the task (or, for a staged
+        # produce, the future) that will produce them; None result = nothing to send.
+        self._pending: deque[bytes | asyncio.Future[bytes | None]] = deque()
         self._closing = False
         self._read_paused = False
         self._write_paused = False
         self._flush_scheduled = False
+        self._unstarted = 0  # tasks created whose handler has not begun (appends not done)
 
     # --- asyncio.Protocol ------------------------------------------------------------------
 
@@ -132,7 +141,7 @@ class _Connection(asyncio.Protocol):
         self._server._connections.discard(self)
         self._closing = True
         for item in self._pending:
-            if isinstance(item, asyncio.Task):
+            if isinstance(item, asyncio.Future):
                 item.cancel()
         self._pending.clear()
 
@@ -168,20 +177,79 @@ class _Connection(asyncio.Protocol):
             self._pending.append(api_versions_error_frame(request.correlation_id))
             self._flush()
             return
+        if request.api_key == PRODUCE and not self._unstarted:
+            self._produce(request)
+            return
+        self._unstarted += 1
         task = asyncio.get_running_loop().create_task(self._run(request))
         self._pending.append(task)
         task.add_done_callback(self._on_done)
 
     async def _run(self, request: Request) -> bytes | None:
+        self._unstarted -= 1  # handlers append before their first await: this step does it
         response = await self._server.broker.handle(request, self._info)
         return None if response is None else encode_response(request, response)
 
-    def _on_done(self, task: asyncio.Task[bytes | None]) -> None:
-        exc = None if task.cancelled() else task.exception()
+    def _produce(self, request: Request) -> None:
+        """Produce without a task: append now; respond from the last durability callback.
+
+        Only when no task is waiting to start ahead of it, so appends keep request order.
+        """
+        broker = self._server.broker
+        broker.counters["requests"] += 1
+        slot: asyncio.Future[bytes | None] = asyncio.get_running_loop().create_future()
+        self._pending.append(slot)
+        try:
+            staged = stage_produce(broker, request)
+        except Exception as exc:
+            self._produce_done(slot, request, None, exc)
+            return
+        waits = [f for f in staged.waits if not f.done()]
+        if not waits:
+            self._produce_done(slot, request, staged)
+            return
+        remaining = len(waits)
+
+        def one_done(_: asyncio.Future[None]) -> None:
+            nonlocal remaining
+            remaining -= 1
+            if not remaining:
+                self._produce_done(slot, request, staged)
+
+        for f in waits:
+            f.add_done_callback(one_done)
+
+    def _produce_done(
+        self,
+        slot: asyncio.Future[bytes | None],
+        request: Request,
+        staged: StagedProduce | None,
+        exc: BaseException | None = None,
+    ) -> None:
+        if slot.done():  # cancelled: the connection is gone
+            return
+        if exc is None and staged is not None:
+            try:
+                response = staged.response()
+                slot.set_result(None if response is None else encode_response(request, response))
+            except Exception as e:
+                exc = e
+        if exc is not None:
+            self._log_failure(exc)
+            slot.set_exception(exc)
+        self._flush()
+
+    @staticmethod
+    def _log_failure(exc: BaseException) -> None:
         if isinstance(exc, CloseConnection):
             log.info("kafka connection closed: %s", exc)
-        elif exc is not None:
+        else:
             log.error("kafka handler failed; closing connection", exc_info=exc)
+
+    def _on_done(self, task: asyncio.Task[bytes | None]) -> None:
+        exc = None if task.cancelled() else task.exception()
+        if exc is not None:
+            self._log_failure(exc)
         if not self._flush_scheduled:  # coalesce every response done this tick into one write
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
@@ -201,7 +269,7 @@ class _Connection(asyncio.Protocol):
             elif head.cancelled() or head.exception() is not None:
                 self._closing = True
                 for item in self._pending:
-                    if isinstance(item, asyncio.Task):
+                    if isinstance(item, asyncio.Future):
                         item.cancel()
                 self._pending.clear()
                 break
