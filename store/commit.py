@@ -2,7 +2,8 @@
 
 Theory of operation. Appends stage their batches on the partition's `Log` and register a
 `_Durable` waiter here (`enqueue`). One `call_soon` callback per tick (`flush`) writes each touched
-partition's staged batches with one writev: the high watermark moves and the append listeners run.
+partition's staged batches with one writev: the high watermark moves, the waiters resolve (or
+queue for fsync), and then the append listeners run for every partition written.
 Under fsync `always` the partition then enters its pipeline: one fdatasync at a time per partition,
 in a worker thread, so the loop keeps going; everything written while it runs is covered by the
 next one, started as soon as it ends (group commit). Under `interval_ms` waiters resolve after the
@@ -113,15 +114,28 @@ class GroupCommit:
         return fut
 
     def flush(self) -> None:
-        """End of tick: one writev per touched partition, then fsync or resolve."""
+        """End of tick: one writev per touched partition, then fsync or resolve; listeners last.
+
+        The append listeners run after every partition of the tick has resolved (or queued for
+        fsync) its waiters, so the callbacks of those waiters (acks, Kafka produce responses) are
+        scheduled ahead of whatever the listeners wake (a light-queue dispatch round, long-polling
+        fetches) and go out first.
+        """
         self._flush_scheduled = False
         dirty, tw = self._dirty, self._tick_waiters
         self._dirty, self._tick_waiters = [], {}
-        for lg in dirty:
-            self._write(lg, tw.get(lg, []), self._policy(lg))
+        written = [lg for lg in dirty if self._write(lg, tw.get(lg, []), self._policy(lg))]
+        for lg in written:
+            for cb in self._listeners:
+                try:
+                    cb(lg.topic, lg.partition, lg.hwm)
+                except Exception:
+                    log.exception("append listener failed")
 
-    def _write(self, lg: Log, ws: list[_Durable], policy: str) -> None:
-        if lg.has_pending:
+    def _write(self, lg: Log, ws: list[_Durable], policy: str) -> bool:
+        """Write `lg`'s staged batches and hand its waiters on; True if bytes were written."""
+        wrote = lg.has_pending
+        if wrote:
             try:
                 sealed = lg.write_pending()
             except OSError as e:
@@ -129,18 +143,13 @@ class GroupCommit:
                 err = StoreError(f"write to {lg.name} failed: {e}")
                 for w in ws:
                     w.fail(err)
-                return
+                return False
             for seg in sealed:
                 self._seal(lg, seg)
-            for cb in self._listeners:
-                try:
-                    cb(lg.topic, lg.partition, lg.hwm)
-                except Exception:
-                    log.exception("append listener failed")
         if policy == "always":
             if not ws:  # only unacknowledged data: leave it to the interval timer
                 self.interval_dirty.add(lg)
-                return
+                return wrote
             lg.sync_waiters.extend(ws)
             if not lg.syncing:
                 self.start_sync(lg)
@@ -149,6 +158,7 @@ class GroupCommit:
                 w.done_one()
             if policy == "interval_ms":
                 self.interval_dirty.add(lg)
+        return wrote
 
     def start_sync(self, lg: Log) -> None:
         segs = [s for s in lg.segments if s.dirty]

@@ -1,8 +1,11 @@
-"""The Produce path without a task: appends in request order, responses in request order."""
+"""The Produce path without a task: appends in request order, responses in request order, and the
+response written before the light-queue dispatch round that the same commit tick woke."""
 
 from __future__ import annotations
 
 import asyncio
+import select
+import socket
 import struct
 from pathlib import Path
 
@@ -12,12 +15,74 @@ from aiokafka.protocol.metadata import MetadataRequest_v4
 from aiokafka.protocol.produce import ProduceRequest_v7
 from kafka_helpers import RawClient, make_batch, running_gateway
 
+from lightqueue.queues import open_light_queues
+from store.kafka.server import KafkaServer
+from store.store import Store, StoreConfig
+
 pytestmark = pytest.mark.timeout(60)
 
 
 def frame(req, cid: int) -> bytes:  # type: ignore[no-untyped-def]
     body = req.build_request_header(cid, "path").encode() + req.encode()
     return struct.pack(">i", len(body)) + body
+
+
+def read_frame(sock: socket.socket) -> bytes:
+    def exactly(n: int) -> bytes:
+        out = b""
+        while len(out) < n:
+            chunk = sock.recv(n - len(out))
+            assert chunk, "connection closed"
+            out += chunk
+        return out
+
+    (size,) = struct.unpack(">i", exactly(4))
+    return exactly(size)
+
+
+@pytest.mark.parametrize("fsync", ["interval_ms", "never"])
+async def test_produce_response_is_written_before_the_dispatch_round(
+    tmp_path: Path, fsync: str
+) -> None:
+    """The dispatcher is woken inside the commit tick, before the tick resolves the appends'
+    durability; it yields once, so the produce response (written from the last durability
+    callback) is on the socket when its round indexes the records."""
+    store = await Store.open(tmp_path, StoreConfig(default_partitions=4, fsync=fsync))
+    store.ensure_topic("t", 4)
+    readable_in_round: list[bool] = []
+    sock: socket.socket | None = None
+
+    def sink(events: list[tuple[str, int]]) -> None:
+        assert sock is not None
+        readable_in_round.append(bool(select.select([sock], [], [], 0)[0]))
+
+    lq = open_light_queues(tmp_path, store, sink=sink)
+    await lq.start()
+    server = KafkaServer(store, "127.0.0.1", 0)
+    await server.start()
+    try:
+        await asyncio.sleep(0.05)  # the start-up round (nothing to index) is over
+        sock = socket.create_connection(("127.0.0.1", server.port))
+        parts = [(p, make_batch([b"v%d" % p] * 3, key=b"t/k")) for p in range(4)]
+        sock.sendall(frame(ProduceRequest_v7(None, 1, 5000, [("t", parts)]), 1))
+        for _ in range(200):
+            if readable_in_round:
+                break
+            await asyncio.sleep(0.01)
+        assert readable_in_round == [True]  # one round, and the response was already out
+        sock.setblocking(True)
+        resp = ProduceRequest_v7.RESPONSE_TYPE.decode(read_frame(sock)[4:])
+        ((_, partitions),) = resp.topics
+        assert sorted((p[0], p[1], p[2]) for p in partitions) == [(p, 0, 0) for p in range(4)]
+        assert lq.dispatcher.behind() == 0
+        res = lq.read("t/k", 0, 100)
+        assert len(res.entries) == 12  # every record indexed
+    finally:
+        if sock is not None:
+            sock.close()
+        await server.close()
+        await lq.close()
+        await store.close()
 
 
 async def test_produce_after_metadata_in_one_chunk_keeps_request_order(tmp_path: Path) -> None:
