@@ -305,8 +305,14 @@ def _time(value: Any) -> Any:
     return value
 
 
+_ERROR_CODES: dict[int, ErrorCode] = {e.value: e for e in ErrorCode}
+
+
 def _err(value: Any) -> Any:
-    return ErrorCode(value) if type(value) is int else value
+    if type(value) is not int:
+        return value
+    e = _ERROR_CODES.get(value)  # an Enum call costs 0.65 us, the lookup 0.03
+    return ErrorCode(value) if e is None else e
 
 
 _converters: dict[type, tuple[frozenset[str], dict[str, _Conv]]] = {}
