@@ -128,6 +128,7 @@ class Dispatcher:
         self._round_waiters: list[asyncio.Future[None]] = []
         self.gated = False  # some queue has a rebuild gate: use the checked path
         self.records = 0  # records indexed since open
+        self.corrupt_batches = 0  # batches skipped because their records do not decode
         self.failed: BaseException | None = None
 
     # -- positions ---------------------------------------------------------------------------
@@ -345,7 +346,17 @@ class Dispatcher:
             # Offsets as big-endian bytes, as wide as the batch's last one needs (decoding
             # ignores leading zeros): one pack + slice, 0.1 us less than int.to_bytes per record.
             cut = 8 - len(offset_bytes(last))
-            for r in records_of(data, pos, size):
+            try:
+                recs = list(records_of(data, pos, size))
+            except Exception as exc:
+                # A batch nobody can decode (garbled records under a valid CRC, a broken
+                # compressed block): skip it, or it would stop dispatch for good.
+                self.corrupt_batches += 1
+                log.error("%s-%d: batch at offsets %d..%d cannot be decoded, not indexed: %s",
+                          t, p, base, last, exc)  # fmt: skip
+                c = min(last + 1, end)
+                continue
+            for r in recs:
                 off = r.offset
                 if off < c:
                     continue

@@ -363,6 +363,7 @@ class LightQueues:
             "lightqueue_backfills": len(self._backfills),
             "lightqueue_dispatched_records": d.records,
             "lightqueue_dispatch_lag_records": d.behind(),
+            "lightqueue_corrupt_batches": d.corrupt_batches,
         }
 
     def queue_names(self) -> list[str]:

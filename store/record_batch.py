@@ -422,6 +422,29 @@ def iter_records(batch: Any, *, use_cython: bool = True) -> Iterator[Record]:
     yield from _records_py(data, pos, dend, h.record_count, h.base_offset, h.first_timestamp, lat)
 
 
+def check_records(batch: Any) -> None:
+    """Decode every record of one uncompressed batch (Kafka's broker validates records on
+    produce too): InvalidRecordError if one does not parse or the count is off. A batch with a
+    valid CRC can still hold garbage that no consumer, and no dispatcher, could read.
+    Compressed batches are stored as produced, unread (issue 5); the dispatcher skips one it
+    cannot decode. Cost: the Cython walk, ~0.3 us per record."""
+    h = BatchHeader._make(HEADER.unpack_from(batch, 0))
+    if h.attributes & COMPRESSION_MASK:
+        return
+    end = h.batch_length + LOG_OVERHEAD
+    if _CReader is not None:
+        n = 0
+        try:
+            for _ in _CReader(batch if type(batch) is bytes else bytes(batch[:end])):
+                n += 1
+        except Exception as e:  # aiokafka raises CorruptRecordException / struct errors
+            raise InvalidRecordError(f"cannot decode records: {e}") from e
+    else:
+        n = sum(1 for _ in _records_py(batch, RECORDS_OFFSET, end, h.record_count, 0, 0, -1))
+    if n != h.record_count:
+        raise InvalidRecordError(f"{n} records decoded, the header says {h.record_count}")
+
+
 def _cython_records(raw: bytes, lat: int) -> Iterator[Record]:
     """Same batch as `build_uncompressed`'s note: Cython reader 1.05 us/record vs `_records_py`
     3.86 us/record in one run (Cython 0.27 us/record on a quiet run), so Cython reads when present."""

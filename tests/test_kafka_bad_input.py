@@ -114,6 +114,25 @@ async def test_corrupt_crc_is_corrupt_message_and_nothing_is_stored(gw: Gateway)
     await client.close()
 
 
+async def test_garbled_records_under_a_valid_crc_are_corrupt_message(gw: Gateway) -> None:
+    """Kafka's broker decodes the records too: a batch whose CRC was recomputed over garbage
+    would stop every consumer (and the light-queue dispatcher) that reads it."""
+    import crc32c
+
+    from store.record_batch import ATTRIBUTES_OFFSET, CRC_OFFSET
+
+    batch = bytearray(make_batch([b"hello", b"world"]))
+    batch[-8:] = b"\xff" * 8
+    struct.pack_into(">I", batch, CRC_OFFSET, crc32c.crc32c(memoryview(batch)[ATTRIBUTES_OFFSET:]))
+    client = await RawClient.connect(gw.server.port)
+    resp = await client.request(produce_req("t", 0, bytes(batch)))
+    assert partition_result(resp)[0] == CORRUPT_MESSAGE
+    assert gw.store.high_watermark("t", 0) == 0
+    ok = await client.request(produce_req("t", 0, make_batch([b"fine"])))
+    assert partition_result(ok) == (0, 0)
+    await client.close()
+
+
 async def test_unknown_topic_partition_and_offset_errors(gw: Gateway) -> None:
     client = await RawClient.connect(gw.server.port)
     batch = make_batch([b"v"])

@@ -222,3 +222,33 @@ async def test_resolve_equals_mqtt_view_and_batches_reads(tmp_path: Path) -> Non
 
 
 NOW_MS = 1_764_000_000_000
+
+
+async def test_a_batch_that_does_not_decode_is_skipped_not_fatal(tmp_path: Path) -> None:
+    """Stored bytes a reader cannot decode (garbled records under a valid CRC, as a compressed
+    batch could hold, since those are stored unread): the dispatcher logs and skips that batch
+    and keeps indexing what comes after it; it must not stop for good."""
+    import struct
+
+    import crc32c
+
+    from store.record_batch import ATTRIBUTES_OFFSET, CRC_OFFSET, build_batch
+
+    store, lq = await open_all(tmp_path)
+    await lq.start()
+    lq.acquire_filter("g/#")
+    store.ensure_topic("g", 1)
+    bad = build_batch([(1, b"g/a", b"hello", [])])
+    bad[-8:] = b"\xff" * 8
+    struct.pack_into(">I", bad, CRC_OFFSET, crc32c.crc32c(memoryview(bad)[ATTRIBUTES_OFFSET:]))
+    store.append_batch("g", 0, bytes(bad))
+    store.append_mqtt([msg("g/b", b"after")])
+    for _ in range(200):
+        if lq.last_seq("g/#") == 0:
+            break
+        await asyncio.sleep(0.01)
+    (m,) = lq.resolve(lq.read("g/#", 0, 10).entries)
+    assert m is not None and m.payload == b"after"
+    assert lq.dispatcher.corrupt_batches == 1 and lq.dispatcher.behind() == 0
+    await lq.close()
+    await store.close()

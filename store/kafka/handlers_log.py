@@ -19,6 +19,8 @@ from store.record_batch import (
     MAGIC_V2,
     TRANSACTIONAL_MASK,
     InvalidRecordError,
+    check_batch,
+    check_records,
     iter_records,
     parse_header,
 )
@@ -299,6 +301,8 @@ def _append(
     if len(records) > b.store.config.max_batch_bytes:
         return E.message_too_large, -1, "batch larger than the store's max_batch_bytes", None
     try:
+        check_batch(records)  # CRC first: the cheaper check names the likelier damage
+        check_records(records)
         result = b.store.append_batch(topic, partition, records, sync)
     except InvalidRecordError as exc:
         return E.corrupt_message, -1, str(exc), None
