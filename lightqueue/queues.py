@@ -158,8 +158,10 @@ class LightQueues:
         self.store.add_append_listener(d.on_append)
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(d.run(), name="lightqueue-dispatch"))
+        self._tasks[-1].add_done_callback(_task_ended)
         d._wake.set()
         self._tasks.append(loop.create_task(self._maintenance(), name="lightqueue-maintenance"))
+        self._tasks[-1].add_done_callback(_task_ended)
         for bf in self._backfills.values():
             self._tasks.append(loop.create_task(bf.run(), name=f"backfill {bf.q.name}"))
 
@@ -470,3 +472,9 @@ def open_light_queues(data_dir: Path, store: Any, sink: EventSink | None = None,
                       config: LightQueueConfig | None = None) -> LightQueues:  # fmt: skip
     """Convenience for wiring: `LightQueues.open`."""
     return LightQueues.open(data_dir, store, config, sink)
+
+
+def _task_ended(task: asyncio.Task[Any]) -> None:
+    """A background task must not die unseen: dispatch stopping stops all MQTT delivery."""
+    if not task.cancelled() and task.exception() is not None:
+        log.critical("light-queue task %s stopped: %r", task.get_name(), task.exception())
