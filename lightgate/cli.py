@@ -69,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
         "store, light queues and notify of a core reached over its core link (`core_listen`). "
         "Listener flags and --set work as for serve.",
     )
-    _add_common(proxy)
+    proxy.add_argument("--config", help="TOML config file (also LIGHTGATE_CONFIG)")
     proxy.add_argument("--core", required=True, help="core link address: host:port or unix:/path")
     proxy.add_argument("--proxy-id", default="mqtt-1", help="this proxy's id (default mqtt-1)")
     proxy.add_argument("--host", help="listen address (default 127.0.0.1)")
