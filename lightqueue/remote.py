@@ -225,6 +225,10 @@ class LightQueueService:
         counts: dict[RpcPeer, int] = {}
         for queue, first, entries in pushed:
             for peer in self._watchers.get(queue, ()):
+                if peer.paused:
+                    # The proxy is not reading as fast as we push: skip, it reads these later
+                    # (a gap in its pushed runs makes it READ), so our buffer stays bounded.
+                    continue
                 out = frames.get(peer)
                 if out is None:
                     out = frames[peer] = [b""]

@@ -139,14 +139,12 @@ class RpcPeer(asyncio.Protocol):
         heartbeat: float = 2.0,
         max_frame: int = MAX_FRAME,
         on_lost: Callable[[RpcPeer, Exception | None], None] | None = None,
-        on_pause: Callable[[bool], None] | None = None,
     ) -> None:
         self.methods = methods
         self.name = name
         self._decoder = FrameDecoder(max_frame)
         self._heartbeat = heartbeat
         self._on_lost = on_lost
-        self.on_pause = on_pause
         self.transport: asyncio.Transport | None = None
         self._next_id = 0
         # call id -> the future of its answer, or (call_then) the callback that takes it
@@ -240,13 +238,9 @@ class RpcPeer(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.paused = True
-        if self.on_pause is not None:
-            self.on_pause(True)
 
     def resume_writing(self) -> None:
         self.paused = False
-        if self.on_pause is not None:
-            self.on_pause(False)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._timer is not None:
