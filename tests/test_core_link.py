@@ -173,6 +173,7 @@ async def _core(tmp_path: Path, fsync: str = "always", **lq_cfg: Any) -> Any:
         await lq.close()
         await store.close()
 
+    close.service = service  # type: ignore[attr-defined]  # the core's side, for tests that need it
     return store, lq, rs, rq, close
 
 
@@ -316,4 +317,44 @@ async def test_appends_keep_call_order_across_a_new_topic(tmp_path: Path) -> Non
         (part,) = {o[1] for r in (first, second, third) for o in r.offsets if o[0] == topic}
         values = [r.value for r in sr.iter_records_from(tmp_path / "core", topic, part)]
         assert values == ([b"1", b"2", b"3"] if topic == "new" else [b"a", b"b", b"c"])
+    await close()
+
+
+async def test_watched_queues_push_their_new_entries(tmp_path: Path) -> None:
+    """WATCH: each dispatch round's new entries arrive (ENTRIES) before that round's events;
+    a link that is not keeping up gets none (it reads them instead); watches end with the link."""
+    store, lq, rs, rq, close = await _core(tmp_path)
+    got: list[tuple[str, int, list[Any]]] = []
+    rq.entries_sink = lambda q, first, entries: got.append((q, first, entries))
+    [(queue, _start)] = await rq.acquire_many([("w/#", None)])
+    rq.watch(queue, True)
+    await rq.acquire_many([])  # a round trip: the WATCH was handled before this answer
+    res = rs.append_mqtt([msg(f"w/{i}") for i in range(3)], sync=False)
+    await res.staged  # type: ignore[misc]
+    for _ in range(200):
+        if sum(len(e) for q, _f, e in got if q == "w/#") == 3:
+            break
+        await asyncio.sleep(0.01)
+    pushed = [e for q, _f, es in got if q == "w/#" for e in es]
+    assert [tuple(e) for e in pushed] == [tuple(e) for e in lq.read("w/#", 0, 10).entries]
+    assert got[0][1] == 0  # the first pushed sequence
+    # A link whose writes back up (simulated): nothing is pushed to it, reads still work.
+    (speer,) = close.service.peers
+    speer.paused = True
+    n = len(got)
+    await rs.append_mqtt([msg("w/late")], sync=False).staged  # type: ignore[misc]
+    for _ in range(50):
+        if lq.last_seq("w/#") == 3:
+            break
+        await asyncio.sleep(0.01)
+    await rq.acquire_many([])
+    assert len(got) == n and len((await rq.read("w/#", 3, 10)).entries) == 1
+    speer.paused = False
+    assert rq.peer is not None
+    rq.peer.abort()
+    for _ in range(100):
+        if lq.qdb.queues["w/#"].watchers == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert lq.qdb.queues["w/#"].watchers == 0 and lq.qdb.queues["w/#"].watch is None
     await close()
