@@ -68,7 +68,7 @@ class Backend:
 
         Stored as runs, one per batch (`AppendResult.runs`: base offset + the messages in
         offset order), so remembering costs nothing per message; oldest runs go first once
-        `recent_max` bytes are held (payload bytes, from the batch size, plus RECENT_OVERHEAD
+        `recent_max` bytes are held (each batch's size, plus RECENT_OVERHEAD
         per message)."""
         parts = self._parts
         fifo = self._fifo
