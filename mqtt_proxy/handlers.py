@@ -281,6 +281,13 @@ def handle_subscribe(conn: MqttConnection, p: Subscribe) -> None:
     conn.block()
 
     def acquired(got: list[Any]) -> None:
+        if sessions.sessions.get(session.client_id) is not session:
+            # The session ended while the core answered (a clean session whose connection
+            # closed): nothing to subscribe, give back what was held for it.
+            for a in got:
+                if not isinstance(a, str):
+                    server.backend.release(a[0])
+            return
         held = dict(zip(need, got, strict=True))
         initial = []
         stored = False

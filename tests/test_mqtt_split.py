@@ -156,3 +156,37 @@ def test_standalone_proxy_against_a_core_only_serve(tmp_path: Path) -> None:
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(20) == 0  # a clean stop of the proxy
         core.stop()
+
+
+def test_a_subscribe_cut_off_by_its_connection_holds_nothing(tmp_path: Path) -> None:
+    """SUBSCRIBE and the connection's end arrive together: the core's answer (the held queue)
+    comes after the clean session is gone, and the hold must be given back, or the filter
+    queue would be indexed forever."""
+    import socket
+
+    from mqtt_helpers import read_packets
+
+    gw = GatewayProcess(
+        tmp_path / "data", ["--set", "mqtt_processes=1", "--set", "filter_grace_ms=100"]
+    ).start()
+    try:
+        port = gw.port("mqtt")
+
+        def filters() -> float:
+            url = f"http://127.0.0.1:{gw.port('http')}/metrics"
+            for line in urllib.request.urlopen(url).read().decode().splitlines():
+                if line.startswith("lightgate_lightqueue_filters "):
+                    return float(line.split()[1])
+            raise AssertionError("no lightqueue_filters metric")
+
+        connect = bytes([0x10, 16, 0, 4]) + b"MQTT" + bytes([4, 2, 0, 60, 0, 4]) + b"gone"
+        subscribe = bytes([0x82, 10, 0, 1, 0, 5]) + b"cut/#" + bytes([0])
+        for _ in range(5):
+            s = socket.create_connection(("127.0.0.1", port))
+            s.sendall(connect)
+            read_packets(s, 1)  # CONNACK
+            s.sendall(subscribe)
+            s.close()  # before the SUBACK: the proxy asks the core, then loses the client
+        _wait(lambda: filters() == 0, 10, "the filter queue to be dropped (no hold left)")
+    finally:
+        gw.stop()
