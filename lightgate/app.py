@@ -33,8 +33,6 @@ class Gateway:
         self.endpoints: dict[str, tuple[str, int]] = {}
         self._closers: list[Any] = []
         self._stats_sources: list[tuple[str, Any]] = []  # (metric prefix, source)
-        self.core_link: Any = None  # mqtt_processes > 0: the link the proxy process uses
-        self.supervisor: Any = None  # ... and what watches that process
 
     async def start(self) -> None:
         cfg = self.cfg
@@ -117,8 +115,7 @@ class Gateway:
         queues.set_sink(sink)
         address = await link.start(core_address(self.cfg))
         self._closers.append(link)
-        self._stats_sources.append(("mqtt_", link))
-        self.core_link = link
+        self._stats_sources.append(("mqtt_", link))  # the proxies' counters, asked over the link
         if self.cfg.core_listen and not address.startswith("unix:"):
             host, _, port = address.rpartition(":")
             self.endpoints["core"] = (host, int(port))
@@ -133,7 +130,6 @@ class Gateway:
         supervisor = ProxySupervisor(self.cfg, address)
         self._closers.append(supervisor)
         self.endpoints.update(await supervisor.start())
-        self.supervisor = supervisor
 
     async def _start_kafka(self) -> None:
         cfg = self.cfg
@@ -169,9 +165,7 @@ class Gateway:
         for prefix, source in self._stats_sources:
             stats = getattr(source, "stats", None)
             if stats is None:
-                stats = getattr(source, "proxy_stats", None)  # the proxy process, over the link
-                if stats is None:
-                    continue
+                continue
             values = stats()
             if asyncio.iscoroutine(values):
                 values = await values

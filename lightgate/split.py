@@ -136,7 +136,7 @@ class CoreLink:
             self.routes.drop(pid)
             log.info("proxy %s left the core link", pid)
 
-    async def proxy_stats(self) -> dict[str, Any]:
+    async def stats(self) -> dict[str, Any]:
         """The MQTT counters of every connected proxy, summed (numbers only)."""
         out: dict[str, Any] = {}
         for peer in list(self.proxies.values()):
