@@ -33,7 +33,7 @@ from typing import Any
 
 from store.config import StoreError, UnknownTopicOrPartitionError
 from store.log import OffsetOutOfRangeError
-from store.mapping import MqttMessage, check_publish_topic, escape_level, partition_for_key
+from store.mapping import MqttMessage, log_topic_for, partition_for_key
 from store.mqtt_batches import build_mqtt_batches
 from store.record_batch import split_batches
 from store.rpc import BAD_REQUEST, Handler, RpcError, RpcPeer, get_str, put_str
@@ -77,7 +77,6 @@ class StoreService:
 
     def __init__(self, store: Any) -> None:
         self.store = store
-        self.appends = 0  # APPEND calls served (stats)
 
     def methods(self) -> dict[int, Handler]:
         return {
@@ -127,7 +126,6 @@ class StoreService:
             out.append(b"\0\0")
             if sync:
                 waits.append(res.durable)
-        self.appends += 1
         if sync:
             if waits:
                 done = asyncio.gather(*waits)
@@ -181,7 +179,6 @@ class RemoteStore:
         self._ensuring: dict[str, asyncio.Future[int]] = {}
         self._durable: dict[int, asyncio.Future[None]] = {}
         self._token = 0
-        self.inflight = 0  # APPEND calls without a reply yet
         # Appends waiting for a new log topic's partition count, and every one after them.
         self._held: list[tuple[Sequence[MqttMessage], bool, AppendResult, set[str]]] = []
 
@@ -243,9 +240,7 @@ class RemoteStore:
         r = self._routes.get(mqtt_topic)
         if r is not None:
             return r
-        check_publish_topic(mqtt_topic)
-        i = mqtt_topic.find("/")
-        lt = escape_level(mqtt_topic if i < 0 else mqtt_topic[:i])
+        lt = log_topic_for(mqtt_topic)
         n = self._counts[lt]  # callers made sure it is known
         key = mqtt_topic.encode()
         r = ((lt, partition_for_key(key, n)), key)
@@ -269,9 +264,7 @@ class RemoteStore:
         routes, counts = self._routes, self._counts
         for m in messages:
             if m.topic not in routes:
-                check_publish_topic(m.topic)
-                i = m.topic.find("/")
-                lt = escape_level(m.topic if i < 0 else m.topic[:i])
+                lt = log_topic_for(m.topic)
                 if lt not in counts:
                     missing.add(lt)
         if missing or self._held:
@@ -333,7 +326,6 @@ class RemoteStore:
             put_str(out, topic)
             out.append(_PART.pack(part, len(buf)))
             out.append(bytes(buf))
-        self.inflight += 1
         if sync:
             self._durable[token] = res.durable
         else:
@@ -353,7 +345,6 @@ class RemoteStore:
         token: int,
         res: AppendResult,
     ) -> None:
-        self.inflight -= 1
         if error is not None:
             self._durable.pop(token, None)
             log.error("append over the core link failed: %s", error)

@@ -42,9 +42,8 @@ from store.log import (
 )
 from store.mapping import (
     MqttMessage,
-    check_publish_topic,
-    escape_level,
     is_valid_log_topic,
+    log_topic_for,
     partition_for_key,
 )
 from store.mqtt_batches import build_mqtt_batches
@@ -321,9 +320,7 @@ class Store:
     # --- append ---------------------------------------------------------------------------------
 
     def _route(self, mqtt_topic: str) -> tuple[str, int, bytes, Log]:
-        check_publish_topic(mqtt_topic)
-        i = mqtt_topic.find("/")
-        lt = escape_level(mqtt_topic if i < 0 else mqtt_topic[:i])
+        lt = log_topic_for(mqtt_topic)
         n = self._counts.get(lt)
         if n is None:
             if not self.config.auto_create_topics:

@@ -108,3 +108,16 @@ def make_batch(
     for i, v in enumerate(values):
         builder.append(i, timestamp, key, v, [])
     return bytes(builder.build())
+
+
+def garble_records(batch: bytes | bytearray) -> bytes:
+    """The batch with its last record bytes overwritten and the CRC recomputed over them: it
+    passes every header and CRC check, yet no reader can decode its records."""
+    import crc32c
+
+    from store.record_batch import ATTRIBUTES_OFFSET, CRC_OFFSET
+
+    out = bytearray(batch)
+    out[-8:] = b"\xff" * 8
+    struct.pack_into(">I", out, CRC_OFFSET, crc32c.crc32c(memoryview(out)[ATTRIBUTES_OFFSET:]))
+    return bytes(out)

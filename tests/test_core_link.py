@@ -228,6 +228,22 @@ async def test_remote_append_qos0_is_not_held_for_durability(tmp_path: Path) -> 
     await close()
 
 
+async def test_remote_reads_and_offsets(tmp_path: Path) -> None:
+    """READ returns the stored batches as the store does; OFFSETS the log start and the
+    high watermark; an offset past the end is OffsetOutOfRangeError, as in-process."""
+    from store import OffsetOutOfRangeError
+
+    store, lq, rs, rq, close = await _core(tmp_path)
+    res = rs.append_mqtt([msg("rd/x", b"%d" % i) for i in range(5)])
+    await res.durable
+    (t, p, _o) = res.offsets[0]  # type: ignore[index]
+    assert await rs.read(t, p, 0, 1 << 20) == store.read(t, p, 0, 1 << 20)
+    assert await rs.offsets(t, p) == (0, 5)
+    with pytest.raises(OffsetOutOfRangeError):
+        await rs.read(t, p, 99, 1024)
+    await close()
+
+
 async def test_remote_append_refused_fails_both_futures(tmp_path: Path) -> None:
     store, lq, rs, rq, close = await _core(tmp_path)
     store.config.auto_create_topics = False

@@ -13,7 +13,7 @@ from aiokafka.protocol.metadata import MetadataRequest_v1
 from aiokafka.protocol.offset import OffsetRequest_v1
 from aiokafka.protocol.produce import ProduceRequest_v7
 from aiokafka.protocol.transaction import InitProducerIdRequest_v0
-from kafka_helpers import Gateway, RawClient, make_batch, running_gateway
+from kafka_helpers import Gateway, RawClient, garble_records, make_batch, running_gateway
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -102,35 +102,27 @@ async def test_frame_over_configured_max_is_rejected(tmp_path: Path) -> None:
         await still_serving(small)
 
 
-async def test_corrupt_crc_is_corrupt_message_and_nothing_is_stored(gw: Gateway) -> None:
-    batch = bytearray(make_batch([b"hello", b"world"]))
-    batch[-1] ^= 0xFF
+async def _corrupt_message_then_fine(gw: Gateway, batch: bytes) -> None:
+    """`batch` is refused with CORRUPT_MESSAGE, nothing is stored, and the next one is fine."""
     client = await RawClient.connect(gw.server.port)
-    resp = await client.request(produce_req("t", 0, bytes(batch)))
+    resp = await client.request(produce_req("t", 0, batch))
     assert partition_result(resp)[0] == CORRUPT_MESSAGE
     assert gw.store.high_watermark("t", 0) == 0
     ok = await client.request(produce_req("t", 0, make_batch([b"fine"])))
     assert partition_result(ok) == (0, 0)
     await client.close()
+
+
+async def test_corrupt_crc_is_corrupt_message_and_nothing_is_stored(gw: Gateway) -> None:
+    batch = bytearray(make_batch([b"hello", b"world"]))
+    batch[-1] ^= 0xFF
+    await _corrupt_message_then_fine(gw, bytes(batch))
 
 
 async def test_garbled_records_under_a_valid_crc_are_corrupt_message(gw: Gateway) -> None:
     """Kafka's broker decodes the records too: a batch whose CRC was recomputed over garbage
     would stop every consumer (and the light-queue dispatcher) that reads it."""
-    import crc32c
-
-    from store.record_batch import ATTRIBUTES_OFFSET, CRC_OFFSET
-
-    batch = bytearray(make_batch([b"hello", b"world"]))
-    batch[-8:] = b"\xff" * 8
-    struct.pack_into(">I", batch, CRC_OFFSET, crc32c.crc32c(memoryview(batch)[ATTRIBUTES_OFFSET:]))
-    client = await RawClient.connect(gw.server.port)
-    resp = await client.request(produce_req("t", 0, bytes(batch)))
-    assert partition_result(resp)[0] == CORRUPT_MESSAGE
-    assert gw.store.high_watermark("t", 0) == 0
-    ok = await client.request(produce_req("t", 0, make_batch([b"fine"])))
-    assert partition_result(ok) == (0, 0)
-    await client.close()
+    await _corrupt_message_then_fine(gw, garble_records(make_batch([b"hello", b"world"])))
 
 
 async def test_unknown_topic_partition_and_offset_errors(gw: Gateway) -> None:
