@@ -47,24 +47,29 @@ def test_plain_and_two_replays_of_one_filter_all_receive_live(broker):
         c.expect_none(0.3)
 
 
-def _publish_fast(port: int, n: int, started: threading.Event, half: threading.Event) -> None:
-    """`n` QoS 1 messages as fast as paho sends them (1,000 in flight), on 4 topics."""
-    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="fast-pub")
-    c.max_inflight_messages_set(1000)
-    c.max_queued_messages_set(0)
-    c.connect("127.0.0.1", port)
-    c.loop_start()
-    started.set()
-    infos = []
-    for i in range(n):
-        infos.append(c.publish(f"rj/{i % 4}", b"%d" % i, 1))
-        if i == n // 2:
-            half.set()
-    for info in infos:
-        info.wait_for_publish(120)
-        assert info.is_published()
-    c.disconnect()
-    c.loop_stop()
+def _publish_fast(port: int, n: int, half: threading.Event, errors: list[BaseException]) -> None:
+    """`n` QoS 1 messages as fast as paho sends them (1,000 in flight), on 4 topics. paho has
+    65,535 message ids, so at most 30,000 are queued ahead of their PUBACK."""
+    try:
+        c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="fast-pub")
+        c.max_inflight_messages_set(1000)
+        c.connect("127.0.0.1", port)
+        c.loop_start()
+        infos = []
+        for i in range(n):
+            if i >= 30_000:
+                infos[i - 30_000].wait_for_publish(120)
+            infos.append(c.publish(f"rj/{i % 4}", b"%d" % i, 1))
+            if i == n // 2:
+                half.set()
+        for info in infos:
+            info.wait_for_publish(120)
+            assert info.is_published()
+        c.disconnect()
+        c.loop_stop()
+    except BaseException as exc:  # seen by the test thread
+        errors.append(exc)
+        half.set()
 
 
 @pytest.mark.slow
@@ -81,14 +86,16 @@ def test_replay_created_under_full_speed_qos1_hands_over_without_gap_or_duplicat
     time.sleep(0.05)
     since = int(time.time() * 1000)
     time.sleep(0.05)
-    started, half = threading.Event(), threading.Event()
-    t = threading.Thread(target=_publish_fast, args=(broker.port, n, started, half), daemon=True)
+    half = threading.Event()
+    errors: list[BaseException] = []
+    t = threading.Thread(target=_publish_fast, args=(broker.port, n, half, errors), daemon=True)
     t.start()
     assert half.wait(120)
     c = Client(broker.port, "joiner").connect()
     c.subscribe(f"$replay/{since}/rj/+", 1)
     got = c.expect(n, timeout=300)
     t.join(120)
+    assert not errors, errors
     c.expect_none(1.0)
     payloads = _unique_payloads(got)
     assert sorted(int(p) for p in payloads) == list(range(n))
@@ -183,3 +190,45 @@ def test_max_replay_depth_bounds_history(gateway_factory):
     r.expect_none(0.5)
     pub.publish("d/y", b"live", 1)
     assert [m.payload for m in r.expect(1)] == [b"live"]
+
+
+def test_replay_delivers_a_retained_message_once(broker):
+    """A retained message inside the replayed window comes once, from the history, not a second
+    time as a retained message on SUBSCRIBE."""
+    pub = Client(broker.port, "pub").connect()
+    pub.publish("st/dev1", b"state", 1, retain=True)
+    pub.publish("st/dev1", b"reading", 1)
+    r = Client(broker.port, "r").connect()
+    r.subscribe("$replay/-1h/st/#", 1)
+    assert [m.payload for m in r.expect(2)] == [b"state", b"reading"]
+    r.expect_none(0.5)
+    plain = Client(broker.port, "plain").connect()
+    plain.subscribe("st/#", 1)
+    assert [(m.payload, m.retain) for m in plain.expect(1)] == [(b"state", True)]
+
+
+def test_shared_replay_splits_history_and_live_between_members(broker):
+    """`$share/<group>/$replay/<since>/<filter>` with one absolute `<since>`: the group reads one
+    replay queue, each message (history and live) goes to exactly one member."""
+    pub = Client(broker.port, "pub").connect()
+    for i in range(10):
+        pub.publish(f"sh/{i % 2}", f"h{i}", 1)
+    since = int(time.time() * 1000) - 3_600_000
+    a = Client(broker.port, "a").connect()
+    b = Client(broker.port, "b").connect()
+    a.subscribe(f"$share/g/$replay/{since}/sh/+", 1)
+    b.subscribe(f"$share/g/$replay/{since}/sh/+", 1)
+    for i in range(10):
+        pub.publish(f"sh/{i % 2}", f"l{i}", 1)
+    got: list[bytes] = []
+    deadline = time.monotonic() + 20
+    while len(got) < 20 and time.monotonic() < deadline:
+        for c in (a, b):
+            while not c.messages.empty():
+                got.append(c.messages.get().payload)
+        time.sleep(0.05)
+    a.expect_none(0.3)
+    b.expect_none(0.1)
+    assert sorted(got) == sorted(
+        [f"h{i}".encode() for i in range(10)] + [f"l{i}".encode() for i in range(10)]
+    )
