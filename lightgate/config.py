@@ -2,74 +2,234 @@
 
 Every key is flat (`mqtt_port = 1883`) so that the three sources name things the same way; a TOML
 table such as `[store]` is accepted too and flattened as `store_<key>` only when that key exists.
-Every default is documented in docs/configuration.md; a test keeps the two in step.
+
+`GatewayConfig` is the one table of keys: each row gives the name, the type, the default, the
+allowed range or choices and a one-line description (`key(...)`). The validator below, the table
+in docs/configuration.md and lightgate.example.toml all come from it (lightgate/config_docs.py
+writes the two files; tests keep them equal). Adding a key is adding a row.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
+
+T = TypeVar("T")
+
+# `LIGHTGATE_*` environment names that are not config keys (not warned about as unknown).
+ENV_NOT_KEYS = frozenset(
+    {
+        "LIGHTGATE_CONFIG",  # the TOML file, like --config
+        "LIGHTGATE_ANALYTICS_OUT",  # `lightgate analytics` / the notebook: output directory
+        "LIGHTGATE_TEST_INPROCESS",  # tests: run the MQTT broker fixture in-process
+        "LIGHTGATE_NO_UVLOOP",  # bench: compare event loops
+    }
+)
+
+MAX_INT32 = 2**31 - 1
+MAX_UINT32 = 2**32 - 1
+MQTT_MAX_PACKET = 268_435_460  # 1 + 4 bytes of fixed header + 268,435,455 (MQTT's limit)
 
 
 class ConfigError(ValueError):
-    """A configuration value is missing, unknown or of the wrong type."""
+    """A configuration value is missing, unknown, of the wrong type or out of range."""
+
+
+@dataclass(frozen=True, slots=True)
+class KeySpec:
+    """What a key accepts: an int range `lo..hi` (plus the special values `also`), a set of
+    string `choices`, or anything of the type. `allowed` overrides the docs' wording."""
+
+    doc: str
+    lo: int | None = None
+    hi: int | None = None
+    also: tuple[int, ...] = ()
+    choices: tuple[str, ...] = ()
+    allowed: str = ""
+
+
+def key(
+    default: T,
+    doc: str,
+    *,
+    lo: int | None = None,
+    hi: int | None = None,
+    also: tuple[int, ...] = (),
+    choices: tuple[str, ...] = (),
+    allowed: str = "",
+) -> T:
+    """One row of the table: a dataclass field whose metadata says what the key accepts."""
+    spec = KeySpec(doc, lo, hi, also, choices, allowed)
+    return cast(T, field(default=default, metadata={"key": spec}))
+
+
+PORT: dict[str, Any] = {"lo": -1, "hi": 65535}  # 0 picks a free port, -1 disables the listener
+DAY_MS = 24 * 3600 * 1000
 
 
 @dataclass(slots=True)
 class GatewayConfig:
-    # Listeners. 0 picks a free port, -1 disables the listener.
-    data_dir: str = "./data"
-    host: str = "127.0.0.1"
-    mqtt_port: int = 1883
-    mqtts_port: int = 8883
-    ws_port: int = 8083
-    kafka_port: int = 9092
-    http_port: int = 8080
-    tls_cert: str = ""
-    tls_key: str = ""
+    # Listeners.
+    data_dir: str = key(
+        "./data",
+        "data directory (commitlog, light queues, Kafka group state); locked by one writer",
+        allowed="a directory path",
+    )
+    host: str = key(
+        "127.0.0.1", "listen address of every listener", allowed="a host name or IP address"
+    )
+    mqtt_port: int = key(1883, "MQTT over TCP", **PORT)
+    mqtts_port: int = key(
+        8883, "MQTT over TLS; only started when `tls_cert` and `tls_key` are set", **PORT
+    )
+    ws_port: int = key(8083, "MQTT over WebSocket, path `/mqtt`, subprotocol `mqtt`", **PORT)
+    kafka_port: int = key(9092, "Kafka wire protocol", **PORT)
+    http_port: int = key(8080, "HTTP: `/metrics` (Prometheus) and `/health`", **PORT)
+    tls_cert: str = key(
+        "", "PEM certificate chain for MQTT/TLS (read at start)", allowed='a file path, or `""`'
+    )
+    tls_key: str = key(
+        "", "PEM private key for MQTT/TLS (read at start)", allowed='a file path, or `""`'
+    )
 
     # Store (commitlog).
-    default_partitions: int = 4
-    fsync: str = "always"
-    fsync_interval_ms: int = 50
-    segment_bytes: int = 256 * 1024 * 1024
-    retention_ms: int = 7 * 24 * 3600 * 1000
-    retention_bytes: int = -1
-    retention_check_interval_ms: int = 60_000
+    default_partitions: int = key(
+        4, "partitions of a log topic created on first use", lo=1, hi=1024
+    )
+    fsync: str = key(
+        "always",
+        "default fsync policy of new topics: `always` (group commit; "
+        "acks wait for fsync), `interval_ms`, `never`",
+        choices=("always", "interval_ms", "never"),
+    )
+    fsync_interval_ms: int = key(
+        50,
+        "flush interval under `interval_ms` (and the timer that fsyncs unacknowledged writes)",
+        lo=1,
+        hi=3_600_000,
+    )
+    segment_bytes: int = key(
+        256 << 20,
+        "roll a new segment past this size (256 MiB; at least "
+        "64 KiB, at most 2 GiB - 1 as in Kafka)",
+        lo=64 << 10,
+        hi=MAX_INT32,
+    )
+    retention_ms: int = key(
+        7 * DAY_MS, "delete whole segments older than this (7 days); `-1` keeps forever", lo=-1
+    )
+    retention_bytes: int = key(-1, "per-partition size bound; `-1` means unbounded", lo=-1)
+    retention_check_interval_ms: int = key(60_000, "how often retention runs", lo=100, hi=DAY_MS)
 
     # MQTT.
-    max_packet_size: int = 1024 * 1024
-    max_keepalive: int = 600
-    receive_maximum: int = 64
-    max_session_expiry: int = 7 * 24 * 3600
-    max_replay_depth_ms: int = 7 * 24 * 3600 * 1000
-    sys_interval_s: int = 10
-    allow_anonymous: bool = True
-    filter_grace_ms: int = 60_000
+    max_packet_size: int = key(
+        1 << 20,
+        "largest MQTT packet accepted (bytes); larger → "
+        "disconnect (v5 reason 0x95); `0` means no limit (MQTT's own, "
+        "256 MiB), as in Mosquitto",
+        lo=20,
+        hi=MQTT_MAX_PACKET,
+        also=(0,),
+    )
+    max_keepalive: int = key(
+        600,
+        "largest keep alive granted (s); v5 clients asking more get Server Keep Alive",
+        lo=1,
+        hi=65535,
+    )
+    receive_maximum: int = key(
+        64, "outbound QoS 1/2 in-flight window per client (v5 clients may ask less)", lo=1, hi=65535
+    )
+    max_session_expiry: int = key(
+        7 * 24 * 3600,
+        "cap on v5 session expiry (s); v3 persistent sessions use this too",
+        lo=0,
+        hi=MAX_UINT32,
+    )
+    max_replay_depth_ms: int = key(
+        7 * DAY_MS, "how far back `$replay/...` may reach (7 days)", lo=0
+    )
+    sys_interval_s: int = key(
+        10, "`$SYS/broker/...` publish interval; `0` disables", lo=0, hi=86400
+    )
+    allow_anonymous: bool = key(
+        True, "accept CONNECT without credentials (the auth hook decides otherwise)"
+    )
+    filter_grace_ms: int = key(
+        60_000, "a wildcard light queue with no subscribers is dropped after this", lo=0, hi=DAY_MS
+    )
 
     # Kafka.
-    kafka_auto_create_topics: bool = True
-    kafka_max_frame_bytes: int = 100 * 1024 * 1024
+    kafka_auto_create_topics: bool = key(True, "Metadata/Produce for an unknown topic creates it")
+    kafka_max_frame_bytes: int = key(
+        100 << 20,
+        "largest Kafka request frame; larger closes the connection",
+        lo=1024,
+        hi=MAX_INT32,
+    )
 
-    # Processes: 0 runs the MQTT proxy inside `serve`; 1 runs it in a child process that reaches
-    # the store and light queues over the core link (lightgate/split.py), using a second core.
-    mqtt_processes: int = 0
-    core_listen: str = ""  # the core link's address: "" = DATA/core.sock, or host:port, unix:/path
-    recent_cache_bytes: int = 64 * 1024 * 1024  # per proxy: its appended messages kept for delivery
+    # Processes.
+    mqtt_processes: int = key(
+        0,
+        "`0`: the MQTT proxy runs inside `serve` (one process). `1`: "
+        "`serve` starts it as a child process (`lightgate proxy`) that reaches the store and light "
+        "queues over the core link, so MQTT and the store/dispatch/Kafka side use one core each "
+        '(docs/architecture.md, "Processes and cores"). More than one proxy per core is refused '
+        "(not built yet)",
+        lo=0,
+        hi=1,
+    )
+    core_listen: str = key(
+        "",
+        "the core link's address when a proxy runs in its own process: "
+        '`""` = a Unix socket `DATA/core.sock`; `host:port` (TCP; port `0` picks one, printed as '
+        "`core=` in the ready line) or `unix:/path`. With every MQTT listener of `serve` disabled "
+        "and `core_listen` set, `serve` is a core only, for one `lightgate proxy --core HOST:PORT` "
+        "running elsewhere. The link has no authentication or encryption: bind it to a private "
+        "address",
+        allowed='`""`, `host:port`, `unix:/path`',
+    )
+    recent_cache_bytes: int = key(
+        64 << 20,
+        "per MQTT proxy: bytes of its own recently appended "
+        "messages kept for delivery, so a subscriber up to this far behind is served without a "
+        "store read (64 MiB; each message counts its record's bytes plus 240, which overestimates "
+        "what it holds)",
+        lo=0,
+    )
 
-    # Notify: "inprocess" for the embedded default, "tcp" to serve proxies in other processes.
-    notify_transport: str = "inprocess"
-    notify_port: int = -1
+    # Notify.
+    notify_transport: str = key(
+        "inprocess",
+        "`inprocess` (embedded) or `tcp` (proxies in other processes)",
+        choices=("inprocess", "tcp"),
+    )
+    notify_port: int = key(-1, 'TCP notify listener when `notify_transport = "tcp"`', **PORT)
 
-    # Logging: "json" (structured) or "text".
-    log_format: str = "json"
-    log_level: str = "info"
+    # Logging.
+    log_format: str = key(
+        "json", "`json` (one object per line on stderr) or `text`", choices=("json", "text")
+    )
+    log_level: str = key(
+        "info",
+        "least severe level logged",
+        choices=("debug", "info", "warning", "error", "critical"),
+    )
 
-    # Process: CPython's young-generation GC threshold (lightgate.cli.tune_gc); 0 = defaults.
-    gc_gen0: int = 50_000
+    # Process.
+    gc_gen0: int = key(
+        50_000,
+        "CPython's young-generation GC threshold "
+        "(`gc.set_threshold(N, 20, 100)`); `0` keeps CPython's defaults (700, 10, 10). The "
+        "gateway holds 10^5–10^6 long-lived cache objects, which the default thresholds re-scan "
+        "every few hundred messages (`bench/RESULTS.md`, light queues)",
+        lo=0,
+        hi=10**9,
+    )
 
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -78,14 +238,90 @@ class GatewayConfig:
         return Path(self.data_dir)
 
 
-_FIELDS = {f.name: f for f in fields(GatewayConfig) if f.name != "extra"}
-_TYPES: dict[str, type] = {}
-for _name, _f in _FIELDS.items():
-    _TYPES[_name] = type(getattr(GatewayConfig(), _name))
+@dataclass(frozen=True, slots=True)
+class Key:
+    """A row of the table as the validator and the docs read it."""
+
+    name: str
+    type: type
+    default: Any
+    spec: KeySpec
+
+    def allowed(self) -> str:
+        """The allowed values in words, as error messages and docs show them."""
+        s = self.spec
+        if s.allowed:
+            return s.allowed
+        if s.choices:
+            return ", ".join(f"`{c}`" for c in s.choices)
+        if self.type is bool:
+            return "`true`, `false`"
+        if s.lo is None and s.hi is None:
+            return "any"
+        span = f"{s.lo}..{s.hi}" if s.hi is not None else f">= {s.lo}"
+        return " or ".join([*(str(v) for v in s.also), span])
+
+    def check(self, value: Any) -> None:
+        s = self.spec
+        if s.choices and value not in s.choices:
+            raise ConfigError(
+                f"{self.name}: {value!r} is not one of {self.allowed()}".replace("`", "")
+            )
+        if self.type is not int or value in s.also:
+            return
+        if (s.lo is not None and value < s.lo) or (s.hi is not None and value > s.hi):
+            raise ConfigError(f"{self.name} = {value} is out of range: allowed {self.allowed()}")
+
+
+def _table() -> dict[str, Key]:
+    default = GatewayConfig()
+    out: dict[str, Key] = {}
+    for f in fields(GatewayConfig):
+        if f.name == "extra":
+            continue
+        if "key" not in f.metadata:
+            raise TypeError(f"GatewayConfig.{f.name}: declare it with key(default, description)")
+        value = getattr(default, f.name)
+        out[f.name] = Key(f.name, type(value), value, f.metadata["key"])
+    return out
+
+
+KEYS: dict[str, Key] = _table()
+
+
+def closest_key(name: str) -> str | None:
+    """The known key nearest to a mistyped one (difflib), for "did you mean" hints."""
+    match = difflib.get_close_matches(name.lower().replace("-", "_"), KEYS, n=1, cutoff=0.6)
+    return match[0] if match else None
+
+
+def unknown_key_error(name: str, where: str) -> ConfigError:
+    near = closest_key(name)
+    hint = f" (did you mean {near!r}?)" if near else " (see docs/configuration.md)"
+    return ConfigError(f"{where}: unknown key {name!r}{hint}")
+
+
+def unknown_env_names(env: dict[str, str] | os._Environ[str] | None = None) -> list[str]:
+    """One warning per `LIGHTGATE_*` variable that names no key (such a variable is ignored)."""
+    env = os.environ if env is None else env
+    out = []
+    for name in sorted(env):
+        if not name.startswith("LIGHTGATE_") or name in ENV_NOT_KEYS:
+            continue
+        bare = name[len("LIGHTGATE_") :].lower()
+        if bare in KEYS:
+            continue
+        near = closest_key(bare)
+        hint = f"; did you mean LIGHTGATE_{near.upper()}?" if near else ""
+        out.append(f"environment variable {name} is not a config key, ignored{hint}")
+    return out
 
 
 def _coerce(name: str, value: Any) -> Any:
-    want = _TYPES[name]
+    k = KEYS[name]
+    want = k.type
+    if k.spec.choices and isinstance(value, str):
+        return value.strip().lower()
     if isinstance(value, want) and not (want is int and isinstance(value, bool)):
         return value
     if isinstance(value, str):
@@ -112,12 +348,12 @@ def _coerce(name: str, value: Any) -> Any:
 
 def _flatten(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for key, value in table.items():
-        name = f"{prefix}{key}".replace("-", "_")
+    for name, value in table.items():
+        flat = f"{prefix}{name}".replace("-", "_")
         if isinstance(value, dict):
-            out.update(_flatten(value, prefix=f"{name}_"))
+            out.update(_flatten(value, prefix=f"{flat}_"))
         else:
-            out[name] = value
+            out[flat] = value
     return out
 
 
@@ -136,25 +372,27 @@ def load_config(
                 table = tomllib.load(fh)
         except FileNotFoundError:
             raise ConfigError(f"config file not found: {path}") from None
+        except IsADirectoryError:
+            raise ConfigError(f"config file {path}: is a directory") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {path}: {exc}") from None
-        for key, value in _flatten(table).items():
-            bare = key
-            if bare not in _FIELDS and "_" in key:
+        for name, value in _flatten(table).items():
+            bare = name
+            if bare not in KEYS and "_" in name:
                 # `[store] fsync = ...` flattens to store_fsync; accept the bare key as well.
-                bare = key.split("_", 1)[1]
-            if bare not in _FIELDS:
-                raise ConfigError(f"config file {path}: unknown key {key!r}")
+                bare = name.split("_", 1)[1]
+            if bare not in KEYS:
+                raise unknown_key_error(name, f"config file {path}")
             values[bare] = _coerce(bare, value)
-    for name in _FIELDS:
+    for name in KEYS:
         env_value = env.get(f"LIGHTGATE_{name.upper()}")
         if env_value is not None:
             values[name] = _coerce(name, env_value)
     for name, value in (overrides or {}).items():
         if value is None:
             continue
-        if name not in _FIELDS:
-            raise ConfigError(f"unknown setting {name!r}")
+        if name not in KEYS:
+            raise unknown_key_error(name, "--set")
         values[name] = _coerce(name, value)
     cfg = GatewayConfig(**values)
     _validate(cfg)
@@ -162,34 +400,21 @@ def load_config(
 
 
 def _validate(cfg: GatewayConfig) -> None:
-    for name in ("mqtt_port", "mqtts_port", "ws_port", "kafka_port", "http_port", "notify_port"):
-        port = getattr(cfg, name)
-        if port < -1 or port > 65535:
-            raise ConfigError(f"{name}: {port} is not a port (0 = pick a free one, -1 = disabled)")
-    if cfg.fsync not in ("always", "interval_ms", "never"):
-        raise ConfigError(f"fsync: expected always, interval_ms or never, got {cfg.fsync!r}")
-    if cfg.default_partitions < 1:
-        raise ConfigError("default_partitions must be >= 1")
-    if cfg.mqtt_processes not in (0, 1):
-        raise ConfigError(
-            "mqtt_processes: 0 (the proxy in serve) or 1 (one proxy process); more proxies per "
-            "core need cross-proxy session ownership, which is not built yet"
-        )
-    if cfg.recent_cache_bytes < 0:
-        raise ConfigError("recent_cache_bytes must be >= 0")
-    if cfg.notify_transport not in ("inprocess", "tcp"):
-        raise ConfigError("notify_transport: expected inprocess or tcp")
+    for name, k in KEYS.items():
+        k.check(getattr(cfg, name))
     if bool(cfg.tls_cert) != bool(cfg.tls_key):
         raise ConfigError("tls_cert and tls_key must be set together")
-    if cfg.log_format not in ("json", "text"):
-        raise ConfigError("log_format: expected json or text")
+    for name in ("tls_cert", "tls_key"):
+        path = getattr(cfg, name)
+        if path and not Path(path).is_file():
+            raise ConfigError(f"{name}: no such file: {path}")
 
 
 def config_from_json(text: str) -> GatewayConfig:
     """A resolved config passed from `serve` to its proxy process (every key, already checked)."""
     import json
 
-    values = {k: _coerce(k, v) for k, v in json.loads(text).items() if k in _FIELDS}
+    values = {k: _coerce(k, v) for k, v in json.loads(text).items() if k in KEYS}
     cfg = GatewayConfig(**values)
     _validate(cfg)
     return cfg
@@ -197,5 +422,4 @@ def config_from_json(text: str) -> GatewayConfig:
 
 def config_keys() -> dict[str, Any]:
     """Every key with its default, for docs and `lightgate serve --help`."""
-    default = GatewayConfig()
-    return {name: getattr(default, name) for name in _FIELDS}
+    return {name: k.default for name, k in KEYS.items()}

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import re
+import tomllib
 from pathlib import Path
 
 import pytest
 
 from lightgate.cli import _config_from, build_parser
-from lightgate.config import ConfigError, config_keys, load_config
+from lightgate.config import KEYS, ConfigError, config_keys, load_config
+from lightgate.config_docs import EXAMPLE, docs_text, example_toml
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 
@@ -48,7 +50,7 @@ def test_cli_flags_and_set(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"mqtt_port": 70000}, "not a port"),
+        ({"mqtt_port": 70000}, r"mqtt_port = 70000 is out of range: allowed -1\.\.65535"),
         ({"fsync": "sometimes"}, "fsync"),
         ({"tls_cert": "x.pem"}, "together"),
         ({"mqtt_port": "abc"}, "expected int"),
@@ -66,10 +68,63 @@ def test_unknown_key_in_file(tmp_path: Path) -> None:
         load_config(path, env={})
 
 
-def test_every_key_documented_with_its_default() -> None:
-    rows = dict(re.findall(r"^\| `(\w+)` \| `([^`]*)` \|", DOCS.read_text(), re.M))
-    keys = config_keys()
-    assert set(rows) == set(keys)
-    for key, default in keys.items():
+def test_docs_table_is_the_key_table() -> None:
+    """docs/configuration.md's table is written from the key table: regenerate it with
+    `python -m lightgate.config_docs` after adding or changing a key."""
+    text = DOCS.read_text()
+    assert text == docs_text(text)
+    rows = dict(re.findall(r"^\| `(\w+)` \| \w+ \| `([^`]*)` \|", text, re.M))
+    assert set(rows) == set(config_keys())
+    for name, default in config_keys().items():
         shown = str(default).lower() if isinstance(default, bool) else str(default)
-        assert rows[key].strip('"') == shown, key
+        assert rows[name].strip('"') == shown, name
+
+
+def test_every_key_has_a_description_and_a_range() -> None:
+    for name, k in KEYS.items():
+        assert k.spec.doc, name
+        if k.type is int:
+            assert k.spec.lo is not None, f"{name}: an int key needs lo (and hi where one exists)"
+        elif k.type is str:
+            assert k.spec.choices or k.spec.allowed, f"{name}: choices or allowed= wording"
+        k.check(k.default)  # the default is allowed
+
+
+def test_example_config_is_the_key_table() -> None:
+    """lightgate.example.toml has every key at its default, written from the key table."""
+    assert EXAMPLE.read_text() == example_toml()
+    with EXAMPLE.open("rb") as fh:
+        assert tomllib.load(fh) == config_keys()
+    assert load_config(EXAMPLE, env={}) == load_config(env={})
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"receive_maximum": 0}, r"receive_maximum = 0 is out of range: allowed 1\.\.65535"),
+        ({"receive_maximum": "-5"}, r"receive_maximum = -5 is out of range: allowed 1\.\.65535"),
+        ({"receive_maximum": 65536}, r"receive_maximum = 65536 .* 1\.\.65535"),
+        ({"max_packet_size": 5}, r"max_packet_size = 5 .* allowed 0 or 20\.\.268435460"),
+        ({"log_level": "verbose"}, r"log_level: 'verbose' is not one of debug, info, warning"),
+        ({"segment_bytes": 10}, r"segment_bytes = 10 .* allowed 65536\.\.2147483647"),
+        ({"gc_gen0": -1}, r"gc_gen0 = -1 .* allowed 0\.\."),
+        ({"fsync_interval_ms": 0}, r"fsync_interval_ms = 0 .* allowed 1\.\."),
+        ({"default_partitions": 0}, r"default_partitions = 0 .* allowed 1\.\.1024"),
+        ({"mqtt_processes": 2}, r"mqtt_processes = 2 .* allowed 0\.\.1"),
+        ({"notify_port": -2}, r"notify_port = -2 .* allowed -1\.\.65535"),
+        ({"max_keepalive": 0}, r"max_keepalive = 0 .* allowed 1\.\.65535"),
+        ({"retention_bytes": -2}, r"retention_bytes = -2 .* allowed >= -1"),
+        ({"notify_transport": "udp"}, r"notify_transport: 'udp' is not one of inprocess, tcp"),
+    ],
+)
+def test_out_of_range_names_key_and_range(overrides: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config(env={}, overrides=overrides)
+
+
+def test_edge_values_are_accepted() -> None:
+    cfg = load_config(
+        env={"LIGHTGATE_LOG_LEVEL": "DEBUG"},
+        overrides={"max_packet_size": "0", "receive_maximum": 65535, "segment_bytes": 65536},
+    )
+    assert (cfg.max_packet_size, cfg.receive_maximum, cfg.log_level) == (0, 65535, "debug")
