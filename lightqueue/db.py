@@ -32,6 +32,7 @@ from lightqueue.keys import (
     P_FILTER,
     P_META,
     P_TOPIC,
+    checkpoint_key,
     decode_meta,
     encode_meta,
     entry_key_seq,
@@ -146,6 +147,19 @@ class QueueDB:
                 continue
             fq.filter = rec["filter"]
             self.filters[name] = rec
+
+    def forget_topic(self, topic: str, wb: Any) -> None:
+        """A deleted log topic: retire its id (entries naming it read as void from now on, and a
+        topic re-created under the name gets a new id, so no entry can point at its new records)
+        and drop its checkpoints."""
+        tid = self.topic_ids.pop(topic, None)
+        if tid is not None:
+            wb.delete(P_TOPIC + topic.encode("utf-8"))
+            self.topic_names[tid] = ""
+        for t, p in [tp for tp in self.checkpoints if tp[0] == topic]:
+            del self.checkpoints[(t, p)]
+            if tid is not None:
+                wb.delete(checkpoint_key(tid, p))
 
     # -- allocation (the caller puts the returned records in its WriteBatch) --------------------
     def topic_id(self, topic: str, wb: Any) -> int:

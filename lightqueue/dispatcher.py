@@ -160,6 +160,12 @@ class Dispatcher:
         """Records appended but not indexed yet (lag)."""
         return sum(max(0, h - self.position(t, p)) for (t, p), h in self.hwm.items())
 
+    def forget(self, topic: str) -> None:
+        """A deleted log topic: nothing left to index there (checkpoints: `QueueDB.forget_topic`)."""
+        for tp in [tp for tp in self.hwm if tp[0] == topic]:
+            del self.hwm[tp]
+        self._targets.clear()
+
     def invalidate(self) -> None:
         """Forget cached targets (a filter queue appeared, went live, or was dropped)."""
         self._targets.clear()

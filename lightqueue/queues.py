@@ -156,6 +156,8 @@ class LightQueues:
         d.refresh()
         d.repair()
         self.store.add_append_listener(d.on_append)
+        if hasattr(self.store, "add_topic_listener"):
+            self.store.add_topic_listener(self.on_topic_event)
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(d.run(), name="lightqueue-dispatch"))
         self._tasks[-1].add_done_callback(_task_ended)
@@ -168,6 +170,8 @@ class LightQueues:
     async def close(self) -> None:
         with contextlib.suppress(ValueError):
             self.store.remove_append_listener(self.dispatcher.on_append)
+        with contextlib.suppress(ValueError, AttributeError):
+            self.store.remove_topic_listener(self.on_topic_event)
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
@@ -175,6 +179,31 @@ class LightQueues:
                 await t
         self._tasks.clear()
         self.qdb.close()
+
+    def on_topic_event(self, event: str, topic: str) -> None:
+        """Store topic listener. A moved log start trims the queues at once. A deleted log topic
+        leaves nothing behind that points into it:
+        entries read as void (they are skipped like records retention deleted), checkpoints and
+        retained messages in it go, in one WriteBatch; queues and subscriptions stay."""
+        if event == "start":  # DeleteRecords moved a log start: queues skip to it now
+            self.trim()
+            return
+        if event != "deleted":
+            return
+        wb = self.qdb.db.write_batch()
+        self.qdb.forget_topic(topic, wb)
+        dropped = self.retained.delete_log_topic(topic, wb)
+        wb.write()
+        self.dispatcher.forget(topic)
+        self.resolver.forget(topic)
+        for tp in [tp for tp in self._log_starts if tp[0] == topic]:
+            del self._log_starts[tp]
+        for bf in self._backfills.values():
+            for tp in [tp for tp in bf.cursor if tp[0] == topic]:
+                del bf.cursor[tp]
+        log.info(
+            "log topic %s deleted: light-queue entries void, %d retained dropped", topic, dropped
+        )
 
     # -- subscriptions -----------------------------------------------------------------------
     def acquire_filter(self, filt: str, since_ms: int | None = None,
@@ -317,7 +346,8 @@ class LightQueues:
                 entries.append(None)
                 expect += 1
             d = decode_entry(v)
-            entries.append(None if d is None else Entry(names[d[0]], d[1], d[2]))
+            # A retired topic id ("": its log topic was deleted) reads as void.
+            entries.append(None if d is None or not names[d[0]] else Entry(names[d[0]], d[1], d[2]))
             expect += 1
         entries += [None] * (end - expect)
         # Leading entries that are dead (void, or retention deleted the record): the queue

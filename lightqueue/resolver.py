@@ -48,6 +48,13 @@ class Resolver:
         self._topics: dict[tuple[str, bytes | None], str] = {}
         self.reads = 0  # Store.read calls (tests check batching)
 
+    def forget(self, topic: str) -> None:
+        """A deleted log topic: its cached records must not answer for a new topic's offsets."""
+        for k in [k for k in self._cache if k[0] == topic]:
+            del self._cache[k]
+        for tp in [tp for tp in self._avg if tp[0] == topic]:
+            del self._avg[tp]
+
     def resolve(self, entries: list[Entry | None]) -> list[StoredMessage | None]:
         """One message per entry (None: void entry, or its record is gone from the log)."""
         groups: dict[tuple[str, int], list[int]] = {}

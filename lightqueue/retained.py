@@ -25,7 +25,7 @@ from lightqueue import codec
 from lightqueue.keys import P_RETAINED, retained_key, retained_topic
 from lightqueue.model import StoredMessage, props_from_obj, props_to_obj
 from lightqueue.topic_trie import validate_filter
-from store.mapping import MqttProperties
+from store.mapping import MqttProperties, log_topic_for
 
 _SEP = b"\x00"
 _SKIP = b"\x01"
@@ -85,6 +85,15 @@ class RetainedStore:
             return False
         self._db.delete(k, sync=self._sync)
         return True
+
+    def delete_log_topic(self, log_topic: str, wb: Any) -> int:
+        """Drop the retained messages that live in a deleted log topic; returns how many."""
+        n = 0
+        for k in self._db.iterator(prefix=P_RETAINED, include_value=False):
+            if log_topic_for(retained_topic(k)) == log_topic:
+                wb.delete(k)
+                n += 1
+        return n
 
     def topics(self) -> Iterator[str]:
         """Every retained topic (a full scan: for tools and tests, not for SUBSCRIBE)."""

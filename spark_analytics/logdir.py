@@ -230,7 +230,9 @@ class PartitionTail:
         segs = list_segments(self.log, self.topic, self.partition)
         if not segs:
             return self.next_offset
-        self.start_offset = segs[0][0]
+        self.start_offset = segment_reader.log_start_offset(
+            self.log.parent, self.topic, self.partition
+        )
         if self.segment not in {b for b, _ in segs}:
             self.segment, self.position = segs[0][0], 0
             self.next_offset = max(self.next_offset, segs[0][0])

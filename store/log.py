@@ -14,7 +14,9 @@ Recovery (`load`), in numbered passes (Kafka's LogLoader in miniature):
   4. from the segment holding the recovery point on (every segment after an unclean shutdown
      that the recovery point does not cover), scan every batch: length, magic, offsets, CRC-32C;
      truncate at the first bad one, delete any later segment, log what was cut;
-  5. make sure an active segment exists.
+  5. make sure an active segment exists;
+  6. the log start offset is the first segment's base, or the floor DeleteRecords set
+     (`log-start-offset`, written atomically before the segments below it are deleted).
 After a clean shutdown pass 4 is skipped; the last segment's loaded index is checked with a
 header walk from its last entry.
 
@@ -46,6 +48,7 @@ from store.segment import BatchMeta, LogSegment, segment_name
 log = logging.getLogger("lightgate.store")
 
 RECOVERY_POINT_FILE = "recovery-point"
+LOG_START_FILE = "log-start-offset"  # DeleteRecords' floor (Kafka's log-start-offset-checkpoint)
 MAX_REL_OFFSET = (1 << 31) - 1
 _LENGTH = struct.Struct(">i")
 
@@ -66,7 +69,7 @@ class Log:
         "segments", "_bases", "next_offset", "hwm", "_pending", "_pending_meta", "_pending_size",
         "_pending_idx",
         "failed", "sync_waiters", "syncing", "dir_dirty", "recovery_point",
-        "changed",
+        "changed", "start_floor",
     )  # fmt: skip
 
     def __init__(
@@ -98,6 +101,7 @@ class Log:
         self.dir_dirty = False  # a new segment file needs its directory entry fsynced
         self.recovery_point = 0
         self.changed = False  # written or rolled since load (close must seal it)
+        self.start_floor = 0  # DeleteRecords: no offset below this is readable
 
     @property
     def name(self) -> str:
@@ -109,7 +113,8 @@ class Log:
 
     @property
     def log_start_offset(self) -> int:
-        return self.segments[0].base_offset
+        base = self.segments[0].base_offset
+        return base if base >= self.start_floor else self.start_floor
 
     def size_bytes(self) -> int:
         return sum(s.size for s in self.segments)
@@ -134,6 +139,10 @@ class Log:
             self.recovery_point = int(rp_text)
         except (FileNotFoundError, ValueError):
             self.recovery_point = 0
+        try:
+            self.start_floor = int((self.dir / LOG_START_FILE).read_text().strip())
+        except (FileNotFoundError, ValueError):
+            self.start_floor = 0
         # Pass 2: segments in order.
         for stem in sorted(logs, key=int):
             seg = LogSegment(self.dir, int(stem), self.index_interval)
@@ -175,10 +184,12 @@ class Log:
                 break
         # Pass 5: an active segment always exists.
         if not self.segments:
-            self._new_segment(max(self.recovery_point, 0) if clean else 0)
+            self._new_segment(max(self.recovery_point if clean else 0, self.start_floor))
         self._bases = [s.base_offset for s in self.segments]
         self.next_offset = self.hwm = self.active.next_offset
         self.recovery_point = min(self.recovery_point, self.hwm)
+        # Pass 6: a floor above what recovery kept (its records were cut) is the log end.
+        self.start_floor = min(self.start_floor, self.hwm)
         self.changed = self.changed or not clean  # the active segment's indexes need writing
         return cut
 
@@ -395,6 +406,26 @@ class Log:
                 self._new_segment(self.next_offset)
             doomed.append(seg)
             total -= seg.size
+        if doomed:
+            del self.segments[: len(doomed)]
+            del self._bases[: len(doomed)]
+        return doomed
+
+    def delete_records_below(self, offset: int) -> list[LogSegment]:
+        """DeleteRecords: make `offset` (log start ≤ offset ≤ hwm) the log start; returns the
+        leading segments now wholly below it, for the caller to delete after it persisted
+        `start_floor` (so a crash between the two keeps the floor). Rolls the active segment when
+        the whole log goes, as retention does."""
+        if self._pending:
+            raise RuntimeError("delete_records_below with staged batches")
+        self.start_floor = max(self.start_floor, offset)
+        if offset >= self.hwm and self.active.size:
+            self._new_segment(self.next_offset)
+        doomed: list[LogSegment] = []
+        for seg in self.segments[:-1]:
+            if seg.next_offset > offset or seg.sync_pending:
+                break
+            doomed.append(seg)
         if doomed:
             del self.segments[: len(doomed)]
             del self._bases[: len(doomed)]

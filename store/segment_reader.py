@@ -23,6 +23,7 @@ from typing import NamedTuple
 
 import crc32c
 
+from store.log import LOG_START_FILE
 from store.record_batch import (
     ATTRIBUTES_OFFSET,
     CONTROL_MASK,
@@ -114,6 +115,17 @@ def list_segments(
             out.append(SegmentFile(int(m.group(1)), d / name, size))
     out.sort()
     return out
+
+
+def log_start_offset(data_dir: str | os.PathLike[str], topic: str, partition: int) -> int:
+    """First readable offset: the first segment's base, or DeleteRecords' floor above it."""
+    segs = list_segments(data_dir, topic, partition)
+    base = segs[0].base_offset if segs else 0
+    try:
+        floor = int((partition_dir(data_dir, topic, partition) / LOG_START_FILE).read_text())
+    except (FileNotFoundError, ValueError):
+        floor = 0
+    return max(base, floor)
 
 
 def _index_start(seg: SegmentFile, fd: int, offset: int, size: int) -> int:
@@ -256,7 +268,9 @@ def iter_records_from(
     start_offset: int = 0,
     end_offset: int | None = None,
 ) -> Iterator[Record]:
-    """Records with start_offset ≤ offset < end_offset (control records skipped)."""
+    """Records with start_offset ≤ offset < end_offset (control records skipped), none below the
+    log start."""
+    start_offset = max(start_offset, log_start_offset(data_dir, topic, partition))
     for b in iter_batches(data_dir, topic, partition, start_offset, end_offset):
         for r in decode_records(b):
             if r.offset >= start_offset and (end_offset is None or r.offset < end_offset):

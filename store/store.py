@@ -19,7 +19,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,7 @@ from store.mapping import (
 )
 from store.mqtt_batches import build_mqtt_batches
 from store.record_batch import split_batches
+from store.topic_admin import TopicAdmin, TopicListener, log_failure, remove_orphans
 
 log = logging.getLogger("lightgate.store")
 
@@ -116,13 +117,7 @@ class AppendResult:
         return self._offsets
 
 
-def _log_failure(fut: Future[Any], what: str) -> None:
-    exc = fut.exception()
-    if exc is not None:
-        log.error("%s failed: %s", what, exc)
-
-
-class Store:
+class Store(TopicAdmin):
     def __init__(self, data_dir: Path, config: StoreConfig) -> None:
         self.data_dir = Path(data_dir)
         self.log_dir = self.data_dir / "log"
@@ -134,6 +129,7 @@ class Store:
         self._logs: dict[tuple[str, int], Log] = {}
         self._routes: dict[str, tuple[str, int, bytes, Log]] = {}
         self._listeners: list[Callable[[str, int, int], None]] = []
+        self._topic_listeners: list[TopicListener] = []
         self._commit = GroupCommit(
             lambda lg: self._tconf[lg.topic].fsync, self._seal, self._listeners
         )
@@ -187,6 +183,7 @@ class Store:
         clean = marker.exists()
         try:
             meta = json.loads((self.log_dir / TOPICS_FILE).read_text())
+            remove_orphans(self.log_dir, meta)
         except FileNotFoundError:
             meta = {}
         t0 = last = time.monotonic()
@@ -393,7 +390,7 @@ class Store:
     def _seal(self, lg: Log, seg: Any) -> None:
         idx, tix = seg.index_bytes()
         fut = self._bg.submit(seal_segment, lg.dir, seg, idx, tix, seg.next_offset)
-        fut.add_done_callback(lambda f: _log_failure(f, f"sealing a segment of {lg.name}"))
+        fut.add_done_callback(lambda f: log_failure(f, f"sealing a segment of {lg.name}"))
 
     # --- timers ---------------------------------------------------------------------------------
 
@@ -441,7 +438,7 @@ class Store:
                     seg.base_offset, lg.name, seg.size, lg.log_start_offset,
                 )  # fmt: skip
                 f = self._bg.submit(delete_segment_files, seg)
-                f.add_done_callback(functools.partial(_log_failure, what=f"deleting in {lg.name}"))
+                f.add_done_callback(functools.partial(log_failure, what=f"deleting in {lg.name}"))
                 n += 1
         return n
 

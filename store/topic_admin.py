@@ -1,0 +1,216 @@
+"""Topic administration: delete a topic, delete records, add partitions, change a topic's config.
+
+What Kafka's admin APIs (DeleteTopics, DeleteRecords, CreatePartitions, IncrementalAlterConfigs)
+do to the log, as a mixin of `Store` (event-loop-only, like the rest of it). Each change is made
+durable before it is visible to others, and listeners (`add_topic_listener`) hear of it, so that
+derived data (light queues, retained messages, the proxies' partition counts, Kafka group offsets)
+can follow:
+
+- `"deleted"`: the topic is gone; a later create of the same name is a new topic whose offsets
+  start at 0 again, so nothing may keep pointing at the old offsets.
+- `"partitions"`: the partition count grew; MQTT topics are routed by `hash % count`, so from now
+  on an MQTT topic may land in another partition than before (per-topic order holds within each
+  count, as Kafka's key order does across CreatePartitions).
+- `"config"`: a per-topic config changed; it applies at once (retention at its next check).
+
+Deleting a topic, if we crash:
+  1. before `topics.json` is rewritten: the topic is still there, nothing happened;
+  2. after it, before a directory is renamed: recovery finds directories of a topic `topics.json`
+     does not name; they are renamed `*-delete` and removed (`remove_orphans`);
+  3. after the renames: recovery removes the `*-delete` directories.
+DeleteRecords writes `log-start-offset` (fsynced) before deleting the segments below it; a crash
+in between leaves segments below the floor that the floor hides and the next call deletes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import os
+import shutil
+import uuid
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from store.config import (
+    StoreConfig,
+    StoreError,
+    TopicConfig,
+    UnknownTopicOrPartitionError,
+)
+from store.log import (
+    LOG_START_FILE,
+    Log,
+    OffsetOutOfRangeError,
+    delete_segment_files,
+    fsync_dir,
+    write_text_atomic,
+)
+
+log = logging.getLogger("lightgate.store")
+
+DELETE_SUFFIX = "-delete"  # a deleted topic's partition directory, removed in the background
+TopicListener = Callable[[str, str], None]  # (event, topic)
+
+
+def _remove_dir(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def remove_orphans(log_dir: Path, topics: dict[str, Any]) -> int:
+    """Recovery: remove deleted topics' directories (`*-delete`, or of a topic `topics.json` no
+    longer names). Worker thread, before the store opens its logs; returns directories removed."""
+    n = 0
+    for name in os.listdir(log_dir):
+        path = log_dir / name
+        if not path.is_dir():
+            continue
+        topic, _, part = name.rpartition("-")
+        if name.endswith(DELETE_SUFFIX) or (part.isdigit() and topic and topic not in topics):
+            log.info("removing the directory %s of a deleted topic", name)
+            _remove_dir(path)
+            n += 1
+    return n
+
+
+class TopicAdmin:
+    """Mixin of `Store`: the admin operations. Attributes are Store's."""
+
+    config: StoreConfig
+    log_dir: Path
+    _topics: dict[str, dict[str, Any]]
+    _counts: dict[str, int]
+    _tconf: dict[str, TopicConfig]
+    _logs: dict[tuple[str, int], Log]
+    _routes: dict[str, Any]
+    _bg: ThreadPoolExecutor
+    _topic_listeners: list[TopicListener]
+    _commit: Any
+
+    def _register(self, name: str, partitions: int, overrides: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def _save_topics(self) -> None:
+        raise NotImplementedError
+
+    def _log(self, topic: str, partition: int) -> Log:
+        raise NotImplementedError
+
+    def add_topic_listener(self, cb: TopicListener) -> None:
+        """cb(event, topic) after a topic is deleted, grows partitions or changes config."""
+        self._topic_listeners.append(cb)
+
+    def remove_topic_listener(self, cb: TopicListener) -> None:
+        self._topic_listeners.remove(cb)
+
+    def _tell(self, event: str, topic: str) -> None:
+        for cb in list(self._topic_listeners):
+            try:
+                cb(event, topic)
+            except Exception:
+                log.exception("topic listener failed on %s %s", event, topic)
+
+    async def _quiesce(self, logs: list[Log]) -> None:
+        """Until none of `logs` has staged batches or an fsync in flight."""
+        while any(lg.has_pending or lg.syncing or lg.sync_waiters for lg in logs):
+            await self._commit.drain()
+            await asyncio.sleep(0)
+
+    def topic_overrides(self, name: str) -> dict[str, Any]:
+        """The per-topic config set on `name` (dynamic topic config), without defaults."""
+        if name not in self._topics:
+            raise UnknownTopicOrPartitionError(f"unknown topic {name!r}")
+        return dict(self._topics[name]["config"])
+
+    async def delete_topic(self, name: str) -> None:
+        """Remove a topic and its data (see the module docstring for the crash points)."""
+        if name not in self._counts:
+            raise UnknownTopicOrPartitionError(f"unknown topic {name!r}")
+        logs = [self._logs[(name, p)] for p in range(self._counts[name])]
+        await self._quiesce(logs)
+        if name not in self._counts:  # deleted by a concurrent call meanwhile
+            raise UnknownTopicOrPartitionError(f"unknown topic {name!r}")
+        del self._topics[name], self._counts[name], self._tconf[name]
+        for p in range(len(logs)):
+            del self._logs[(name, p)]
+        self._routes.clear()
+        self._save_topics()
+        tag = uuid.uuid4().hex[:8]
+        for lg in logs:
+            lg.close()
+            gone = lg.dir.with_name(f"{lg.dir.name}.{tag}{DELETE_SUFFIX}")
+            try:
+                os.rename(lg.dir, gone)
+            except FileNotFoundError:
+                continue
+            f: Future[None] = self._bg.submit(_remove_dir, gone)
+            f.add_done_callback(functools.partial(log_failure, what=f"deleting {gone.name}"))
+        fsync_dir(self.log_dir)
+        log.info("deleted topic %s (%d partitions)", name, len(logs))
+        self._tell("deleted", name)
+
+    async def delete_records(self, topic: str, partition: int, offset: int) -> int:
+        """Move the log start to `offset` (-1: the high watermark); returns the new log start.
+        Offsets below it are gone for every reader; an offset past the end is out of range."""
+        lg = self._log(topic, partition)
+        if offset == -1:
+            offset = lg.hwm
+        if offset < 0 or offset > lg.hwm:
+            raise OffsetOutOfRangeError(topic, partition, offset, lg.log_start_offset, lg.hwm)
+        if offset <= lg.log_start_offset:
+            return lg.log_start_offset
+        await self._quiesce([lg])
+        doomed = lg.delete_records_below(offset)
+        await asyncio.to_thread(write_text_atomic, lg.dir / LOG_START_FILE, str(lg.start_floor))
+        for seg in doomed:
+            f = self._bg.submit(delete_segment_files, seg)
+            f.add_done_callback(functools.partial(log_failure, what=f"deleting in {lg.name}"))
+        log.info("delete records: log start of %s now %d", lg.name, lg.log_start_offset)
+        self._tell("start", topic)
+        return lg.log_start_offset
+
+    def create_partitions(self, name: str, count: int) -> None:
+        """Grow `name` to `count` partitions (never shrink, as Kafka)."""
+        n = self._counts.get(name)
+        if n is None:
+            raise UnknownTopicOrPartitionError(f"unknown topic {name!r}")
+        if count <= n:
+            raise StoreError(f"topic {name!r} has {n} partitions; the new count must be larger")
+        self._register(name, count, self._topics[name]["config"])
+        for p in range(n, count):
+            self._logs[(name, p)].load(clean=False)
+        self._routes.clear()
+        self._save_topics()
+        fsync_dir(self.log_dir)
+        self._tell("partitions", name)
+
+    def alter_topic_config(
+        self, name: str, set_: dict[str, Any], delete: list[str] | None = None
+    ) -> TopicConfig:
+        """Set and/or remove per-topic overrides (keys of TopicConfig); validated as a whole,
+        persisted, applied at once."""
+        if name not in self._topics:
+            raise UnknownTopicOrPartitionError(f"unknown topic {name!r}")
+        overrides = dict(self._topics[name]["config"])
+        for k in delete or ():
+            overrides.pop(k, None)
+        overrides.update(set_)
+        tc = TopicConfig.resolve(name, self.config, overrides)
+        self._topics[name]["config"] = overrides
+        self._tconf[name] = tc
+        for p in range(self._counts[name]):
+            lg = self._logs[(name, p)]
+            lg.segment_bytes, lg.segment_ms = tc.segment_bytes, tc.segment_ms
+        self._save_topics()
+        self._tell("config", name)
+        return tc
+
+
+def log_failure(fut: Future[Any], what: str) -> None:
+    """Done-callback of a background file operation: log what failed (the store goes on)."""
+    exc = fut.exception()
+    if exc is not None:
+        log.error("%s failed: %s", what, exc)
