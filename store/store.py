@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -199,7 +200,9 @@ class Store(TopicAdmin):
 
         total_cut = 0
         for name, entry in sorted(meta.items()):
-            self._register(name, int(entry["partitions"]), dict(entry.get("config", {})))
+            self._register(
+                name, int(entry["partitions"]), dict(entry.get("config", {})), entry.get("id")
+            )
             for p in range(self._counts[name]):
                 lg = self._logs[(name, p)]
                 total_cut += lg.load(clean, progress)
@@ -250,8 +253,13 @@ class Store(TopicAdmin):
 
     # --- topics ---------------------------------------------------------------------------------
 
-    def _register(self, name: str, partitions: int, overrides: dict[str, Any]) -> None:
-        self._topics[name] = {"partitions": partitions, "config": overrides}
+    def _register(
+        self, name: str, partitions: int, overrides: dict[str, Any], topic_id: str | None = None
+    ) -> None:
+        entry: dict[str, Any] = {"partitions": partitions, "config": overrides}
+        if topic_id is not None:
+            entry["id"] = topic_id
+        self._topics[name] = entry
         self._counts[name] = partitions
         tc = TopicConfig.resolve(name, self.config, overrides)
         self._tconf[name] = tc
@@ -296,7 +304,7 @@ class Store(TopicAdmin):
             raise StoreError(f"topic {name!r}: partitions must be ≥ 1, got {n}")
         overrides = dict(config or {})
         TopicConfig.resolve(name, self.config, overrides)  # validate before anything is created
-        self._register(name, n, overrides)
+        self._register(name, n, overrides, uuid.uuid4().hex)
         for p in range(n):
             self._logs[(name, p)].load(clean=False)
         self._save_topics()

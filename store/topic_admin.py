@@ -90,7 +90,9 @@ class TopicAdmin:
     _topic_listeners: list[TopicListener]
     _commit: Any
 
-    def _register(self, name: str, partitions: int, overrides: dict[str, Any]) -> None:
+    def _register(
+        self, name: str, partitions: int, overrides: dict[str, Any], topic_id: str | None = None
+    ) -> None:
         raise NotImplementedError
 
     def _save_topics(self) -> None:
@@ -118,6 +120,18 @@ class TopicAdmin:
         while any(lg.has_pending or lg.syncing or lg.sync_waiters for lg in logs):
             await self._commit.drain()
             await asyncio.sleep(0)
+
+    def topic_uuid(self, name: str) -> uuid.UUID:
+        """Kafka's topic id: new for every topic created (a deleted and re-created name gets
+        another), derived from the name for topics created before ids were kept."""
+        raw = self._topics[name].get("id") if name in self._topics else None
+        if raw is None:
+            return uuid.uuid5(uuid.NAMESPACE_URL, f"lightgate:topic:{name}")
+        return uuid.UUID(raw)
+
+    def partition_size(self, topic: str, partition: int) -> int:
+        """Bytes of the partition's segments."""
+        return self._log(topic, partition).size_bytes()
 
     def topic_overrides(self, name: str) -> dict[str, Any]:
         """The per-topic config set on `name` (dynamic topic config), without defaults."""
@@ -179,7 +193,8 @@ class TopicAdmin:
             raise UnknownTopicOrPartitionError(f"unknown topic {name!r}")
         if count <= n:
             raise StoreError(f"topic {name!r} has {n} partitions; the new count must be larger")
-        self._register(name, count, self._topics[name]["config"])
+        entry = self._topics[name]
+        self._register(name, count, entry["config"], entry.get("id"))
         for p in range(n, count):
             self._logs[(name, p)].load(clean=False)
         self._routes.clear()

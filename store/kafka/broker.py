@@ -10,6 +10,7 @@ before its first `await`, so appends happen in request order on a connection.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -20,7 +21,7 @@ from typing import Any
 
 from store.mapping import is_valid_log_topic
 
-from . import handlers_group, handlers_log
+from . import handlers_admin, handlers_group, handlers_log
 from .config import KafkaConfig
 from .groups import Delivery, GroupCoordinator
 from .offsets import OffsetStore
@@ -59,7 +60,17 @@ HANDLERS: dict[int, Handler] = {
     16: handlers_group.list_groups,
     18: handlers_log.api_versions,
     19: handlers_log.create_topics,
+    20: handlers_admin.delete_topics,
+    21: handlers_admin.delete_records,
     22: handlers_log.init_producer_id,
+    32: handlers_admin.describe_configs,
+    33: handlers_admin.alter_configs,
+    35: handlers_admin.describe_log_dirs,
+    37: handlers_admin.create_partitions,
+    42: handlers_admin.delete_groups,
+    44: handlers_admin.incremental_alter_configs,
+    47: handlers_admin.offset_delete,
+    60: handlers_admin.describe_cluster,
 }
 
 
@@ -83,6 +94,7 @@ class Broker:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
         self._snapshot_task: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
         self.port = 0
         # Prometheus-style counters, exported by KafkaServer.stats().
         self.counters = {"requests": 0, "produce_bytes": 0, "produce_records": 0,
@@ -96,9 +108,14 @@ class Broker:
         self.producers.snapshot()
         log.info("kafka producer state recovered", extra={"batches_replayed": n})
         self.store.add_append_listener(self._on_append)
+        self.store.add_topic_listener(self._on_topic_event)
         self._snapshot_task = asyncio.get_running_loop().create_task(self._snapshot_loop())
 
     async def close(self) -> None:
+        with contextlib.suppress(ValueError):
+            self.store.remove_topic_listener(self._on_topic_event)
+        for t in list(self._tasks):
+            await asyncio.gather(t, return_exceptions=True)
         if self._snapshot_task is not None:
             self._snapshot_task.cancel()
             await asyncio.gather(self._snapshot_task, return_exceptions=True)
@@ -125,10 +142,25 @@ class Broker:
     def partitions(self, topic: str) -> int | None:
         return self.store.topics().get(topic)
 
-    @staticmethod
-    def topic_id(name: str) -> uuid.UUID:
-        """Stable per name: topics are never deleted and re-created here."""
-        return uuid.uuid5(uuid.NAMESPACE_URL, f"lightgate:topic:{name}")
+    def topic_id(self, name: str) -> uuid.UUID:
+        """The topic's id; a deleted and re-created topic has a new one, as in Kafka."""
+        if self.store.partitions(name) is None:
+            return uuid.UUID(int=0)
+        return self.store.topic_uuid(name)
+
+    def _on_topic_event(self, event: str, topic: str) -> None:
+        """A deleted topic takes its producer state and committed offsets along; long polls
+        waiting on it return (the next fetch says the topic is unknown)."""
+        if event != "deleted":
+            return
+        self.producers.forget_topic(topic)
+        t = asyncio.get_running_loop().create_task(self.offsets.delete(None, None, topic=topic))
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
+        for key in [k for k in self._waiters if k[0] == topic]:
+            for fut in self._waiters.pop(key):
+                if not fut.done():
+                    fut.set_result(None)
 
     # --- durability of duplicates ------------------------------------------------------------
 

@@ -68,7 +68,10 @@ class OffsetStore:
 
     def _apply(self, row: list) -> None:
         group, topic, partition, offset, epoch, metadata = row
-        self._offsets[(group, topic, partition)] = CommittedOffset(offset, epoch, metadata)
+        if offset is None:  # a deletion (OffsetDelete, DeleteGroups, DeleteTopics)
+            self._offsets.pop((group, topic, partition), None)
+        else:
+            self._offsets[(group, topic, partition)] = CommittedOffset(offset, epoch, metadata)
 
     def _compact(self) -> None:
         tmp = self.dir / "offsets.snapshot.tmp"
@@ -114,6 +117,26 @@ class OffsetStore:
             self._compact()
             return
         await asyncio.get_running_loop().run_in_executor(None, os.fsync, self._fd)
+
+    async def delete(self, group: str | None, keys: list[tuple[str, int]] | None,
+                     topic: str | None = None) -> int:  # fmt: skip
+        """Remove committed offsets, durably: `keys` of `group`, or (None) the whole group, or
+        with `topic` that topic in every group. Returns how many went."""
+        doomed = [
+            k for k in self._offsets
+            if (group is None or k[0] == group)
+            and (topic is None or k[1] == topic)
+            and (keys is None or (k[1], k[2]) in keys)
+        ]  # fmt: skip
+        if not doomed:
+            return 0
+        lines = [json.dumps([g, t, p, None, -1, None]) for g, t, p in doomed]
+        for k in doomed:
+            del self._offsets[k]
+        os.write(self._fd, ("\n".join(lines) + "\n").encode())
+        self._journal_lines += len(lines)
+        await asyncio.get_running_loop().run_in_executor(None, os.fsync, self._fd)
+        return len(doomed)
 
     def close(self) -> None:
         if self._fd >= 0:

@@ -136,6 +136,14 @@ class ProducerStateManager:
             self._covered[key] = hwm
             self.dirty = True
 
+    def forget_topic(self, topic: str) -> None:
+        """A deleted topic: its partitions' producer state goes (a new topic starts clean)."""
+        for key in [k for k in self._partitions if k[0] == topic]:
+            del self._partitions[key]
+        for key in [k for k in self._covered if k[0] == topic]:
+            del self._covered[key]
+        self.dirty = True
+
     # --- recovery -----------------------------------------------------------------------
 
     def recover(

@@ -68,7 +68,17 @@ SUPPORTED_VERSIONS: Final[dict[int, tuple[int, int]]] = {
     16: (0, 4),  # ListGroups
     18: (0, 4),  # ApiVersions
     19: (2, 7),  # CreateTopics
+    20: (1, 6),  # DeleteTopics
+    21: (0, 2),  # DeleteRecords
     22: (0, 4),  # InitProducerId
+    32: (1, 4),  # DescribeConfigs
+    33: (0, 2),  # AlterConfigs
+    35: (1, 4),  # DescribeLogDirs
+    37: (0, 3),  # CreatePartitions
+    42: (0, 2),  # DeleteGroups
+    44: (0, 1),  # IncrementalAlterConfigs
+    47: (0, 0),  # OffsetDelete
+    60: (0, 2),  # DescribeCluster
 }
 API_NAMES: Final[dict[int, str]] = {
     0: "Produce",
@@ -86,7 +96,17 @@ API_NAMES: Final[dict[int, str]] = {
     16: "ListGroups",
     18: "ApiVersions",
     19: "CreateTopics",
+    20: "DeleteTopics",
+    21: "DeleteRecords",
     22: "InitProducerId",
+    32: "DescribeConfigs",
+    33: "AlterConfigs",
+    35: "DescribeLogDirs",
+    37: "CreatePartitions",
+    42: "DeleteGroups",
+    44: "IncrementalAlterConfigs",
+    47: "OffsetDelete",
+    60: "DescribeCluster",
 }
 API_VERSIONS_KEY: Final = 18
 DEFAULT_MAX_FRAME: Final = 100 * 1024 * 1024
