@@ -4,17 +4,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import sys
 from collections.abc import Sequence
 
 from lightgate.config import (
+    KEYS,
     ConfigError,
     GatewayConfig,
     config_from_json,
-    config_keys,
     load_config,
+    unknown_env_names,
+    unknown_key_error,
 )
 from lightgate.logs import setup_logging
+
+log = logging.getLogger("lightgate")
 
 _SERVE_FLAGS = ("data_dir", "host", "mqtt_port", "mqtts_port", "ws_port", "kafka_port", "http_port")
 
@@ -24,11 +29,24 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-dir", help="data directory (default ./data)")
 
 
+def _version() -> str:
+    """The installed distribution's version; the source tree's when run uninstalled."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("lightgate")
+    except PackageNotFoundError:
+        from lightgate import __version__
+
+        return __version__
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="lightgate",
         description="MQTT-compatible IoT gateway on one shared commitlog (MQTT, Kafka, Spark).",
     )
+    parser.add_argument("--version", action="version", version=f"lightgate {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser(
@@ -94,12 +112,13 @@ def _config_from(ns: argparse.Namespace) -> GatewayConfig:
         value = getattr(ns, name, None)
         if value is not None:
             overrides[name] = value
-    keys = config_keys()
     for item in getattr(ns, "set", []) or []:
         key, sep, value = item.partition("=")
         key = key.strip().replace("-", "_")
-        if not sep or key not in keys:
-            raise ConfigError(f"--set {item!r}: expected KEY=VALUE with a known key")
+        if not sep:
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE")
+        if key not in KEYS:
+            raise unknown_key_error(key, "--set")
         overrides[key] = value
     return load_config(ns.config, overrides=overrides)
 
@@ -118,6 +137,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"lightgate: {exc}", file=sys.stderr)
         return 2
     setup_logging(cfg.log_format, cfg.log_level)
+    if not getattr(ns, "config_json", None):  # a proxy started by serve: serve warned already
+        for warning in unknown_env_names():
+            log.warning(warning)
     if ns.command == "serve":
         from lightgate.app import serve
 
@@ -162,6 +184,9 @@ def _run(coro: object) -> int:
         runner = asyncio.run
     try:
         return int(runner(coro))  # type: ignore[arg-type]
+    except ConfigError as exc:  # found while starting (e.g. a TLS file `proxy` cannot load)
+        print(f"lightgate: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
 
