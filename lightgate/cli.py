@@ -54,7 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the gateway",
         description="Run store, light queues, notify, MQTT and Kafka listeners in one process. "
         "Every flag is also an env var LIGHTGATE_<NAME> and a key in the TOML config. "
-        "Port 0 picks a free port; -1 disables the listener.",
+        "Port 0 picks a free port; -1 disables the listener. Every key, its default and its "
+        "allowed values: lightgate.example.toml and docs/configuration.md.",
     )
     _add_common(serve)
     serve.add_argument("--host", help="listen address (default 127.0.0.1)")

@@ -188,3 +188,16 @@ def test_make_run_passes_args_through() -> None:
     assert (
         out.strip().splitlines()[-1].endswith("lightgate serve --mqtt-port 1884 --set fsync=never")
     )
+
+
+def test_serve_runs_on_the_example_config(
+    gateway_factory: Callable[..., GatewayProcess], tmp_path: Path
+) -> None:
+    """The README's `cp lightgate.example.toml lightgate.toml; serve --config lightgate.toml`
+    starts (flags still override the file: free ports and a tmp data dir here)."""
+    conf = tmp_path / "lightgate.toml"
+    conf.write_bytes((ROOT / "lightgate.example.toml").read_bytes())
+    gw = gateway_factory(None, "--config", str(conf))
+    assert {"mqtt", "ws", "kafka", "http"} <= set(gw.endpoints)
+    assert "warning" not in gw.log_text()
+    assert gw.stop() == 0
