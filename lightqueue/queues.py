@@ -276,8 +276,8 @@ class LightQueues:
     def _drop(self, q: Queue) -> None:
         """Tombstone a filter/replay queue: out of the trie, entries purged in the background."""
         qdb = self.qdb
-        if q.live and q.filter is not None and self.trie.get(q.filter) is q:
-            self.trie.remove(q.filter)
+        if q.filter is not None:
+            self.trie.remove(q.filter, q)  # the filter's other queues stay fed
         q.live = False
         self.dispatcher.invalidate()
         q.kind = KIND_DROPPED

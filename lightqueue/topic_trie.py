@@ -2,7 +2,10 @@
 
 `FilterTrie` maps filters (with `+` / `#`) to values and answers `match(topic)` by walking at most
 three branches per level (the literal level, `+`, `#`), so the cost depends on the topic's depth
-and the number of matches, not on how many filters exist. Rules (MQTT 5 §4.7):
+and the number of matches, not on how many filters exist. One filter may hold several values (a
+plain filter queue and any number of replay queues of the same filter all want its live records):
+`add` adds a value beside the others, `remove(filt, value)` takes that one value away. Rules
+(MQTT 5 §4.7):
 - `+` matches exactly one level (an empty level too); `#` matches any number of levels, including
   none, so `a/#` matches `a` (the parent level) as well as `a/b/c`.
 - Topics starting with `$` are not matched by a filter whose first level is `+` or `#`.
@@ -22,7 +25,7 @@ from typing import Generic, TypeVar
 
 V = TypeVar("V")
 
-_NO = object()
+_NONE: tuple[()] = ()
 
 
 class FilterError(ValueError):
@@ -67,22 +70,21 @@ def topic_matches(filt: str, topic: str) -> bool:
 
 
 class _Node(Generic[V]):
-    __slots__ = ("children", "plus", "hash_value", "value")
+    __slots__ = ("children", "plus", "hash_values", "values")
 
     def __init__(self) -> None:
         self.children: dict[str, _Node[V]] = {}
         self.plus: _Node[V] | None = None
-        self.hash_value: object = _NO  # value of the filter ending in `#` at this node
-        self.value: object = _NO  # value of the filter ending exactly at this node
+        self.hash_values: tuple[V, ...] = _NONE  # values of the filter ending in `#` here
+        self.values: tuple[V, ...] = _NONE  # values of the filter ending exactly here
 
     def empty(self) -> bool:
-        return (
-            not self.children and self.plus is None and self.hash_value is _NO and self.value is _NO
-        )
+        return not (self.children or self.plus is not None or self.hash_values or self.values)
 
 
 class FilterTrie(Generic[V]):
-    """Filters → values; `match(topic)` returns the values of every matching filter.
+    """Filters → values (several per filter); `match(topic)` returns the values of every
+    matching filter.
 
     Not thread-safe; the dispatcher and the light queues use it from the event loop only.
     """
@@ -91,63 +93,82 @@ class FilterTrie(Generic[V]):
 
     def __init__(self, cache_size: int = 65536) -> None:
         self._root: _Node[V] = _Node()
-        self._values: dict[str, V] = {}
+        self._values: dict[str, tuple[V, ...]] = {}
         self._cache: OrderedDict[str, list[V]] = OrderedDict()
         self._cache_max = cache_size
 
     def __len__(self) -> int:
+        """Number of filters (not values)."""
         return len(self._values)
 
     def __contains__(self, filt: object) -> bool:
         return filt in self._values
 
-    def get(self, filt: str) -> V | None:
-        return self._values.get(filt)
+    def get(self, filt: str) -> tuple[V, ...]:
+        """The values `filt` holds (empty when it holds none)."""
+        return self._values.get(filt, _NONE)
 
-    def items(self) -> Iterator[tuple[str, V]]:
+    def items(self) -> Iterator[tuple[str, tuple[V, ...]]]:
         return iter(list(self._values.items()))
 
-    def add(self, filt: str, value: V) -> None:
-        """Add or replace the value of `filt` (validated)."""
-        validate_filter(filt)
+    def _node(
+        self, levels: list[str], create: bool
+    ) -> tuple[_Node[V] | None, list[tuple[_Node[V], str]]]:
+        """The node a filter ends at (for `#`: the node holding it) and the path to it."""
         node = self._root
-        levels = filt.split("/")
-        for i, level in enumerate(levels):
-            if level == "#":  # always last (validated)
-                node.hash_value = value
-                break
-            if level == "+":
-                if node.plus is None:
-                    node.plus = _Node()
-                node = node.plus
-            else:
-                child = node.children.get(level)
-                if child is None:
-                    child = node.children[level] = _Node()
-                node = child
-            if i == len(levels) - 1:
-                node.value = value
-        self._values[filt] = value
-        self._cache.clear()
-
-    def remove(self, filt: str) -> V | None:
-        """Remove `filt`; returns its value (None if absent). Empty branches are pruned."""
-        if filt not in self._values:
-            return None
-        value = self._values.pop(filt)
         path: list[tuple[_Node[V], str]] = []
-        node = self._root
-        levels = filt.split("/")
-        for i, level in enumerate(levels):
-            if level == "#":
-                node.hash_value = _NO
+        for level in levels:
+            if level == "#":  # always last (validated)
                 break
             path.append((node, level))
             nxt = node.plus if level == "+" else node.children.get(level)
-            assert nxt is not None
+            if nxt is None:
+                if not create:
+                    return None, path
+                nxt = _Node()
+                if level == "+":
+                    node.plus = nxt
+                else:
+                    node.children[level] = nxt
             node = nxt
-            if i == len(levels) - 1:
-                node.value = _NO
+        return node, path
+
+    def add(self, filt: str, value: V) -> None:
+        """Add `value` to the values of `filt` (validated); adding a value it holds is a no-op."""
+        validate_filter(filt)
+        held = self._values.get(filt, _NONE)
+        if any(v is value for v in held):
+            return
+        levels = filt.split("/")
+        node, _ = self._node(levels, create=True)
+        assert node is not None
+        vals = (*held, value)
+        if levels[-1] == "#":
+            node.hash_values = vals
+        else:
+            node.values = vals
+        self._values[filt] = vals
+        self._cache.clear()
+
+    def remove(self, filt: str, value: V) -> bool:
+        """Remove `value` from `filt` (the others stay); False if it was not there. A filter left
+        with no value leaves the trie, and empty branches are pruned."""
+        held = self._values.get(filt)
+        if held is None or not any(v is value for v in held):
+            return False
+        vals = tuple(v for v in held if v is not value)
+        levels = filt.split("/")
+        node, path = self._node(levels, create=False)
+        assert node is not None
+        if levels[-1] == "#":
+            node.hash_values = vals
+        else:
+            node.values = vals
+        self._cache.clear()
+        if vals:
+            self._values[filt] = vals
+            return True
+        del self._values[filt]
         # Prune from the deepest node up while nodes are empty.
         child = node
         for parent, level in reversed(path):
@@ -158,11 +179,10 @@ class FilterTrie(Generic[V]):
             else:
                 del parent.children[level]
             child = parent
-        self._cache.clear()
-        return value
+        return True
 
     def match(self, topic: str) -> list[V]:
-        """Values of all filters matching `topic` (each once, in no particular order)."""
+        """Values of all filters matching `topic` (each value once, in no particular order)."""
         levels = topic.split("/")
         n = len(levels)
         out: list[V] = []
@@ -174,8 +194,8 @@ class FilterTrie(Generic[V]):
                 return out
             stack = [(child, 1)]
         else:
-            if root.hash_value is not _NO:
-                out.append(root.hash_value)  # type: ignore[arg-type]
+            if root.hash_values:
+                out += root.hash_values
             stack = []
             child = root.children.get(levels[0])
             if child is not None:
@@ -185,11 +205,11 @@ class FilterTrie(Generic[V]):
         while stack:
             node, depth = stack.pop()
             # `#` below this node matches the remaining levels, including none (parent level).
-            if node.hash_value is not _NO:
-                out.append(node.hash_value)  # type: ignore[arg-type]
+            if node.hash_values:
+                out += node.hash_values
             if depth == n:
-                if node.value is not _NO:
-                    out.append(node.value)  # type: ignore[arg-type]
+                if node.values:
+                    out += node.values
                 continue
             child = node.children.get(levels[depth])
             if child is not None:

@@ -300,7 +300,13 @@ class SessionManager:
                 sub.pos = group.pos if group is not None else start
             session.subs[spec.raw] = sub
             server.counters["subscriptions"] += 1
-        initial = spec.share_group is None and (rh == 0 or (rh == 1 and is_new))
+        # A replay's history already holds the retained messages it covers: sending them again
+        # would deliver them twice (docs/replay.md).
+        initial = (
+            spec.share_group is None
+            and spec.replay_since_ms is None
+            and (rh == 0 or (rh == 1 and is_new))
+        )
         if initial:
             sub.held = True
         if is_new and session.conn is not None and not local:

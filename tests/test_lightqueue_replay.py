@@ -161,3 +161,52 @@ async def test_replay_queue_name_is_held_again(tmp_path: Path) -> None:
     assert again.queue == acq.queue
     await lq.close()
     await store.close()
+
+
+async def _append(store, lq, msgs: list[MqttMessage]) -> None:  # type: ignore[no-untyped-def]
+    store.append_mqtt(msgs)
+    await flushed(store)
+    lq.dispatcher.catch_up()
+
+
+async def test_plain_and_replays_of_one_filter_are_all_fed_live(tmp_path: Path) -> None:
+    """Issue 12: a replay queue used to replace the plain queue (and any earlier replay) in the
+    filter index, so only the replay created last got live records. Every queue that wants the
+    filter's live records gets each of them, and dropping one leaves the others fed, also after a
+    restart of the light queues."""
+    store, lq = await open_all(tmp_path)
+    await lq.start()
+    plain = lq.acquire_filter("a/+")
+    await _append(store, lq, [stamped("a/x", i, NOW - 10_000 + i) for i in range(2)])
+    r1 = lq.acquire_filter("a/+", since_ms=NOW - 60_000)
+    r2 = lq.acquire_filter("a/+", since_ms=NOW - 50_000)
+    await lq.wait_live(r1.queue)
+    await lq.wait_live(r2.queue)
+    names = (plain.queue, r1.queue, r2.queue)
+    assert [lq.last_seq(n) for n in names] == [1, 1, 1]  # plain saw both live; replays: history
+    await _append(store, lq, [stamped(f"a/{t}", i, NOW + i) for i, t in enumerate("xyz")])
+    assert [lq.last_seq(n) for n in names] == [4, 4, 4]
+    for n in names:
+        assert [p for _, p in await read_all(lq, n)] == [b"0", b"1", b"0", b"1", b"2"]
+    # The first replay is released and dropped after its grace: the other two stay fed.
+    lq.release_filter(r1.queue)
+    assert lq.gc(time.monotonic() + 3600) == 1
+    await _append(store, lq, [stamped("a/x", 9, NOW + 9)])
+    assert lq.last_seq(plain.queue) == 5 and lq.last_seq(r2.queue) == 5
+    # The last replay goes too: the plain queue is still fed.
+    lq.release_filter(r2.queue)
+    assert lq.gc(time.monotonic() + 3600) == 1
+    await _append(store, lq, [stamped("a/x", 10, NOW + 10)])
+    assert lq.last_seq(plain.queue) == 6
+    # A restart rebuilds the index from the stored filters: plain + a new replay both fed.
+    r3 = lq.acquire_filter("a/+", since_ms=NOW - 60_000)
+    await lq.wait_live(r3.queue)
+    await lq.close()
+    await store.close()
+    store, lq = await open_all(tmp_path)
+    await lq.start()
+    before = lq.last_seq(plain.queue), lq.last_seq(r3.queue)
+    await _append(store, lq, [stamped("a/z", 11, NOW + 11)])
+    assert (lq.last_seq(plain.queue), lq.last_seq(r3.queue)) == (before[0] + 1, before[1] + 1)
+    await lq.close()
+    await store.close()

@@ -60,12 +60,13 @@ def test_trie_equals_brute_force(fs: list[str], topics: list[str]) -> None:
         assert sorted(t.match_cached(topic)) == want
     # Removing half keeps the rest exact (and prunes without breaking shared branches).
     for f in fs[::2]:
-        assert t.remove(f) == f
+        assert t.remove(f, f)
+        assert not t.remove(f, f)
     kept = fs[1::2]
     for topic in topics:
         assert sorted(t.match_cached(topic)) == sorted(f for f in kept if topic_matches(f, topic))
     for f in kept:
-        t.remove(f)
+        t.remove(f, f)
     assert len(t) == 0 and t._root.empty()
 
 
@@ -83,3 +84,23 @@ def test_match_does_not_scan_filters() -> None:
     t.add("#", -1)
     assert sorted(t.match("site42/dev/temp")) == [-1, 42]
     assert t.match("$SYS/x") == []
+
+
+def test_one_filter_holds_several_values() -> None:
+    """A plain filter queue and replay queues of the same filter all want its records: adding
+    one must not replace another, and removing one leaves the others matched."""
+    t: FilterTrie[str] = FilterTrie()
+    for f in ("a/+", "a/#"):
+        t.add(f, "plain")
+        t.add(f, "replay1")
+        t.add(f, "replay2")
+        t.add(f, "replay1")  # again: still once
+        assert t.get(f) == ("plain", "replay1", "replay2")
+    assert sorted(t.match_cached("a/x")) == sorted(["plain", "replay1", "replay2"] * 2)
+    assert t.remove("a/+", "replay2") and not t.remove("a/+", "nope")
+    assert sorted(t.match_cached("a/x")) == sorted(["plain", "replay1"] * 2 + ["replay2"])
+    assert t.remove("a/+", "plain") and t.remove("a/+", "replay1")
+    assert "a/+" not in t and sorted(t.match("a/x")) == ["plain", "replay1", "replay2"]
+    for v in ("plain", "replay1", "replay2"):
+        t.remove("a/#", v)
+    assert len(t) == 0 and t._root.empty()
