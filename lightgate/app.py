@@ -204,17 +204,24 @@ def tls_context(cfg: GatewayConfig) -> ssl.SSLContext:
     return ctx
 
 
-def preflight(cfg: GatewayConfig) -> None:
-    """What the config alone cannot tell, checked before anything starts, so that the error
-    names its culprit (the OS's own errors for these name neither the key nor the value)."""
+def check_data_dir(cfg: GatewayConfig, must_exist: bool = False) -> None:
+    """A data dir that is a file (or under one) fails with the path named, not `[Errno 17]`."""
     path = cfg.data_path
     if path.exists() and not path.is_dir():
         raise ConfigError(f"data_dir {path}: exists and is not a directory")
+    if must_exist and not path.exists():
+        raise ConfigError(f"data_dir {path}: no such directory")
     for parent in path.parents:
         if parent.exists():
             if not parent.is_dir():
                 raise ConfigError(f"data_dir {path}: {parent} is not a directory")
             break
+
+
+def preflight(cfg: GatewayConfig) -> None:
+    """What the config alone cannot tell, checked before anything starts, so that the error
+    names its culprit (the OS's own errors for these name neither the key nor the value)."""
+    check_data_dir(cfg)
     try:
         socket.getaddrinfo(cfg.host, None, type=socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError) as exc:

@@ -157,8 +157,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         tune_gc(cfg.gc_gen0)
         return _run(run_proxy(cfg, ns.core, ns.proxy_id))
     if ns.command == "rebuild-queues":
-        from lightgate.app import rebuild_queues
+        from lightgate.app import check_data_dir, rebuild_queues
 
+        try:
+            check_data_dir(cfg, must_exist=True)
+        except ConfigError as exc:
+            print(f"lightgate: {exc}", file=sys.stderr)
+            return 2
         return _run(rebuild_queues(cfg))
     parser.error(f"unknown command {ns.command}")
     return 2

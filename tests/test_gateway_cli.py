@@ -201,3 +201,15 @@ def test_serve_runs_on_the_example_config(
     assert {"mqtt", "ws", "kafka", "http"} <= set(gw.endpoints)
     assert "warning" not in gw.log_text()
     assert gw.stop() == 0
+
+
+def test_rebuild_queues_names_a_bad_data_dir(tmp_path: Path) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("not a directory")
+    for data_dir, part in ((afile, "not a directory"), (tmp_path / "none", "no such directory")):
+        proc = subprocess.run(
+            [sys.executable, "-m", "lightgate", "rebuild-queues", "--data-dir", str(data_dir)],
+            cwd=ROOT, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        _one_clean_line(proc, f"data_dir {data_dir}", part)
+    assert not (tmp_path / "none").exists()
