@@ -17,8 +17,9 @@ $(STAMP): pyproject.toml | $(BIN)/python
 system-deps:
 	@bash scripts/system-deps.sh
 
+# make run ARGS="--mqtt-port 1884 --set fsync=never" passes the flags to `lightgate serve`.
 run: $(STAMP)
-	$(BIN)/lightgate serve
+	$(BIN)/lightgate serve $(ARGS)
 
 test: $(STAMP) system-deps
 	$(BIN)/ruff check .

@@ -10,13 +10,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import socket
 import ssl
 import sys
 import time
 from typing import Any
 
 from lightgate import __version__
-from lightgate.config import GatewayConfig
+from lightgate.config import ConfigError, GatewayConfig
 from lightgate.http import HttpServer
 from store import Store, StoreConfig, StoreLockedError
 
@@ -194,14 +195,50 @@ class Gateway:
 
 def tls_context(cfg: GatewayConfig) -> ssl.SSLContext:
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ctx.load_cert_chain(cfg.tls_cert, cfg.tls_key)
+    try:
+        ctx.load_cert_chain(cfg.tls_cert, cfg.tls_key)
+    except (OSError, ssl.SSLError) as exc:  # ssl's own messages name neither file
+        raise ConfigError(
+            f"tls_cert {cfg.tls_cert} / tls_key {cfg.tls_key}: cannot load: {exc}"
+        ) from None
     return ctx
+
+
+def check_data_dir(cfg: GatewayConfig, must_exist: bool = False) -> None:
+    """A data dir that is a file (or under one) fails with the path named, not `[Errno 17]`."""
+    path = cfg.data_path
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"data_dir {path}: exists and is not a directory")
+    if must_exist and not path.exists():
+        raise ConfigError(f"data_dir {path}: no such directory")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ConfigError(f"data_dir {path}: {parent} is not a directory")
+            break
+
+
+def preflight(cfg: GatewayConfig) -> None:
+    """What the config alone cannot tell, checked before anything starts, so that the error
+    names its culprit (the OS's own errors for these name neither the key nor the value)."""
+    check_data_dir(cfg)
+    try:
+        socket.getaddrinfo(cfg.host, None, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise ConfigError(f"host {cfg.host!r}: cannot resolve it ({exc})") from None
+    if cfg.tls_cert and cfg.tls_key:
+        tls_context(cfg)
 
 
 async def serve(cfg: GatewayConfig) -> int:
     gateway = Gateway(cfg)
     try:
+        preflight(cfg)
         await gateway.start()
+    except ConfigError as exc:
+        print(f"lightgate: {exc}", file=sys.stderr)
+        await gateway.close()
+        return 2
     except StoreLockedError as exc:
         print(f"lightgate: {exc}", file=sys.stderr)
         await gateway.close()

@@ -4,17 +4,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import sys
 from collections.abc import Sequence
 
 from lightgate.config import (
+    KEYS,
     ConfigError,
     GatewayConfig,
     config_from_json,
-    config_keys,
     load_config,
+    unknown_env_names,
+    unknown_key_error,
 )
 from lightgate.logs import setup_logging
+
+log = logging.getLogger("lightgate")
 
 _SERVE_FLAGS = ("data_dir", "host", "mqtt_port", "mqtts_port", "ws_port", "kafka_port", "http_port")
 
@@ -24,11 +29,24 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-dir", help="data directory (default ./data)")
 
 
+def _version() -> str:
+    """The installed distribution's version; the source tree's when run uninstalled."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("lightgate")
+    except PackageNotFoundError:
+        from lightgate import __version__
+
+        return __version__
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="lightgate",
         description="MQTT-compatible IoT gateway on one shared commitlog (MQTT, Kafka, Spark).",
     )
+    parser.add_argument("--version", action="version", version=f"lightgate {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser(
@@ -36,7 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the gateway",
         description="Run store, light queues, notify, MQTT and Kafka listeners in one process. "
         "Every flag is also an env var LIGHTGATE_<NAME> and a key in the TOML config. "
-        "Port 0 picks a free port; -1 disables the listener.",
+        "Port 0 picks a free port; -1 disables the listener. Every key, its default and its "
+        "allowed values: lightgate.example.toml and docs/configuration.md.",
     )
     _add_common(serve)
     serve.add_argument("--host", help="listen address (default 127.0.0.1)")
@@ -94,12 +113,13 @@ def _config_from(ns: argparse.Namespace) -> GatewayConfig:
         value = getattr(ns, name, None)
         if value is not None:
             overrides[name] = value
-    keys = config_keys()
     for item in getattr(ns, "set", []) or []:
         key, sep, value = item.partition("=")
         key = key.strip().replace("-", "_")
-        if not sep or key not in keys:
-            raise ConfigError(f"--set {item!r}: expected KEY=VALUE with a known key")
+        if not sep:
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE")
+        if key not in KEYS:
+            raise unknown_key_error(key, "--set")
         overrides[key] = value
     return load_config(ns.config, overrides=overrides)
 
@@ -118,6 +138,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"lightgate: {exc}", file=sys.stderr)
         return 2
     setup_logging(cfg.log_format, cfg.log_level)
+    if not getattr(ns, "config_json", None):  # a proxy started by serve: serve warned already
+        for warning in unknown_env_names():
+            log.warning(warning)
     if ns.command == "serve":
         from lightgate.app import serve
 
@@ -134,8 +157,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         tune_gc(cfg.gc_gen0)
         return _run(run_proxy(cfg, ns.core, ns.proxy_id))
     if ns.command == "rebuild-queues":
-        from lightgate.app import rebuild_queues
+        from lightgate.app import check_data_dir, rebuild_queues
 
+        try:
+            check_data_dir(cfg, must_exist=True)
+        except ConfigError as exc:
+            print(f"lightgate: {exc}", file=sys.stderr)
+            return 2
         return _run(rebuild_queues(cfg))
     parser.error(f"unknown command {ns.command}")
     return 2
@@ -162,6 +190,9 @@ def _run(coro: object) -> int:
         runner = asyncio.run
     try:
         return int(runner(coro))  # type: ignore[arg-type]
+    except ConfigError as exc:  # found while starting (e.g. a TLS file `proxy` cannot load)
+        print(f"lightgate: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from mqtt_proxy import handlers
 from mqtt_proxy.codec import (
+    PROTOCOL_MAX_PACKET_SIZE,
     SERVER,
     Connack,
     Connection,
@@ -71,7 +72,9 @@ class MqttConnection(asyncio.Protocol):
     def __init__(self, server: MqttServer) -> None:
         self.server = server
         self.transport: asyncio.Transport = None  # type: ignore[assignment]
-        self.codec = Connection(SERVER, max_packet_size=server.settings.max_packet_size)
+        # max_packet_size 0 = no limit of ours (as in Mosquitto): MQTT's own 256 MiB still applies.
+        limit = server.settings.max_packet_size or PROTOCOL_MAX_PACKET_SIZE
+        self.codec = Connection(SERVER, max_packet_size=limit)
         self.session: Session | None = None
         self.client_id = ""
         self.v5 = False

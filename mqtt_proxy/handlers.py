@@ -130,7 +130,7 @@ def handle_connect(conn: MqttConnection, c: Connect) -> None:
     if v5:
         props = Properties(
             receive_maximum=s.receive_maximum,
-            maximum_packet_size=s.max_packet_size,
+            maximum_packet_size=s.max_packet_size or None,  # 0: no limit, no property
             topic_alias_maximum=s.max_topic_alias,
             assigned_client_identifier=assigned,
             server_keep_alive=server_keepalive,

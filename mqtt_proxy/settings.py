@@ -14,7 +14,7 @@ from typing import Any
 
 @dataclass(slots=True)
 class ProxySettings:
-    max_packet_size: int = 1024 * 1024
+    max_packet_size: int = 1024 * 1024  # 0 = no limit of ours (MQTT's 256 MiB still applies)
     max_keepalive: int = 600
     receive_maximum: int = 64
     max_session_expiry: int = 7 * 24 * 3600

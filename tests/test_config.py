@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import re
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from gateway_process import GatewayProcess
+from mqtt_helpers import V5, Client
 
 from lightgate.cli import _config_from, build_parser
 from lightgate.config import KEYS, ConfigError, config_keys, load_config
@@ -128,3 +131,23 @@ def test_edge_values_are_accepted() -> None:
         overrides={"max_packet_size": "0", "receive_maximum": 65535, "segment_bytes": 65536},
     )
     assert (cfg.max_packet_size, cfg.receive_maximum, cfg.log_level) == (0, 65535, "debug")
+
+
+@pytest.mark.parametrize("shape", [[], ["--set", "mqtt_processes=1"]], ids=["serve", "split"])
+def test_max_packet_size_0_means_no_limit(
+    gateway_factory: Callable[..., GatewayProcess], tmp_path: Path, shape: list[str]
+) -> None:
+    """As in Mosquitto, `max_packet_size = 0` lifts the gateway's own limit: a v5 CONNACK carries
+    no Maximum Packet Size, and a PUBLISH larger than the 1 MiB default passes end to end."""
+    gw = gateway_factory(tmp_path / "data", "--set", "max_packet_size=0", *shape)
+    port = gw.port("mqtt")
+    sub = Client(port, "big-sub").connect()
+    sub.subscribe("big/#", 1)
+    pub = Client(port, "big-pub", V5).connect()
+    assert not hasattr(pub.connack_props, "MaximumPacketSize")
+    payload = bytes(range(256)) * (12 * 1024)  # 3 MiB
+    pub.publish("big/one", payload, qos=1, timeout=60)
+    (m,) = sub.expect(1, timeout=60)
+    assert m.payload == payload
+    pub.disconnect()
+    sub.disconnect()

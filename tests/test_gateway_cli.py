@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
+import os
 import subprocess
 import sys
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from gateway_process import ROOT, GatewayProcess, parse_ready_line
+from mqtt_broker import make_tls_context
 
 
 def _get(port: int, path: str) -> tuple[int, bytes]:
@@ -79,3 +83,133 @@ def test_help_lists_every_flag() -> None:
     for flag in ("--config", "--data-dir", "--host", "--mqtt-port", "--mqtts-port", "--ws-port",
                  "--kafka-port", "--http-port"):  # fmt: skip
         assert flag in out
+
+
+def _serve(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`python -m lightgate serve ...` on free ports, for commands expected to fail at start."""
+    return subprocess.run(
+        [sys.executable, "-m", "lightgate", "serve", "--mqtt-port", "0", "--ws-port", "0",
+         "--kafka-port", "0", "--http-port", "0", *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+        env={**os.environ, "LIGHTGATE_LOG_FORMAT": "text", **(env or {})},
+    )  # fmt: skip
+
+
+def _one_clean_line(proc: subprocess.CompletedProcess[str], *parts: str) -> None:
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("lightgate: "), proc.stderr
+    for part in parts:
+        assert part in lines[0], (part, lines[0])
+    assert "lightgate ready" not in proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("setting", "parts"),
+    [
+        ("receive_maximum=0", ("receive_maximum", "1..65535")),
+        ("receive_maximum=-5", ("receive_maximum", "-5", "1..65535")),
+        ("log_level=verbose", ("log_level", "verbose", "debug, info, warning, error")),
+        ("segment_bytes=10", ("segment_bytes", "65536..")),
+        ("gc_gen0=-1", ("gc_gen0", "0..")),
+        ("fsync_interval_ms=0", ("fsync_interval_ms", "1..")),
+        ("mqtt_prot=1884", ("unknown key 'mqtt_prot'", "did you mean 'mqtt_port'")),
+    ],
+)
+def test_serve_refuses_a_bad_setting_in_one_line(
+    setting: str, parts: tuple[str, ...], tmp_path: Path
+) -> None:
+    _one_clean_line(_serve("--data-dir", str(tmp_path / "d"), "--set", setting), *parts)
+
+
+def test_unknown_toml_key_suggests_the_closest(tmp_path: Path) -> None:
+    conf = tmp_path / "lg.toml"
+    conf.write_text("recieve_maximum = 10\n")
+    proc = _serve("--data-dir", str(tmp_path / "d"), "--config", str(conf))
+    _one_clean_line(proc, str(conf), "'recieve_maximum'", "did you mean 'receive_maximum'")
+
+
+def test_data_dir_that_is_a_file_is_named(tmp_path: Path) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("not a directory")
+    _one_clean_line(_serve("--data-dir", str(afile)), f"data_dir {afile}", "not a directory")
+    nested = afile / "data"
+    _one_clean_line(_serve("--data-dir", str(nested)), str(nested), f"{afile} is not a directory")
+
+
+def test_bad_host_is_named(tmp_path: Path) -> None:
+    proc = _serve("--data-dir", str(tmp_path / "d"), "--host", "no-such-host.invalid")
+    _one_clean_line(proc, "host 'no-such-host.invalid'", "cannot resolve")
+
+
+@pytest.mark.parametrize("shape", [[], ["--set", "mqtt_processes=1"]], ids=["serve", "split"])
+def test_tls_file_errors_name_the_file(tmp_path: Path, shape: list[str]) -> None:
+    make_tls_context(tmp_path)
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    data = str(tmp_path / "d")
+    missing = tmp_path / "missing-key.pem"
+    proc = _serve("--data-dir", data, "--set", f"tls_cert={cert}", "--set", f"tls_key={missing}",
+                  *shape)  # fmt: skip
+    _one_clean_line(proc, "tls_key", str(missing))
+    # A cert and key that do not belong together: ssl says "PEM lib"; we add both paths.
+    proc = _serve("--data-dir", data, "--set", f"tls_cert={cert}", "--set", f"tls_key={cert}",
+                  *shape)  # fmt: skip
+    _one_clean_line(proc, str(cert), "cannot load")
+    assert key.exists()
+
+
+def test_unknown_lightgate_env_var_is_warned_about(
+    gateway_factory: Callable[..., GatewayProcess],
+) -> None:
+    gw = gateway_factory(
+        None, LIGHTGATE_MQTT_PROT="1884", LIGHTGATE_CONFIG="", LIGHTGATE_TEST_INPROCESS="0"
+    )
+    warned = [line for line in gw.log_text().splitlines() if "LIGHTGATE_" in line]
+    assert len(warned) == 1, warned
+    assert "LIGHTGATE_MQTT_PROT" in warned[0] and "LIGHTGATE_MQTT_PORT" in warned[0]
+    assert "warning" in warned[0]
+    assert gw.port("mqtt") != 1884  # ignored, not guessed
+
+
+def test_version() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "lightgate", "--version"], cwd=ROOT, capture_output=True,
+        text=True, timeout=60, check=True,
+    ).stdout  # fmt: skip
+    assert out.strip() == f"lightgate {importlib.metadata.version('lightgate')}"
+
+
+def test_make_run_passes_args_through() -> None:
+    out = subprocess.run(
+        ["make", "-n", "run", "ARGS=--mqtt-port 1884 --set fsync=never"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, check=True,
+    ).stdout  # fmt: skip
+    assert (
+        out.strip().splitlines()[-1].endswith("lightgate serve --mqtt-port 1884 --set fsync=never")
+    )
+
+
+def test_serve_runs_on_the_example_config(
+    gateway_factory: Callable[..., GatewayProcess], tmp_path: Path
+) -> None:
+    """The README's `cp lightgate.example.toml lightgate.toml; serve --config lightgate.toml`
+    starts (flags still override the file: free ports and a tmp data dir here)."""
+    conf = tmp_path / "lightgate.toml"
+    conf.write_bytes((ROOT / "lightgate.example.toml").read_bytes())
+    gw = gateway_factory(None, "--config", str(conf))
+    assert {"mqtt", "ws", "kafka", "http"} <= set(gw.endpoints)
+    assert "warning" not in gw.log_text()
+    assert gw.stop() == 0
+
+
+def test_rebuild_queues_names_a_bad_data_dir(tmp_path: Path) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("not a directory")
+    for data_dir, part in ((afile, "not a directory"), (tmp_path / "none", "no such directory")):
+        proc = subprocess.run(
+            [sys.executable, "-m", "lightgate", "rebuild-queues", "--data-dir", str(data_dir)],
+            cwd=ROOT, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        _one_clean_line(proc, f"data_dir {data_dir}", part)
+    assert not (tmp_path / "none").exists()
