@@ -88,6 +88,7 @@ class CoreLink:
         return await self.server.start(address)
 
     def _connected(self, peer: RpcPeer) -> None:
+        self.store_service.peer_connected(peer)
         self.queue_service.peer_connected(peer)
 
     def _hello(self, peer: RpcPeer, body: bytes) -> None:
@@ -129,6 +130,7 @@ class CoreLink:
             self.routes.unregister(pid, frames.decode_body(frames.UNREGISTER, body))
 
     def _lost(self, peer: RpcPeer, exc: Exception | None) -> None:
+        self.store_service.peer_lost(peer)
         self.queue_service.peer_lost(peer)
         pid = peer.state.get("proxy_id")
         if pid is not None and self.proxies.get(pid) is peer:

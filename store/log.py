@@ -360,6 +360,10 @@ class Log:
             return data if end == len(data) else data[:end]
         return b""
 
+    def max_timestamp(self) -> int:
+        """The largest record timestamp in the log (-1 when empty): ListOffsets' MAX_TIMESTAMP."""
+        return max((s.largest_timestamp() for s in self.segments if s.size), default=-1)
+
     def offset_for_timestamp(self, ts_ms: int) -> int | None:
         """First offset whose record timestamp ≥ ts_ms, or None if every record is older."""
         for seg in self.segments:

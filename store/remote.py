@@ -17,6 +17,7 @@ Wire bodies (strings are u16 length + UTF-8, see store.rpc)::
     DURABLE      (core → proxy, one-way) u32 token | str error     "" = durable
     READ         str topic | u32 partition | i64 offset | u32 max bytes → whole batches
     OFFSETS      str topic | u32 partition → i64 log start | i64 high watermark
+    TOPIC_CHANGED (core → proxy, one-way) str topic   deleted or grown: forget its partition count
 
 Event-loop-only on both sides.
 """
@@ -41,7 +42,7 @@ from store.store import AppendResult, Run
 
 log = logging.getLogger("lightgate.store.remote")
 
-TOPICS, ENSURE_TOPIC, APPEND, DURABLE, READ, OFFSETS = 1, 2, 3, 4, 5, 6
+TOPICS, ENSURE_TOPIC, APPEND, DURABLE, READ, OFFSETS, TOPIC_CHANGED = 1, 2, 3, 4, 5, 6, 7
 OFFSET_OUT_OF_RANGE, UNKNOWN_TOPIC, STORE_ERROR = 100, 101, 102
 
 _U8 = struct.Struct(">B")
@@ -77,6 +78,25 @@ class StoreService:
 
     def __init__(self, store: Any) -> None:
         self.store = store
+        self.peers: set[RpcPeer] = set()
+        if hasattr(store, "add_topic_listener"):
+            store.add_topic_listener(self._on_topic_event)
+
+    def peer_connected(self, peer: RpcPeer) -> None:
+        self.peers.add(peer)
+
+    def peer_lost(self, peer: RpcPeer) -> None:
+        self.peers.discard(peer)
+
+    def _on_topic_event(self, event: str, topic: str) -> None:
+        """A deleted or grown log topic: proxies must ask for its partition count again, or
+        they would route MQTT topics by the old one."""
+        if event in ("deleted", "partitions"):
+            out: list[bytes] = []
+            put_str(out, topic)
+            body = b"".join(out)
+            for peer in self.peers:
+                peer.send(TOPIC_CHANGED, body)
 
     def methods(self) -> dict[int, Handler]:
         return {
@@ -183,7 +203,12 @@ class RemoteStore:
         self._held: list[tuple[Sequence[MqttMessage], bool, AppendResult, set[str]]] = []
 
     def methods(self) -> dict[int, Handler]:
-        return {DURABLE: self._on_durable}
+        return {DURABLE: self._on_durable, TOPIC_CHANGED: self._on_topic_changed}
+
+    def _on_topic_changed(self, peer: RpcPeer, body: bytes) -> None:
+        topic, _ = get_str(body, 0)
+        self._counts.pop(topic, None)
+        self._routes.clear()
 
     def attach(self, peer: RpcPeer) -> None:
         self.peer = peer

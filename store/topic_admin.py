@@ -129,6 +129,10 @@ class TopicAdmin:
             return uuid.uuid5(uuid.NAMESPACE_URL, f"lightgate:topic:{name}")
         return uuid.UUID(raw)
 
+    def max_timestamp(self, topic: str, partition: int) -> int:
+        """Largest record timestamp of the partition, -1 if it is empty."""
+        return self._log(topic, partition).max_timestamp()
+
     def partition_size(self, topic: str, partition: int) -> int:
         """Bytes of the partition's segments."""
         return self._log(topic, partition).size_bytes()

@@ -155,10 +155,18 @@ async def _core(tmp_path: Path, fsync: str = "always", **lq_cfg: Any) -> Any:
     service = LightQueueService(lq)
     lq.set_sink(lambda evs: service.on_round())
     await lq.start()
+    store_service = StoreService(store)
+
+    def connected(peer: Any) -> None:
+        store_service.peer_connected(peer)
+        service.peer_connected(peer)
+
+    def lost(peer: Any, exc: Exception | None) -> None:
+        store_service.peer_lost(peer)
+        service.peer_lost(peer)
+
     server = RpcServer(
-        {**StoreService(store).methods(), **service.methods()},
-        on_connect=service.peer_connected,
-        on_lost=lambda peer, exc: service.peer_lost(peer),
+        {**store_service.methods(), **service.methods()}, on_connect=connected, on_lost=lost
     )
     addr = await server.start(f"unix:{tmp_path}/core.sock")
     rs, rq = RemoteStore(), RemoteLightQueues()
@@ -241,6 +249,36 @@ async def test_remote_reads_and_offsets(tmp_path: Path) -> None:
     assert await rs.offsets(t, p) == (0, 5)
     with pytest.raises(OffsetOutOfRangeError):
         await rs.read(t, p, 99, 1024)
+    await close()
+
+
+async def test_a_deleted_or_grown_topic_is_routed_by_its_new_partition_count(
+    tmp_path: Path,
+) -> None:
+    """The core tells the proxy when a log topic is deleted or grows (Kafka admin APIs): its
+    next MQTT append asks for the count again instead of routing by the old one."""
+    store, lq, rs, rq, close = await _core(tmp_path)
+    await rs.append_mqtt([msg("gr/a", b"1")]).durable
+    assert rs.partitions("gr") == 2
+    store.create_partitions("gr", 6)
+    for _ in range(50):
+        if rs.partitions("gr") is None:
+            break
+        await asyncio.sleep(0.01)
+    assert rs.partitions("gr") is None
+    res = rs.append_mqtt([msg(f"gr/d{i}", b"x") for i in range(60)])
+    await res.durable
+    assert rs.partitions("gr") == 6
+    assert {p for _t, p, _o in res.offsets} - {0, 1}  # type: ignore[union-attr]
+    await store.delete_topic("gr")
+    store.create_topic("gr", 1)  # fewer partitions than the proxy had
+    for _ in range(50):
+        if rs.partitions("gr") is None:
+            break
+        await asyncio.sleep(0.01)
+    res = rs.append_mqtt([msg(f"gr/d{i}", b"y") for i in range(10)])
+    await res.durable
+    assert store.high_watermark("gr", 0) == 10
     await close()
 
 

@@ -26,6 +26,7 @@ from store.record_batch import (
 )
 from store.store import StoreError, UnknownTopicOrPartitionError
 
+from .handlers_admin import parse_topic_configs
 from .producers import iter_batch_headers
 from .protocol import SUPPORTED_VERSIONS, CloseConnection, Request, build, response_module
 
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
 INT32_MIN = -(2**31)  # "authorized operations not requested"
 _TOPIC_OPS = sum(1 << op for op in (3, 4, 5, 6, 7, 8, 10, 11))  # read..alter_configs, no ACLs
 _CLIENT_SOFTWARE = re.compile(r"[a-zA-Z0-9](?:[a-zA-Z0-9\-.]*[a-zA-Z0-9])?")
-EARLIEST, LATEST = -2, -1
+EARLIEST, LATEST, MAX_TIMESTAMP, EARLIEST_LOCAL, LATEST_TIERED = -2, -1, -3, -4, -5
 
 
 def _ms(td: Any) -> float:
@@ -115,29 +116,8 @@ async def metadata(b: Broker, req: Request, conn: ConnInfo) -> Any:
 
 
 # Kafka topic configs the store applies per topic; any other config name is INVALID_CONFIG.
-TOPIC_CONFIGS = {
-    "retention.ms": "retention_ms",
-    "retention.bytes": "retention_bytes",
-    "segment.bytes": "segment_bytes",
-    "segment.ms": "segment_ms",
-}
-
-
-def _topic_config(configs: Any) -> tuple[dict[str, int] | None, str | None]:
-    out = {}
-    for c in configs:
-        key = TOPIC_CONFIGS.get(c.name)
-        if key is None:
-            return None, f"config {c.name!r} is not supported (only {sorted(TOPIC_CONFIGS)})"
-        try:
-            out[key] = int(c.value)
-        except (TypeError, ValueError):
-            return None, f"config {c.name!r} needs an integer, got {c.value!r}"
-    return out, None
-
-
 async def create_topics(b: Broker, req: Request, conn: ConnInfo) -> Any:
-    """Creates topics in the store; of Kafka's topic configs, those in TOPIC_CONFIGS apply."""
+    """Creates topics in the store with the topic configs of handlers_admin.TOPIC_CONFIG_KEYS."""
     mod = response_module(19, req.api_version)
     known = b.store.topics()
     results, seen = [], set()
@@ -159,7 +139,7 @@ async def create_topics(b: Broker, req: Request, conn: ConnInfo) -> Any:
             error, message = E.invalid_replica_assignment, "single-node gateway"
         elif count == 0 or count < -1:
             error, message = E.invalid_partitions, "partition count must be positive"
-        elif (config := _topic_config(t.configs))[0] is None:
+        elif (config := parse_topic_configs([(c.name, c.value) for c in t.configs]))[1]:
             error, message = E.invalid_config, config[1]
         elif not req.body.validate_only:
             partitions = b.config.default_partitions if count == -1 else count
@@ -428,8 +408,14 @@ async def list_offsets(b: Broker, req: Request, conn: ConnInfo) -> Any:
                 err = E.unknown_topic_or_partition
             elif p.timestamp == LATEST:
                 offset = b.store.high_watermark(t.name, p.partition_index)
-            elif p.timestamp == EARLIEST:
+            elif p.timestamp in (EARLIEST, EARLIEST_LOCAL):  # all of the log is local
                 offset = b.store.log_start_offset(t.name, p.partition_index)
+            elif p.timestamp == MAX_TIMESTAMP:  # v7+: the first record with the largest time
+                top = b.store.max_timestamp(t.name, p.partition_index)
+                if top >= 0:
+                    offset, ts = _offset_for_time(b, t.name, p.partition_index, top)
+            elif p.timestamp == LATEST_TIERED:  # v9+: no tiered storage, as Kafka answers it
+                offset = -1
             else:
                 offset, ts = _offset_for_time(b, t.name, p.partition_index, p.timestamp)
             parts.append(

@@ -50,12 +50,12 @@ __all__ = [
 
 # API key -> (min, max) version we implement fully. Bounded above where a newer version needs
 # something we do not have (topic ids in Fetch v13+/Produce v13, KIP-848 OffsetCommit v9+,
-# MAX_TIMESTAMP in ListOffsets v7+, KIP-890 InitProducerId v5+, static-member skip-assignment in
+# KIP-890 InitProducerId v5+, static-member skip-assignment in
 # JoinGroup v8+) and below by the oldest version kio generates (Kafka 4 dropped the rest).
 SUPPORTED_VERSIONS: Final[dict[int, tuple[int, int]]] = {
     0: (3, 9),  # Produce
     1: (4, 12),  # Fetch
-    2: (1, 6),  # ListOffsets
+    2: (1, 9),  # ListOffsets
     3: (0, 12),  # Metadata
     8: (2, 8),  # OffsetCommit
     9: (1, 8),  # OffsetFetch
