@@ -39,8 +39,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("lightgate.mqtt.conn")
 
-CONNECT_TIMEOUT_S = 10.0
-
 
 class MqttConnection(asyncio.Protocol):
     __slots__ = (
@@ -104,8 +102,9 @@ class MqttConnection(asyncio.Protocol):
         self.last_rx = self._loop.time()
         transport.set_write_buffer_limits(high=self.server.settings.write_high_water)  # type: ignore[attr-defined]
         # A client must send CONNECT promptly: the keep alive timer doubles as CONNECT timeout.
-        self.keepalive = CONNECT_TIMEOUT_S / 1.5
-        self._timer = self._loop.call_at(self.last_rx + CONNECT_TIMEOUT_S, self._keepalive_check)
+        timeout = self.server.settings.connect_timeout_s
+        self.keepalive = timeout / 1.5
+        self._timer = self._loop.call_at(self.last_rx + timeout, self._keepalive_check)
 
     def data_received(self, data: bytes) -> None:
         self.last_rx = self._loop.time()
@@ -203,7 +202,10 @@ class MqttConnection(asyncio.Protocol):
         if self._loop.time() >= deadline:
             what = "keep alive timeout" if self.connected else "no CONNECT in time"
             self.disconnect_reason = what
-            log.info("client %r (%s): %s", self.client_id, self.remote, what)
+            if self.connected:
+                log.info("client %r (%s): %s", self.client_id, self.remote, what)
+            else:  # never said a word of MQTT: a bad connection (scanner, wrong port)
+                self._bad(what)
             self.close_with(0x8D)  # MQTT 5 §3.1.2.10: v5 clients learn why
             return
         self._timer = self._loop.call_at(deadline, self._keepalive_check)
@@ -269,13 +271,17 @@ class MqttConnection(asyncio.Protocol):
         code = err if isinstance(err, int) else err.reason_code
         self.server.counters["protocol_errors"] += 1
         self.disconnect_reason = f"protocol error 0x{code:02x}: {detail}"
-        log.warning("client %r (%s): %s", self.client_id, self.remote, self.disconnect_reason)
+        self._bad(self.disconnect_reason)
         data = self.codec.error_bytes(err)
         self.closed = True
         self.writable = False
         if data:
             self.transport.write(data)
         self.transport.close()
+
+    def _bad(self, reason: str) -> None:
+        listener = "websocket" if self.transport.get_extra_info("websocket") else "mqtt"
+        self.server.bad_clients.bad(listener, self.remote, reason, client_id=self.client_id)
 
     def fail(self, reason: int, detail: str) -> None:
         """An internal failure affecting this connection (store down): close it, log once."""

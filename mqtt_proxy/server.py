@@ -27,6 +27,7 @@ from time import time as _time
 from typing import Any
 
 from mqtt_proxy.backend import Backend, LocalBackend, RemoteBackend
+from mqtt_proxy.badclients import BadClientLog
 from mqtt_proxy.codec import EMPTY_PROPERTIES
 from mqtt_proxy.delivery import Delivery
 from mqtt_proxy.device_events import DeviceEvents
@@ -102,6 +103,8 @@ class MqttServer:
         self.sessions = SessionManager(self)
         self.events = DeviceEvents(store)
         self.sys = SysPublisher(self)
+        # Garbage, refused WebSocket handshakes, no CONNECT in time: one line each, rate-limited.
+        self.bad_clients = BadClientLog(logging.getLogger("lightgate.mqtt.bad"))
         self._servers: list[asyncio.AbstractServer] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._closing = False
@@ -137,6 +140,7 @@ class MqttServer:
             await asyncio.sleep(flush_every)
             self.sessions.flush()
             now = time.monotonic()
+            self.bad_clients.flush(now)
             if s.sys_interval_s > 0 and now >= next_sys:
                 next_sys = now + s.sys_interval_s
                 self.sys.publish()
@@ -170,8 +174,12 @@ class MqttServer:
         return await self._listen(self._make_conn, host, port, ssl_ctx)
 
     async def start_ws(self, host: str, port: int) -> tuple[str, int]:
-        path = self.settings.ws_path
-        return await self._listen(lambda: WebSocketProtocol(self._make_conn, path), host, port)
+        s, bad = self.settings, self.bad_clients
+        return await self._listen(
+            lambda: WebSocketProtocol(self._make_conn, s.ws_path, s.connect_timeout_s, bad.bad),
+            host,
+            port,
+        )
 
     async def close(self) -> None:
         """Graceful: stop accepting, close connections (no wills), flush appends, persist."""

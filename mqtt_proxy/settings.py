@@ -29,6 +29,9 @@ class ProxySettings:
     read_batch: int = 256
     write_high_water: int = 256 * 1024
     ws_path: str = "/mqtt"
+    # How long a new connection may take to send CONNECT (TCP, TLS) or to finish the WebSocket
+    # upgrade (then CONNECT gets the same time again); then it is closed and logged.
+    connect_timeout_s: float = 10.0
 
     @classmethod
     def from_config(cls, cfg: Any) -> ProxySettings:

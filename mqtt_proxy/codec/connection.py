@@ -157,8 +157,19 @@ class Connection:
 
         Raises RemoteProtocolError; `err.packets` holds the packets accepted before the bad one.
         """
-        if self.state is DISCONNECTED:
-            raise RemoteProtocolError("data after the connection ended", 0x82, self.version)
+        if self.state is not CONNECTED:
+            if self.state is DISCONNECTED:
+                raise RemoteProtocolError("data after the connection ended", 0x82, self.version)
+            if (
+                self.state is AWAIT_CONNECT
+                and data
+                and data[0] != 0x10
+                and self.our_role is SERVER
+                and not self.parser.buffered
+            ):
+                # The first packet must be CONNECT [MQTT-3.1.0-1]: say so at its first byte
+                # rather than wait for a "length" that HTTP or TLS garbage happens to spell.
+                raise RemoteProtocolError(f"not MQTT: first bytes {bytes(data[:16])!r}", 0x82)
         try:
             packets = self.parser.feed(data)
         except RemoteProtocolError as e:
