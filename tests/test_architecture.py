@@ -1,0 +1,52 @@
+"""The arrows of docs/architecture.md, read from the imports: a component imports only the
+components below it, so `mqtt_proxy` stays replaceable and `store` stays usable alone (Spark,
+tools). Fails naming the file, line and import that points up."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# component -> what it may import (of ours); the wiring in lightgate/ may import everything
+ALLOWED: dict[str, set[str]] = {
+    "store": set(),
+    "notify": set(),
+    "lightqueue": {"store"},
+    "mqtt_proxy": {"notify", "lightqueue", "store"},
+    "spark_analytics": {"store"},
+    "lightgate": {"store", "lightqueue", "notify", "mqtt_proxy", "spark_analytics"},
+}
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out.append((node.lineno, node.module))
+    return out
+
+
+def test_no_arrow_points_up() -> None:
+    wrong = []
+    for pkg, may in ALLOWED.items():
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            for line, module in _imports(path):
+                top = module.split(".")[0]
+                if top in ALLOWED and top != pkg and top not in may:
+                    wrong.append(f"{path.relative_to(ROOT)}:{line} imports {module}")
+    assert not wrong, "imports against the arrows of docs/architecture.md:\n" + "\n".join(wrong)
+
+
+def test_the_check_sees_an_upward_import(tmp_path: Path) -> None:
+    """The checker itself: an import of mqtt_proxy from store is found."""
+    f = tmp_path / "bad.py"
+    f.write_text("import os\nfrom mqtt_proxy.codec import x\nimport lightqueue.db\n")
+    tops = [m.split(".")[0] for _, m in _imports(f)]
+    assert [t for t in tops if t in ALLOWED and t not in ALLOWED["store"]] == [
+        "mqtt_proxy",
+        "lightqueue",
+    ]
