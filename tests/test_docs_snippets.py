@@ -30,7 +30,7 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SKIP = {
     "make run": "the gateway on fixed default ports, forever; `serve` is run below on free ports",
     "make test": "this suite is `make test`",
-    "bench/": "benchmarks take minutes; they are run by hand for bench/RESULTS.md",
+    "make bench-mqtt": "benchmarks take minutes; they are run by hand for bench/RESULTS.md",
     ".venv/bin/python bench/": "benchmarks take minutes; they are run by hand for bench/RESULTS.md",
     ".venv/bin/lightgate proxy --core core-host:7070": "needs a core on another host; the same "
     "proxy against a core is tests/test_mqtt_split.py",
