@@ -39,7 +39,7 @@ from typing import Any
 
 from lightgate.config import ConfigError, GatewayConfig
 from notify import Mailbox, frames
-from store.rpc import RpcError, RpcPeer, RpcServer, connect
+from store.rpc import AUTH_FAILED, RpcError, RpcPeer, RpcServer, connect
 
 log = logging.getLogger("lightgate.split")
 
@@ -297,8 +297,9 @@ async def run_proxy(cfg: GatewayConfig, core: str, proxy_id: str) -> int:
     secret, ssl_ctx = core_link_security(cfg, server=False, address=core)
     try:
         peer = await connect(core, methods, name="core", secret=secret, ssl_ctx=ssl_ctx)
-    except RpcError as exc:  # the handshake: one of the two ends refused the other
-        print(f"lightgate proxy: the core link to {core} is refused: {exc}", file=sys.stderr)
+    except RpcError as exc:  # the handshake failed; a refusal was logged already (store.rpc)
+        if exc.code != AUTH_FAILED:
+            print(f"lightgate proxy: the core link to {core} failed: {exc}", file=sys.stderr)
         return 1
     except (OSError, TimeoutError) as exc:
         print(f"lightgate proxy: cannot reach the core at {core}: {exc}", file=sys.stderr)

@@ -334,7 +334,8 @@ class RpcPeer(asyncio.Protocol):
                 fut.set_exception(RpcError(CLOSED, f"link {self.name} closed"))
         self._out.clear()
         if not self.ready.done():
-            self.ready.set_exception(RpcError(CLOSED, f"link {self.name} closed in its handshake"))
+            why = f"link {self.name} closed during its handshake (TLS on one end only?)"
+            self.ready.set_exception(RpcError(CLOSED, why))
             self.ready.exception()
         if not self.closed.done():
             self.closed.set_result(None)
