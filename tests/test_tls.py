@@ -303,3 +303,21 @@ def test_bad_tls_files_are_named(tmp_path: Path, pki: Pki) -> None:
     assert f"tls_cert {pki.server_cert} / tls_key {pki.ca}: cannot load" in err
     err = _serve_fails(tmp_path, "--set", cert, "--set", key, "--set", "tls_require_client_cert=1")
     assert "tls_require_client_cert needs tls_ca" in err
+
+
+def test_tls_listeners_in_the_split_shape(pki: Pki, tmp_path: Path) -> None:
+    """`mqtt_processes = 1`: the proxy child opens mqtts and wss with the same settings."""
+    args = _tls_args(pki, "tls_require_client_cert=true", "mqtt_processes=1")
+    g = GatewayProcess(tmp_path / "data", args).start()
+    try:
+        assert {"mqtts", "wss", "kafka_tls"} <= set(g.endpoints), g.ready_line
+        sub = _tls_client(pki, g.port("wss"), "split-sub", ws=True).connect()
+        sub.subscribe("split/#", 1)
+        _tls_client(pki, g.port("mqtts"), "split-pub").connect().publish("split/t", b"x", 1)
+        assert sub.expect(1)[0].payload == b"x"
+        nocert = _tls_client(pki, g.port("mqtts"), "split-nocert", cert=False, version=V5)
+        nocert.connect(expect_ok=False)
+        assert nocert.connack.value == 0x87
+        nocert.paho.loop_stop()
+    finally:
+        g.stop()
