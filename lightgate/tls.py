@@ -14,6 +14,7 @@ name neither). Client certificates:
 from __future__ import annotations
 
 import ssl
+from typing import Any
 
 from lightgate.config import ConfigError, GatewayConfig
 
@@ -73,3 +74,14 @@ def check_tls_files(cfg: GatewayConfig) -> None:
         server_context(cfg)
     elif cfg.tls_ca:
         _load_ca(ssl.create_default_context(ssl.Purpose.SERVER_AUTH), cfg)
+
+
+def certificate_cn(cert: dict[str, Any]) -> str | None:
+    """The subject CN of a verified peer certificate (`SSLObject.getpeercert()`), or None:
+    the user name under `tls_identity_as_username` (the MQTT side reads it the same way in
+    mqtt_proxy/handlers.py, which may not import lightgate)."""
+    for rdn in cert.get("subject", ()):
+        for name, value in rdn:
+            if name == "commonName" and value:
+                return str(value)
+    return None
