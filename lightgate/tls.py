@@ -58,11 +58,13 @@ def tls_context(cfg: GatewayConfig) -> ssl.SSLContext:
 
 def core_client_context(cfg: GatewayConfig) -> ssl.SSLContext:
     """A proxy's side of a `core_tls` link: verify the core against `tls_ca` (the system's CAs
-    without it) and the `--core` host name; present `tls_cert` when one is configured."""
+    without it) and the `--core` host name. With `tls_require_client_cert` (which the core has
+    too) present `tls_cert`; not otherwise, as a server certificate is often not valid for
+    client use and the core would refuse it where it asked for nothing."""
     ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
     if cfg.tls_ca:
         _load_ca(ctx, cfg)
-    if cfg.tls_cert and cfg.tls_key:
+    if cfg.tls_require_client_cert and cfg.tls_cert and cfg.tls_key:
         _load_chain(ctx, cfg)
     return ctx
 

@@ -334,7 +334,10 @@ class RpcPeer(asyncio.Protocol):
                 fut.set_exception(RpcError(CLOSED, f"link {self.name} closed"))
         self._out.clear()
         if not self.ready.done():
-            why = f"link {self.name} closed during its handshake (TLS on one end only?)"
+            why = (
+                f"link {self.name} closed during its handshake (TLS on one end only, or a "
+                "certificate the other end refused?)"
+            )
             self.ready.set_exception(RpcError(CLOSED, why))
             self.ready.exception()
         if not self.closed.done():
