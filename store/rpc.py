@@ -52,6 +52,7 @@ MAX_FRAME = 256 << 20
 # ERROR codes (u16). Methods may define their own from 100 up.
 INTERNAL, NO_SUCH_METHOD, BAD_REQUEST, CLOSED, AUTH_FAILED = 1, 2, 3, 4, 5
 AUTH_TIMEOUT = 10.0  # s for a new link to complete its handshake
+PRE_AUTH_MAX_FRAME = 1024  # the handshake's frames are under 100 bytes
 
 
 class RpcError(Exception):
@@ -152,7 +153,10 @@ class RpcPeer(asyncio.Protocol):
         runs when it completes, and `ready` is done then (failed if the link ends first)."""
         self.methods = methods
         self.name = name
-        self._decoder = FrameDecoder(max_frame)
+        # Until a stranger has proved the secret it may not make the core buffer a big frame.
+        pre_auth = auth is not None and auth.role == "core"
+        self._decoder = FrameDecoder(PRE_AUTH_MAX_FRAME if pre_auth else max_frame)
+        self._max_frame = max_frame
         self._heartbeat = heartbeat
         self._on_lost = on_lost
         self.transport: asyncio.Transport | None = None
@@ -238,6 +242,7 @@ class RpcPeer(asyncio.Protocol):
                 self._write(encode_frame(AUTH, 0, step, reply))
             if auth.done:
                 self._auth = None
+                self._decoder.max_frame = self._max_frame
                 self._authenticated()
                 return frames[i + 1 :]
         return []

@@ -254,3 +254,16 @@ def test_serve_with_its_own_proxy_over_a_tls_core_link(tmp_path: Path, pki: Pki)
         assert c.expect(1)[0].payload == b"ok"
     finally:
         gw.stop()
+
+
+async def test_a_stranger_cannot_make_the_core_buffer_a_big_frame() -> None:
+    import asyncio
+
+    server = RpcServer({}, secret=b"s")
+    addr = await server.start("127.0.0.1:0")
+    host, port = addr.rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write((200 << 20).to_bytes(4, "big") + bytes([6, 0, 0, 0, 0, 0, 1]))  # 200 MiB AUTH
+    assert await asyncio.wait_for(reader.read(), 5) == b""  # closed at once, nothing buffered
+    writer.close()
+    await server.close()
