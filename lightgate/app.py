@@ -126,6 +126,9 @@ class Gateway:
         from lightgate.split import ProxySupervisor
 
         address = await self._start_core_link(queues, notifier)
+        for wildcard, loopback in (("0.0.0.0:", "127.0.0.1:"), (":::", "::1:")):
+            if address.startswith(wildcard):  # the child is local; with core_tls the core's
+                address = loopback + address[len(wildcard) :]  # certificate must name this
         supervisor = ProxySupervisor(self.cfg, address)
         self._closers.append(supervisor)
         self.endpoints.update(await supervisor.start())
