@@ -11,7 +11,6 @@ import asyncio
 import logging
 import signal
 import socket
-import ssl
 import sys
 import time
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 from lightgate import __version__
 from lightgate.config import ConfigError, GatewayConfig
 from lightgate.http import HttpServer
+from lightgate.tls import check_tls_files, server_context, tls_context
 from store import Store, StoreConfig, StoreLockedError
 
 log = logging.getLogger("lightgate")
@@ -76,12 +76,7 @@ class Gateway:
             await tcp.start()
             self._closers.append(tcp)
             self.endpoints["notify"] = (cfg.host, tcp.port)
-        no_listeners = (
-            cfg.mqtt_port == -1
-            and cfg.ws_port == -1
-            and not (cfg.tls_cert and cfg.mqtts_port != -1)
-        )
-        if no_listeners:
+        if not has_mqtt_listeners(cfg):
             if cfg.core_listen:  # a core for `lightgate proxy` elsewhere, no MQTT of its own
                 await self._start_core_link(queues, notifier)
             return
@@ -100,13 +95,16 @@ class Gateway:
             )
         if cfg.ws_port != -1:
             self.endpoints["ws"] = await mqtt.start_ws(cfg.host, cfg.ws_port)
+        if cfg.tls_cert and cfg.wss_port != -1:
+            self.endpoints["wss"] = await mqtt.start_ws(cfg.host, cfg.wss_port, tls_context(cfg))
 
     async def _start_core_link(self, queues: Any, notifier: Any) -> str:
         """The core link (store, light queues, notify) for MQTT proxies in other processes."""
-        from lightgate.split import CoreLink, core_address
+        from lightgate.split import CoreLink, core_address, core_link_security
 
         assert self.store is not None
-        link = CoreLink(self.store, queues, notifier)
+        secret, ssl_ctx = core_link_security(self.cfg, server=True)
+        link = CoreLink(self.store, queues, notifier, secret=secret, ssl_ctx=ssl_ctx)
         publish, on_round = notifier.publish, link.queue_service.on_round
 
         def sink(events: Any) -> None:
@@ -128,13 +126,17 @@ class Gateway:
         from lightgate.split import ProxySupervisor
 
         address = await self._start_core_link(queues, notifier)
+        for wildcard, loopback in (("0.0.0.0:", "127.0.0.1:"), (":::", "::1:")):
+            if address.startswith(wildcard):  # the child is local; with core_tls the core's
+                address = loopback + address[len(wildcard) :]  # certificate must name this
         supervisor = ProxySupervisor(self.cfg, address)
         self._closers.append(supervisor)
         self.endpoints.update(await supervisor.start())
 
     async def _start_kafka(self) -> None:
         cfg = self.cfg
-        if cfg.kafka_port == -1:
+        tls_port = cfg.kafka_tls_port if cfg.tls_cert else -1
+        if cfg.kafka_port == -1 and tls_port == -1:
             return
         from store.kafka.config import KafkaConfig
         from store.kafka.server import KafkaServer
@@ -146,13 +148,18 @@ class Gateway:
             default_partitions=cfg.default_partitions,
         )
         kafka = KafkaServer(self.store, cfg.host, cfg.kafka_port, kcfg)
+        if tls_port != -1:  # Kafka has no answer for "certificate missing": the handshake fails
+            kafka.add_tls_listener(tls_port, server_context(cfg))
         await kafka.start()
         self._closers.append(kafka)
         self._stats_sources.append(("", kafka))
-        self.endpoints["kafka"] = (cfg.host, kafka.port)
+        if cfg.kafka_port != -1:
+            self.endpoints["kafka"] = (cfg.host, kafka.port)
+        if kafka.tls_port != -1:
+            self.endpoints["kafka_tls"] = (cfg.host, kafka.tls_port)
 
     def ready_line(self) -> str:
-        order = ("mqtt", "mqtts", "ws", "kafka", "http", "notify", "core")
+        order = ("mqtt", "mqtts", "ws", "wss", "kafka", "kafka_tls", "http", "notify", "core")
         parts = [
             f"{name}={host}:{port}"
             for name in order
@@ -193,15 +200,14 @@ class Gateway:
         self._closers.clear()
 
 
-def tls_context(cfg: GatewayConfig) -> ssl.SSLContext:
-    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    try:
-        ctx.load_cert_chain(cfg.tls_cert, cfg.tls_key)
-    except (OSError, ssl.SSLError) as exc:  # ssl's own messages name neither file
-        raise ConfigError(
-            f"tls_cert {cfg.tls_cert} / tls_key {cfg.tls_key}: cannot load: {exc}"
-        ) from None
-    return ctx
+def has_mqtt_listeners(cfg: GatewayConfig) -> bool:
+    """Whether `serve` opens an MQTT port (without one and with `core_listen`, it is a core)."""
+    tls = bool(cfg.tls_cert)
+    return (
+        cfg.mqtt_port != -1
+        or cfg.ws_port != -1
+        or (tls and (cfg.mqtts_port != -1 or cfg.wss_port != -1))
+    )
 
 
 def check_data_dir(cfg: GatewayConfig, must_exist: bool = False) -> None:
@@ -226,8 +232,11 @@ def preflight(cfg: GatewayConfig) -> None:
         socket.getaddrinfo(cfg.host, None, type=socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError) as exc:
         raise ConfigError(f"host {cfg.host!r}: cannot resolve it ({exc})") from None
-    if cfg.tls_cert and cfg.tls_key:
-        tls_context(cfg)
+    check_tls_files(cfg)
+    if cfg.mqtt_processes > 0 or (cfg.core_listen and not has_mqtt_listeners(cfg)):
+        from lightgate.split import core_link_security
+
+        core_link_security(cfg, server=True)  # a TCP link without core_secret is refused here
 
 
 async def serve(cfg: GatewayConfig) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -21,7 +22,19 @@ from lightgate.logs import setup_logging
 
 log = logging.getLogger("lightgate")
 
-_SERVE_FLAGS = ("data_dir", "host", "mqtt_port", "mqtts_port", "ws_port", "kafka_port", "http_port")
+_SERVE_FLAGS = (
+    "data_dir",
+    "host",
+    "mqtt_port",
+    "mqtts_port",
+    "ws_port",
+    "wss_port",
+    "kafka_port",
+    "kafka_tls_port",
+    "http_port",
+    "core_secret_file",
+)
+_SECRET_HELP = "file holding the core link's shared secret (core_secret_file)"
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -63,10 +76,13 @@ def build_parser() -> argparse.ArgumentParser:
         ("mqtt-port", 1883),
         ("mqtts-port", 8883),
         ("ws-port", 8083),
+        ("wss-port", 8084),
         ("kafka-port", 9092),
+        ("kafka-tls-port", 9093),
         ("http-port", 8080),
     ):
         serve.add_argument(f"--{flag}", type=int, help=f"default {default}")
+    serve.add_argument("--core-secret-file", metavar="FILE", help=_SECRET_HELP)
     serve.add_argument(
         "--set",
         action="append",
@@ -92,8 +108,14 @@ def build_parser() -> argparse.ArgumentParser:
     proxy.add_argument("--core", required=True, help="core link address: host:port or unix:/path")
     proxy.add_argument("--proxy-id", default="mqtt-1", help="this proxy's id (default mqtt-1)")
     proxy.add_argument("--host", help="listen address (default 127.0.0.1)")
-    for flag, default in (("mqtt-port", 1883), ("mqtts-port", 8883), ("ws-port", 8083)):
+    for flag, default in (
+        ("mqtt-port", 1883),
+        ("mqtts-port", 8883),
+        ("ws-port", 8083),
+        ("wss-port", 8084),
+    ):
         proxy.add_argument(f"--{flag}", type=int, help=f"default {default}")
+    proxy.add_argument("--core-secret-file", metavar="FILE", help=_SECRET_HELP)
     proxy.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     proxy.add_argument("--config-json", help=argparse.SUPPRESS)  # serve passes its resolved config
     proxy.add_argument("--exit-with-parent", action="store_true", help=argparse.SUPPRESS)
@@ -153,6 +175,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             exit_with_parent()
         if ns.config_json:
             cfg = config_from_json(ns.config_json)
+            # serve hands its core_secret over in the environment, not in argv (lightgate/split.py)
+            cfg.core_secret = os.environ.get("LIGHTGATE_CORE_SECRET", "")
             setup_logging(cfg.log_format, cfg.log_level)
         tune_gc(cfg.gc_gen0)
         return _run(run_proxy(cfg, ns.core, ns.proxy_id))

@@ -87,13 +87,45 @@ class GatewayConfig:
         8883, "MQTT over TLS; only started when `tls_cert` and `tls_key` are set", **PORT
     )
     ws_port: int = key(8083, "MQTT over WebSocket, path `/mqtt`, subprotocol `mqtt`", **PORT)
+    wss_port: int = key(
+        8084,
+        "MQTT over WebSocket over TLS; only started when `tls_cert` and `tls_key` are set",
+        **PORT,
+    )
     kafka_port: int = key(9092, "Kafka wire protocol", **PORT)
+    kafka_tls_port: int = key(
+        9093,
+        "Kafka wire protocol over TLS (`security.protocol=SSL`); only started when `tls_cert` and "
+        "`tls_key` are set",
+        **PORT,
+    )
     http_port: int = key(8080, "HTTP: `/metrics` (Prometheus) and `/health`", **PORT)
     tls_cert: str = key(
-        "", "PEM certificate chain for MQTT/TLS (read at start)", allowed='a file path, or `""`'
+        "",
+        "PEM certificate chain of the TLS listeners (MQTT/TLS, WSS, Kafka/TLS, the core link with "
+        "`core_tls`; read at start)",
+        allowed='a file path, or `""`',
     )
     tls_key: str = key(
-        "", "PEM private key for MQTT/TLS (read at start)", allowed='a file path, or `""`'
+        "", "PEM private key of `tls_cert` (read at start)", allowed='a file path, or `""`'
+    )
+    tls_ca: str = key(
+        "",
+        "PEM CA certificates that sign client certificates: a client certificate presented on a "
+        "TLS listener is verified against them (a bad one fails the handshake). A proxy verifies "
+        "the core's certificate with them on a `core_tls` link",
+        allowed='a file path, or `""`',
+    )
+    tls_require_client_cert: bool = key(
+        False,
+        "TLS listeners refuse clients without a certificate signed by `tls_ca` (MQTT: CONNACK "
+        "0x05 / 0x87; Kafka and the core link: the TLS handshake fails). Plain listeners are "
+        "not affected: disable them (`-1`) for TLS only",
+    )
+    tls_identity_as_username: bool = key(
+        False,
+        "MQTT over TLS/WSS: the client certificate's CN is the user name (no password asked; "
+        "a client without a certificate is refused, 0x05 / 0x87). Needs `tls_ca`",
     )
 
     # Store (commitlog).
@@ -195,9 +227,26 @@ class GatewayConfig:
         '`""` = a Unix socket `DATA/core.sock`; `host:port` (TCP; port `0` picks one, printed as '
         "`core=` in the ready line) or `unix:/path`. With every MQTT listener of `serve` disabled "
         "and `core_listen` set, `serve` is a core only, for one `lightgate proxy --core HOST:PORT` "
-        "running elsewhere. The link has no authentication or encryption: bind it to a private "
-        "address",
+        "running elsewhere. A TCP link needs `core_secret`; `core_tls` encrypts it",
         allowed='`""`, `host:port`, `unix:/path`',
+    )
+    core_secret: str = key(
+        "",
+        "shared secret of the core link: both ends prove they know it (HMAC-SHA256 "
+        "challenge-response, never sent). Required when `core_listen` is TCP; better given as "
+        "`core_secret_file` or `LIGHTGATE_CORE_SECRET` than in the TOML file",
+        allowed='a string, or `""`',
+    )
+    core_secret_file: str = key(
+        "",
+        "a file whose content (trailing newline stripped) is `core_secret` (`--core-secret-file`)",
+        allowed='a file path, or `""`',
+    )
+    core_tls: bool = key(
+        False,
+        "a TCP core link uses TLS: the core presents `tls_cert` (and with "
+        "`tls_require_client_cert` asks the proxy for its own, signed by `tls_ca`); the proxy "
+        "verifies the core's certificate with `tls_ca` and the host name of `--core`",
     )
     recent_cache_bytes: int = key(
         64 << 20,
@@ -410,10 +459,17 @@ def _validate(cfg: GatewayConfig) -> None:
         k.check(getattr(cfg, name))
     if bool(cfg.tls_cert) != bool(cfg.tls_key):
         raise ConfigError("tls_cert and tls_key must be set together")
-    for name in ("tls_cert", "tls_key"):
+    for name in ("tls_cert", "tls_key", "tls_ca", "core_secret_file"):
         path = getattr(cfg, name)
         if path and not Path(path).is_file():
             raise ConfigError(f"{name}: no such file: {path}")
+    for name in ("tls_require_client_cert", "tls_identity_as_username"):
+        if getattr(cfg, name) and not cfg.tls_ca:
+            raise ConfigError(
+                f"{name} needs tls_ca: the CA certificates that sign client certificates"
+            )
+    if cfg.core_secret and cfg.core_secret_file:
+        raise ConfigError("core_secret and core_secret_file: set one, not both")
 
 
 def config_from_json(text: str) -> GatewayConfig:

@@ -37,15 +37,16 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from lightgate.config import GatewayConfig
+from lightgate.config import ConfigError, GatewayConfig
 from notify import Mailbox, frames
-from store.rpc import RpcPeer, RpcServer, connect
+from store.rpc import AUTH_FAILED, RpcError, RpcPeer, RpcServer, connect
 
 log = logging.getLogger("lightgate.split")
 
 HELLO, STATS = 64, 65  # proxy → core: its id (one-way); core → proxy: its counters (JSON)
 REGISTER, UNREGISTER, EVENTS = 66, 67, 68  # notify over the link (bodies as notify.frames)
 READY_PREFIX = "lightgate proxy ready"
+SECRET_ENV = "LIGHTGATE_CORE_SECRET"  # how `serve` hands the secret to its proxy child
 
 
 def core_address(cfg: GatewayConfig) -> str:
@@ -59,6 +60,50 @@ def core_address(cfg: GatewayConfig) -> str:
     return f"unix:\0lightgate-core-{os.getpid()}"
 
 
+def core_secret(cfg: GatewayConfig) -> bytes | None:
+    """`core_secret`, or the content of `core_secret_file` (trailing newline stripped)."""
+    if cfg.core_secret_file:
+        try:
+            text = Path(cfg.core_secret_file).read_text()
+        except (OSError, UnicodeError) as exc:
+            raise ConfigError(
+                f"core_secret_file {cfg.core_secret_file}: cannot read: {exc}"
+            ) from None
+        text = text.rstrip("\r\n")
+        if not text:
+            raise ConfigError(f"core_secret_file {cfg.core_secret_file}: is empty")
+        return text.encode()
+    return cfg.core_secret.encode() or None
+
+
+def core_link_security(cfg: GatewayConfig, *, server: bool, address: str = "") -> tuple[Any, Any]:
+    """(secret, TLS context) of the core link at `address` (the core's own: `core_address`).
+
+    A TCP link carries every message and reaches the store: it needs `core_secret`, and with
+    `core_tls` it is encrypted too. A Unix socket is guarded by its file permissions; a secret
+    configured is still checked there, TLS is not used."""
+    from lightgate.tls import core_client_context, server_context
+
+    address = address or core_address(cfg)
+    secret = core_secret(cfg)
+    if address.startswith("unix:"):
+        return secret, None
+    if secret is None:
+        end = "core_listen" if server else "--core"
+        raise ConfigError(
+            f"{end} {address} is a TCP core link: set core_secret (or core_secret_file, "
+            "--core-secret-file, LIGHTGATE_CORE_SECRET) to the same value on the core and "
+            "every proxy"
+        )
+    if not cfg.core_tls:
+        return secret, None
+    if server:
+        if not (cfg.tls_cert and cfg.tls_key):
+            raise ConfigError("core_tls needs tls_cert and tls_key on the core")
+        return secret, server_context(cfg)
+    return secret, core_client_context(cfg)
+
+
 class CoreLink:
     """The core's end: store + light queues on the link, notify routed over it, proxies by id.
 
@@ -67,7 +112,15 @@ class CoreLink:
     the proxy never asks the core for entries that were already on their way to it.
     """
 
-    def __init__(self, store: Any, queues: Any, notifier: Any) -> None:
+    def __init__(
+        self,
+        store: Any,
+        queues: Any,
+        notifier: Any,
+        *,
+        secret: bytes | None = None,
+        ssl_ctx: Any = None,
+    ) -> None:
         from lightqueue.remote import LightQueueService
         from store.remote import StoreService
 
@@ -82,7 +135,13 @@ class CoreLink:
             REGISTER: self._register,
             UNREGISTER: self._unregister,
         }
-        self.server = RpcServer(methods, on_connect=self._connected, on_lost=self._lost)
+        self.server = RpcServer(
+            methods,
+            on_connect=self._connected,
+            on_lost=self._lost,
+            secret=secret,
+            ssl_ctx=ssl_ctx,
+        )
 
     async def start(self, address: str) -> str:
         return await self.server.start(address)
@@ -222,7 +281,7 @@ def exit_with_parent() -> None:
 
 async def run_proxy(cfg: GatewayConfig, core: str, proxy_id: str) -> int:
     """`lightgate proxy`: MQTT listeners over a remote core until SIGTERM or the link drops."""
-    from lightgate.app import tls_context
+    from lightgate.tls import tls_context
     from lightqueue.remote import RemoteLightQueues
     from mqtt_proxy.server import MqttServer
     from mqtt_proxy.settings import ProxySettings
@@ -235,8 +294,13 @@ async def run_proxy(cfg: GatewayConfig, core: str, proxy_id: str) -> int:
         return json.dumps(server.stats() if server is not None else {}).encode()
 
     methods = {**rs.methods(), **rq.methods(), **notifier.methods(), STATS: stats}
+    secret, ssl_ctx = core_link_security(cfg, server=False, address=core)
     try:
-        peer = await connect(core, methods, name="core")
+        peer = await connect(core, methods, name="core", secret=secret, ssl_ctx=ssl_ctx)
+    except RpcError as exc:  # the handshake failed; a refusal was logged already (store.rpc)
+        if exc.code != AUTH_FAILED:
+            print(f"lightgate proxy: the core link to {core} failed: {exc}", file=sys.stderr)
+        return 1
     except (OSError, TimeoutError) as exc:
         print(f"lightgate proxy: cannot reach the core at {core}: {exc}", file=sys.stderr)
         return 1
@@ -256,6 +320,8 @@ async def run_proxy(cfg: GatewayConfig, core: str, proxy_id: str) -> int:
             endpoints["mqtts"] = await server.start_tls(cfg.host, cfg.mqtts_port, tls_context(cfg))
         if cfg.ws_port != -1:
             endpoints["ws"] = await server.start_ws(cfg.host, cfg.ws_port)
+        if cfg.tls_cert and cfg.wss_port != -1:
+            endpoints["wss"] = await server.start_ws(cfg.host, cfg.wss_port, tls_context(cfg))
     except OSError as exc:
         print(f"lightgate proxy: cannot start: {exc}", file=sys.stderr)
         await server.close()
@@ -299,8 +365,12 @@ class ProxySupervisor:
     def _args(self) -> list[str]:
         conf = asdict(self.cfg)
         conf.pop("extra", None)
+        conf.pop("core_secret", None)  # not in argv, where `ps` shows it: _child_env has it
+        conf["core_secret_file"] = ""
         conf["data_dir"] = str(Path(self.cfg.data_dir).resolve())
-        for name, key in (("mqtt", "mqtt_port"), ("mqtts", "mqtts_port"), ("ws", "ws_port")):
+        ports = (("mqtt", "mqtt_port"), ("mqtts", "mqtts_port"), ("ws", "ws_port"),
+                 ("wss", "wss_port"))  # fmt: skip
+        for name, key in ports:
             if name in self.endpoints:  # a restarted child binds the ports clients know
                 conf[key] = self.endpoints[name][1]
         return [
@@ -315,8 +385,16 @@ class ProxySupervisor:
         return self.endpoints
 
     async def _spawn(self, timeout: float) -> None:
+        env = dict(os.environ)
+        secret = core_secret(self.cfg)
+        env.pop(SECRET_ENV, None)
+        if secret is not None:
+            env[SECRET_ENV] = secret.decode()
         proc = await asyncio.create_subprocess_exec(
-            *self._args(), stdout=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL
+            *self._args(),
+            stdout=asyncio.subprocess.PIPE,
+            stdin=asyncio.subprocess.DEVNULL,
+            env=env,
         )
         self._proc = proc
         assert proc.stdout is not None

@@ -59,6 +59,7 @@ class MqttConnection(asyncio.Protocol):
         "session_overlap",
         "will_on_close",
         "remote",
+        "username",
         "disconnect_reason",
         "_loop",
         "connected",
@@ -87,6 +88,7 @@ class MqttConnection(asyncio.Protocol):
         self.session_overlap = False
         self.will_on_close = True
         self.remote = ""
+        self.username: str | None = None  # as CONNECT gave it, or the certificate's CN
         self.disconnect_reason = ""
         self.connected = False
         self._loop = server.loop

@@ -61,6 +61,28 @@ class Refuse(Exception):
         self.reason = reason
 
 
+def certificate_identity(conn: MqttConnection, required: bool, as_username: bool) -> str | None:
+    """On a TLS connection (mqtts, wss): the client certificate's CN when it is the user name
+    (`tls_identity_as_username`), else None. Refuses (0x87 / 0x05) a client without a verified
+    certificate when one is required, as INTERFACES.md says; plain listeners are not concerned.
+    The TLS layer already checked the certificate against `tls_ca` (lightgate/tls.py)."""
+    if not (required or as_username):
+        return None
+    tls = conn.transport.get_extra_info("ssl_object")
+    if tls is None:
+        return None
+    cert = tls.getpeercert()
+    if not cert:
+        why = "tls_identity_as_username" if as_username else "tls_require_client_cert"
+        raise Refuse(NOT_AUTHORIZED, f"no client certificate ({why})")
+    if not as_username:
+        return None
+    cn = next((v for rdn in cert.get("subject", ()) for k, v in rdn if k == "commonName"), None)
+    if not cn:
+        raise Refuse(NOT_AUTHORIZED, "the client certificate has no CN (tls_identity_as_username)")
+    return str(cn)
+
+
 def handle_connect(conn: MqttConnection, c: Connect) -> None:
     """Negotiate, authenticate, open or resume the session, CONNACK, resume delivery."""
     server = conn.server
@@ -82,11 +104,16 @@ def handle_connect(conn: MqttConnection, c: Connect) -> None:
             if not v5 and not c.clean_start:
                 raise Refuse(BAD_CLIENT_ID, "empty client id needs clean session [MQTT-3.1.3-8]")
             client_id = assigned = "lg-" + secrets.token_hex(8)
-        if not server.check_auth(client_id, c.username, c.password):
+        username, password = c.username, c.password
+        identity = certificate_identity(conn, s.tls_require_client_cert, s.tls_identity_as_username)
+        if identity is not None:  # tls_identity_as_username: the verified CN, no password
+            username, password = identity, None
+        elif not server.check_auth(client_id, username, password):
             raise Refuse(
-                BAD_CREDENTIALS if c.username is not None else NOT_AUTHORIZED,
+                BAD_CREDENTIALS if username is not None else NOT_AUTHORIZED,
                 "authentication failed",
             )
+        conn.username = username
         keepalive = c.keep_alive
         server_keepalive = None
         if v5:

@@ -9,6 +9,7 @@
     await server.start()                     # notify consumer, session restore, $SYS timer
     host, port = await server.start_tcp("127.0.0.1", 1883)
     await server.start_ws("127.0.0.1", 8083) ; await server.start_tls(host, 8883, ssl_ctx)
+    await server.start_ws(host, 8084, ssl_ctx)   # WSS
     ...
     await server.close()                     # stop accepting, flush, persist sessions
 
@@ -173,12 +174,16 @@ class MqttServer:
     async def start_tls(self, host: str, port: int, ssl_ctx: ssl.SSLContext) -> tuple[str, int]:
         return await self._listen(self._make_conn, host, port, ssl_ctx)
 
-    async def start_ws(self, host: str, port: int) -> tuple[str, int]:
+    async def start_ws(
+        self, host: str, port: int, ssl_ctx: ssl.SSLContext | None = None
+    ) -> tuple[str, int]:
+        """MQTT over WebSocket; over TLS (WSS) with `ssl_ctx`."""
         s, bad = self.settings, self.bad_clients
         return await self._listen(
             lambda: WebSocketProtocol(self._make_conn, s.ws_path, s.connect_timeout_s, bad.bad),
             host,
             port,
+            ssl_ctx,
         )
 
     async def close(self) -> None:

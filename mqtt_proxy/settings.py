@@ -21,6 +21,9 @@ class ProxySettings:
     max_replay_depth_ms: int = 7 * 24 * 3600 * 1000
     sys_interval_s: int = 10
     allow_anonymous: bool = True
+    # TLS connections (mqtts, wss): a client certificate must be presented; its CN is the user.
+    tls_require_client_cert: bool = False
+    tls_identity_as_username: bool = False
     recent_cache_bytes: int = 64 << 20
     # Not in the gateway config (yet): internal knobs with sensible defaults.
     max_topic_alias: int = 64

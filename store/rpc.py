@@ -15,6 +15,8 @@ Wire format, sans-IO below (`encode_frame`, `FrameDecoder`), asyncio above (`Rpc
     REPLY  body = the method's answer
     ERROR  body = code u16 | UTF-8 message
     PING   empty; sent every `heartbeat` s while idle, a peer silent for 3 intervals is dropped
+    AUTH   the handshake (store.link_auth), step in the method field; before it completes only
+           AUTH, PING and an ERROR with call id 0 (the core refusing the link) are accepted
 
 Method numbers: 1-31 store (store.remote), 32-63 light queues (lightqueue.remote), 64-95 the
 wiring (lightgate: hello, proxy stats). A CALL to an unknown method gets ERROR `NO_SUCH_METHOD`;
@@ -29,15 +31,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import struct
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from store.link_auth import AuthFailed, LinkAuth
+
 log = logging.getLogger("lightgate.rpc")
 _asyncio_Future = asyncio.Future
 
-CALL, SEND, REPLY, ERROR, PING = 1, 2, 3, 4, 5
+CALL, SEND, REPLY, ERROR, PING, AUTH = 1, 2, 3, 4, 5, 6
 HEAD = struct.Struct(">IBIH")  # length, kind, call id, method
 HEAD_SIZE = HEAD.size  # 11
 _LEN = struct.Struct(">I")
@@ -45,7 +50,9 @@ _ERR = struct.Struct(">H")
 MAX_FRAME = 256 << 20
 
 # ERROR codes (u16). Methods may define their own from 100 up.
-INTERNAL, NO_SUCH_METHOD, BAD_REQUEST, CLOSED = 1, 2, 3, 4
+INTERNAL, NO_SUCH_METHOD, BAD_REQUEST, CLOSED, AUTH_FAILED = 1, 2, 3, 4, 5
+AUTH_TIMEOUT = 10.0  # s for a new link to complete its handshake
+PRE_AUTH_MAX_FRAME = 1024  # the handshake's frames are under 100 bytes
 
 
 class RpcError(Exception):
@@ -100,7 +107,7 @@ class FrameDecoder:
             length, kind, call_id, method = unpack(buf, pos)
             if length < 7 or length > self.max_frame:
                 raise FrameError(f"frame length {length} outside 7..{self.max_frame}")
-            if not CALL <= kind <= PING:
+            if not CALL <= kind <= AUTH:
                 raise FrameError(f"unknown frame kind {kind}")
             end = pos + 4 + length
             if end > n:
@@ -139,10 +146,17 @@ class RpcPeer(asyncio.Protocol):
         heartbeat: float = 2.0,
         max_frame: int = MAX_FRAME,
         on_lost: Callable[[RpcPeer, Exception | None], None] | None = None,
+        auth: LinkAuth | None = None,
+        on_ready: Callable[[RpcPeer], None] | None = None,
     ) -> None:
+        """`auth`: this end of the handshake (None: none, both ends must agree); `on_ready`
+        runs when it completes, and `ready` is done then (failed if the link ends first)."""
         self.methods = methods
         self.name = name
-        self._decoder = FrameDecoder(max_frame)
+        # Until a stranger has proved the secret it may not make the core buffer a big frame.
+        pre_auth = auth is not None and auth.role == "core"
+        self._decoder = FrameDecoder(PRE_AUTH_MAX_FRAME if pre_auth else max_frame)
+        self._max_frame = max_frame
         self._heartbeat = heartbeat
         self._on_lost = on_lost
         self.transport: asyncio.Transport | None = None
@@ -157,13 +171,25 @@ class RpcPeer(asyncio.Protocol):
         self.paused = False
         self.closed: asyncio.Future[None] = self._loop.create_future()
         self.state: dict[str, Any] = {}  # what the application keeps per link (holds, proxy id)
+        self._auth = auth
+        self._on_ready = on_ready
+        self.ready: asyncio.Future[None] = self._loop.create_future()
+        self.remote = ""  # the peer's address, for log lines
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's are not subclasses
         transport.set_write_buffer_limits(high=4 << 20)  # type: ignore[attr-defined]
+        peer = transport.get_extra_info("peername")
+        self.remote = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else "a local socket"
         if self._heartbeat:
             self._timer = self._loop.call_later(self._heartbeat, self._tick)
+        if self._auth is None:
+            self._authenticated()
+            return
+        self._loop.call_later(AUTH_TIMEOUT, self._auth_timed_out)
+        for step, body in self._auth.start():
+            transport.write(encode_frame(AUTH, 0, step, body))  # type: ignore[attr-defined]
 
     def data_received(self, data: bytes) -> None:
         self._last_rx = time.monotonic()
@@ -173,6 +199,8 @@ class RpcPeer(asyncio.Protocol):
             log.warning("rpc link %s: %s; closing", self.name, exc)
             self.abort()
             return
+        if self._auth is not None:  # the handshake; the frames after it are served below
+            frames = self._handshake(frames)
         for kind, call_id, method, body in frames:
             if kind in (REPLY, ERROR):
                 fut = self._calls.pop(call_id, None)
@@ -190,6 +218,63 @@ class RpcPeer(asyncio.Protocol):
                         fut.set_exception(parse_error(body))
             elif kind in (CALL, SEND):
                 self._dispatch(kind, call_id, method, body)
+
+    # -- the handshake (store.link_auth) ------------------------------------------------------
+    def _handshake(self, frames: list[tuple[int, int, int, bytes]]) -> list[Any]:
+        """Feed the leading frames to the handshake; the rest once it is done, else []."""
+        auth = self._auth
+        assert auth is not None
+        for i, (kind, call_id, method, body) in enumerate(frames):
+            if kind == PING:
+                continue
+            try:
+                if kind == AUTH:
+                    replies = auth.receive(method, body)
+                elif kind == ERROR and call_id == 0:  # the core refused us and says why
+                    self._auth_failed(parse_error(body), refused_by_peer=True)
+                    return []
+                else:
+                    raise AuthFailed("a request before the handshake")
+            except AuthFailed as exc:
+                self._auth_failed(RpcError(AUTH_FAILED, str(exc)))
+                return []
+            for step, reply in replies:
+                self._write(encode_frame(AUTH, 0, step, reply))
+            if auth.done:
+                self._auth = None
+                self._decoder.max_frame = self._max_frame
+                self._authenticated()
+                return frames[i + 1 :]
+        return []
+
+    def _authenticated(self) -> None:
+        if not self.ready.done():
+            self.ready.set_result(None)
+        if self._on_ready is not None:
+            self._on_ready(self)
+
+    def _auth_failed(self, err: RpcError, refused_by_peer: bool = False) -> None:
+        """One log line on each end: the core names the proxy's address, the proxy the core's
+        answer; the core tells the proxy why before it closes."""
+        if self._auth is None or self.transport is None:
+            return
+        role = self._auth.role
+        self._auth = None
+        if refused_by_peer:
+            log.error("core link to %s refused by the core: %s", self.remote, err)
+        elif role == "core":
+            log.warning("core link from %s refused: %s", self.remote, err)
+            self.transport.write(encode_frame(ERROR, 0, 0, error_body(AUTH_FAILED, str(err))))
+        else:
+            log.error("core link to %s refused: %s", self.remote, err)
+        if not self.ready.done():
+            self.ready.set_exception(err)
+            self.ready.exception()  # retrieved: connect() may not be waiting any more
+        self.close()
+
+    def _auth_timed_out(self) -> None:
+        if self._auth is not None and self.transport is not None:
+            self._auth_failed(RpcError(AUTH_FAILED, f"no handshake within {AUTH_TIMEOUT:g} s"))
 
     def _dispatch(self, kind: int, call_id: int, method: int, body: bytes) -> None:
         handler = self.methods.get(method)
@@ -253,6 +338,13 @@ class RpcPeer(asyncio.Protocol):
             elif not fut.done():
                 fut.set_exception(RpcError(CLOSED, f"link {self.name} closed"))
         self._out.clear()
+        if not self.ready.done():
+            why = (
+                f"link {self.name} closed during its handshake (TLS on one end only, or a "
+                "certificate the other end refused?)"
+            )
+            self.ready.set_exception(RpcError(CLOSED, why))
+            self.ready.exception()
         if not self.closed.done():
             self.closed.set_result(None)
         if self._on_lost is not None:
@@ -362,7 +454,12 @@ def parse_address(address: str) -> tuple[str, str | int]:
 
 
 class RpcServer:
-    """Accepts links on a TCP port or a Unix socket; every link is an `RpcPeer` on `methods`."""
+    """Accepts links on a TCP port or a Unix socket; every link is an `RpcPeer` on `methods`.
+
+    Every link starts with the handshake (store.link_auth) against `secret` (None: the peer
+    must have none either); `on_connect` runs once it succeeds, and `on_lost` only for links
+    that got that far. `ssl_ctx` puts TCP links under TLS.
+    """
 
     def __init__(
         self,
@@ -371,25 +468,39 @@ class RpcServer:
         on_connect: Callable[[RpcPeer], None] | None = None,
         on_lost: Callable[[RpcPeer, Exception | None], None] | None = None,
         heartbeat: float = 2.0,
+        secret: bytes | None = None,
+        ssl_ctx: ssl.SSLContext | None = None,
     ) -> None:
         self.methods = methods
         self._on_connect = on_connect
         self._on_lost = on_lost
         self._heartbeat = heartbeat
+        self._secret = secret
+        self._ssl = ssl_ctx
         self._server: asyncio.AbstractServer | None = None
         self.peers: set[RpcPeer] = set()
         self.address = ""
 
     def _make(self) -> RpcPeer:
-        peer = RpcPeer(self.methods, name="server", heartbeat=self._heartbeat, on_lost=self._lost)
+        peer = RpcPeer(
+            self.methods,
+            name="server",
+            heartbeat=self._heartbeat,
+            on_lost=self._lost,
+            auth=LinkAuth("core", self._secret),
+            on_ready=self._ready,
+        )
         self.peers.add(peer)
+        return peer
+
+    def _ready(self, peer: RpcPeer) -> None:
+        peer.state["_joined"] = True
         if self._on_connect is not None:
             self._on_connect(peer)
-        return peer
 
     def _lost(self, peer: RpcPeer, exc: Exception | None) -> None:
         self.peers.discard(peer)
-        if self._on_lost is not None:
+        if self._on_lost is not None and peer.state.get("_joined"):
             self._on_lost(peer, exc)
 
     async def start(self, address: str) -> str:
@@ -405,7 +516,9 @@ class RpcServer:
             self._server = await loop.create_unix_server(self._make, path)
             self.address = f"unix:{path}"
         else:
-            self._server = await loop.create_server(self._make, host, int(port), reuse_address=True)
+            self._server = await loop.create_server(
+                self._make, host, int(port), reuse_address=True, ssl=self._ssl
+            )
             sock = self._server.sockets[0].getsockname()
             self.address = f"{sock[0]}:{sock[1]}"
         return self.address
@@ -431,19 +544,30 @@ async def connect(
     heartbeat: float = 2.0,
     on_lost: Callable[[RpcPeer, Exception | None], None] | None = None,
     timeout: float = 10.0,
+    secret: bytes | None = None,
+    ssl_ctx: ssl.SSLContext | None = None,
 ) -> RpcPeer:
-    """Open a link to an `RpcServer`."""
+    """Open a link to an `RpcServer` and complete the handshake with `secret`; RpcError
+    AUTH_FAILED when either end refuses the other (the message says why). `ssl_ctx`: TLS on
+    a TCP link, the server's certificate checked against the host name of `address`."""
     loop = asyncio.get_running_loop()
     host, port = parse_address(address)
 
     def make() -> RpcPeer:
-        return RpcPeer(methods, name=name, heartbeat=heartbeat, on_lost=on_lost)
+        return RpcPeer(
+            methods, name=name, heartbeat=heartbeat, on_lost=on_lost, auth=LinkAuth("proxy", secret)
+        )
 
     if host == "unix":
         coro = loop.create_unix_connection(make, str(port))
     else:
-        coro = loop.create_connection(make, host, int(port))
+        coro = loop.create_connection(make, host, int(port), ssl=ssl_ctx)
     _, peer = await asyncio.wait_for(coro, timeout)
+    try:
+        await asyncio.wait_for(asyncio.shield(peer.ready), timeout)
+    except BaseException:
+        peer.abort()
+        raise
     return peer
 
 

@@ -36,9 +36,15 @@ SKIP = {
     "proxy against a core is tests/test_mqtt_split.py",
     "cd notebooks && ": "the notebook run is tests/test_spark_notebook.py (Spark, a minute); here "
     "only that jupyter-execute is installed is checked",
+    "mosquitto_sub -h gateway.example": "a TLS gateway on a named host; the same client flags "
+    "against a test CA are tests/test_tls.py",
+    "mosquitto_pub -h gateway.example": "as above, tests/test_tls.py",
+    "kcat -b gateway.example": "as above, tests/test_tls.py",
+    ".venv/bin/lightgate proxy --core gateway.example:7070": "needs a core on another host; "
+    "the same proxy over core_tls is tests/test_core_secret.py",
 }
 
-PORTS = ("MQTT", "WS", "KAFKA", "HTTP")
+PORTS = ("MQTT", "MQTTS", "WS", "WSS", "KAFKA", "KAFKA_TLS", "HTTP")
 
 
 def snippet_lines() -> list[tuple[str, str]]:

@@ -117,17 +117,20 @@ def test_core_killed_takes_the_proxy_along_and_keeps_acknowledged(tmp_path: Path
 def test_standalone_proxy_against_a_core_only_serve(tmp_path: Path) -> None:
     """`serve` with its MQTT listeners off and `core_listen` on TCP is a core; `lightgate proxy`
     in another process serves MQTT from it, and Kafka clients of the core see the messages."""
+    secret = tmp_path / "core.secret"
+    secret.write_text("shared by the core and its proxies\n")
     core = GatewayProcess(
         tmp_path / "data",
-        ["--mqtt-port", "-1", "--ws-port", "-1", "--set", "core_listen=127.0.0.1:0"],
-    ).start()
+        ["--mqtt-port", "-1", "--ws-port", "-1", "--set", "core_listen=127.0.0.1:0",
+         "--core-secret-file", str(secret)],
+    ).start()  # fmt: skip
     proc = None
     try:
         assert "mqtt" not in core.endpoints and "core" in core.endpoints
         args = [
             sys.executable, "-m", "lightgate", "proxy", "--core",
             f"127.0.0.1:{core.port('core')}", "--mqtt-port", "0", "--ws-port", "-1",
-            "--mqtts-port", "-1", "--proxy-id", "edge-1",
+            "--mqtts-port", "-1", "--proxy-id", "edge-1", "--core-secret-file", str(secret),
         ]  # fmt: skip
         proc = subprocess.Popen(
             args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,

@@ -353,7 +353,8 @@ async def describe_cluster(b: Broker, req: Request, conn: ConnInfo) -> Any:
     mod = response_module(60, req.api_version)
     node = b.config.node_id
     host = b.config.advertised_host or conn.local_host
-    broker = build(mod.DescribeClusterBroker, broker_id=node, host=host, port=b.port, rack=None,
+    port = conn.local_port or b.port  # the listener the client came in on (plaintext or TLS)
+    broker = build(mod.DescribeClusterBroker, broker_id=node, host=host, port=port, rack=None,
                    is_fenced=False)  # fmt: skip
     return build(mod.DescribeClusterResponse, throttle_time=0, error_code=E.none,
                  error_message=None, endpoint_type=1, cluster_id=b.config.cluster_id,

@@ -33,10 +33,11 @@ async def find_coordinator(b: Broker, req: Request, conn: ConnInfo) -> Any:
     mod = response_module(10, v)
     key_type = getattr(body, "key_type", GROUP_KEY)
     node, host = b.config.node_id, b.config.advertised_host or conn.local_host
+    port = conn.local_port or b.port  # the listener the client came in on (plaintext or TLS)
 
     def answer(key: str) -> dict[str, Any]:
         if key_type == GROUP_KEY:
-            return dict(key=key, node_id=node, host=host, port=b.port, error_code=E.none,
+            return dict(key=key, node_id=node, host=host, port=port, error_code=E.none,
                         error_message=None)  # fmt: skip
         error = (
             E.transactional_id_authorization_failed if key_type == TXN_KEY else E.invalid_request

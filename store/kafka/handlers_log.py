@@ -66,6 +66,11 @@ def _host(b: Broker, conn: ConnInfo) -> str:
     return b.config.advertised_host or conn.local_host
 
 
+def _port(b: Broker, conn: ConnInfo) -> int:
+    """The listener the client came in on (plaintext or TLS): Kafka advertises per listener."""
+    return conn.local_port or b.port
+
+
 async def metadata(b: Broker, req: Request, conn: ConnInfo) -> Any:
     body, v = req.body, req.api_version
     mod = response_module(3, v)
@@ -108,8 +113,8 @@ async def metadata(b: Broker, req: Request, conn: ConnInfo) -> Any:
                 topic_authorized_operations=_TOPIC_OPS if want_ops else INT32_MIN,
             )  # fmt: skip
         )
-    broker = build(mod.MetadataResponseBroker, node_id=node, host=_host(b, conn), port=b.port,
-                   rack=None)  # fmt: skip
+    broker = build(mod.MetadataResponseBroker, node_id=node, host=_host(b, conn),
+                   port=_port(b, conn), rack=None)  # fmt: skip
     return build(mod.MetadataResponse, throttle_time=0, brokers=(broker,),
                  cluster_id=b.config.cluster_id, controller_id=node, topics=tuple(topics),
                  cluster_authorized_operations=INT32_MIN)  # fmt: skip

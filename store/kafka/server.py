@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from collections import deque
 from pathlib import Path
 from typing import Any, cast
@@ -62,35 +63,56 @@ class KafkaServer:
         if state_dir is None:
             state_dir = Path(store.data_dir) / "kafka"
         self.broker = Broker(store, self.config, state_dir)
-        self._server: asyncio.Server | None = None
+        self.tls_port = -1
+        self._tls: ssl.SSLContext | None = None
+        self._servers: list[asyncio.Server] = []
         self._connections: set[_Connection] = set()
 
+    def add_tls_listener(self, port: int, ssl_ctx: ssl.SSLContext) -> None:
+        """Also listen with TLS on `port` (before `start`): the same broker, the same requests.
+        Metadata answers each client with the port it came in on (`ConnInfo.local_port`), so a
+        TLS client is sent back to the TLS listener, as Kafka does per listener."""
+        self.tls_port, self._tls = port, ssl_ctx
+
     async def start(self) -> None:
+        """Listen on `port` (-1: no plaintext listener) and the TLS listener, if any."""
         loop = asyncio.get_running_loop()
         await self.broker.start()
         try:
-            self._server = await loop.create_server(
-                lambda: _Connection(self), self.host, self.port, reuse_address=True
-            )
+            for port, ctx in ((self.port, None), (self.tls_port, self._tls)):
+                if port == -1:
+                    continue
+                srv = await loop.create_server(
+                    lambda: _Connection(self), self.host, port, ssl=ctx, reuse_address=True
+                )
+                self._servers.append(srv)
+                bound = srv.sockets[0].getsockname()[1]
+                if ctx is None:
+                    self.port = bound
+                else:
+                    self.tls_port = bound
+                log.info("kafka listener up", extra={"host": self.host, "port": bound,
+                                                     "tls": ctx is not None})  # fmt: skip
         except BaseException:
+            for srv in self._servers:
+                srv.close()
+            self._servers.clear()
             await self.broker.close()
             raise
-        self.port = self._server.sockets[0].getsockname()[1]
-        self.broker.port = self.port
-        log.info("kafka listener up", extra={"host": self.host, "port": self.port})
+        self.broker.port = self.port if self.port != -1 else self.tls_port
 
     async def close(self) -> None:
         """Stop accepting, drop connections (pending requests are cancelled), persist state.
 
         Close this before the store: it snapshots producer state read from the store.
         """
-        if self._server is not None:
-            self._server.close()
+        for srv in self._servers:
+            srv.close()
         for conn in list(self._connections):
             conn.abort("server closing")
-        if self._server is not None:
-            await self._server.wait_closed()
-            self._server = None
+        for srv in self._servers:
+            await srv.wait_closed()
+        self._servers.clear()
         await self.broker.close()
 
     def stats(self) -> dict[str, int]:
