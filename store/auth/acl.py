@@ -182,6 +182,15 @@ class ClientAcl:
                 return True
         return False
 
+    def reads_all(self, filt: str) -> bool:
+        """True iff every topic `filt` matches is readable: delivery then needs no per-message check."""
+        if self.allow_all:
+            return True
+        want = _levels(filt)
+        if any(intersect(d, want) is not None for d in self._deny.all):
+            return False
+        return any(covers(rule, want) for rule in self._read.all)
+
     def covers_subtree(self, prefix: str, access: str) -> bool:
         if self.allow_all:
             return True
