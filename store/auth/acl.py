@@ -121,7 +121,8 @@ def covers(outer: Levels, inner: Levels) -> bool:
             return False
         x, y = outer[i], inner[i]
         if y == "#":
-            return False
+            # Only "+/#" covers "#" (a topic has at least one level: "+/#" matches "a" too).
+            return i == 0 and x == "+" and outer[1:] == ("#",)
         if x == "+":
             if i == 0 and y[:1] == "$":
                 return False
