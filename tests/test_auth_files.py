@@ -8,7 +8,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 import shutil
-import statistics
 import subprocess
 import time
 from pathlib import Path
@@ -95,11 +94,11 @@ def test_missing_user_costs_a_hash() -> None:
 
     def timed(user: str) -> float:
         runs = []
-        for _ in range(7):
+        for _ in range(9):
             t = time.perf_counter()
             pw.check(user, "wrong")
             runs.append(time.perf_counter() - t)
-        return statistics.median(runs)
+        return min(runs)  # the least disturbed run: other processes share the machine
 
     wrong, missing = timed("alice"), timed("nobody")
     assert 0.4 < missing / wrong < 2.5, (wrong, missing)
