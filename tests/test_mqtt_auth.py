@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from gateway_process import ROOT, GatewayProcess
-from mqtt_helpers import V5, V311, Client
+from mqtt_helpers import V5, V311, Client, raw, read_packets
 
 MOSQ = shutil.which("mosquitto_pub") is not None
 needs_mosquitto = pytest.mark.skipif(not MOSQ, reason="mosquitto clients not installed")
@@ -136,6 +136,33 @@ def test_connect_refusals_mosquitto(gw: GatewayProcess) -> None:
     assert v5.returncode != 0 and "bad user name or password" in v5.stderr.lower()  # 0x86
     ok = mosquitto("mosquitto_pub", port, "-u", "alice", "-P", "alicepw", *args)
     assert ok.returncode == 0, ok.stderr
+
+
+def _s(text: str) -> bytes:
+    return len(text).to_bytes(2, "big") + text.encode()
+
+
+def test_packets_behind_connect_wait_for_the_password_check(gw: GatewayProcess) -> None:
+    """The password is hashed off the event loop: a PUBLISH sent in the same write as CONNECT
+    waits for the verdict, then is handled (or dropped with the refused connection)."""
+    admin = user(gw, "admin", "pipe-admin", V5)
+    admin.subscribe("room/pipe", 1)
+    for password, want in (("alicepw", b"\x20\x02\x00\x00"), ("bad", b"\x20\x02\x00\x04")):
+        body = b"\x00\x04MQTT\x04\xc2\x00\x3c" + _s("pipe") + _s("alice") + _s(password)
+        connect = bytes([0x10, len(body)]) + body
+        pub_body = _s("room/pipe") + b"\x00\x01" + password.encode()
+        publish = bytes([0x32, len(pub_body)]) + pub_body
+        s = raw(gw.port("mqtt"))
+        s.sendall(connect + publish)
+        if want.endswith(b"\x00"):
+            assert read_packets(s, 2) == [want, b"\x40\x02\x00\x01"]  # CONNACK, PUBACK
+        else:
+            assert read_packets(s, 1) == [want]
+            assert s.recv(10) == b""  # closed; the PUBLISH behind it went nowhere
+        s.close()
+    assert [m.payload for m in admin.expect(1)] == [b"alicepw"]
+    admin.expect_none(0.5)
+    admin.disconnect()
 
 
 # -- SUBSCRIBE and PUBLISH -----------------------------------------------------------------------
