@@ -34,6 +34,12 @@ SKIP = {
     ".venv/bin/python bench/": "benchmarks take minutes; they are run by hand for bench/RESULTS.md",
     ".venv/bin/lightgate proxy --core core-host:7070": "needs a core on another host; the same "
     "proxy against a core is tests/test_mqtt_split.py",
+    "kill -HUP ": "needs the pid of a gateway started by hand; the SIGHUP reload (both "
+    "shapes) is tests/test_mqtt_auth.py",
+    "mosquitto_sub -h gateway.example": "a gateway with users on another host; the same "
+    "commands against a local one are tests/test_mqtt_auth.py",
+    "mosquitto_pub -h gateway.example": "a gateway with users on another host; the same "
+    "commands against a local one are tests/test_mqtt_auth.py",
     "cd notebooks && ": "the notebook run is tests/test_spark_notebook.py (Spark, a minute); here "
     "only that jupyter-execute is installed is checked",
 }
