@@ -246,6 +246,30 @@ def test_denied_topics_filtered_live_retained_and_replayed(gw: GatewayProcess) -
         c.disconnect()
 
 
+def test_shared_group_skips_what_no_member_may_read(gw: GatewayProcess) -> None:
+    """`$share/g/hist/#` overlaps a deny: the group hands out the readable messages and passes
+    over the denied ones (no member may read them) instead of stalling on them."""
+    admin = user(gw, "admin", "sh-admin", V5)
+    members = [user(gw, "alice", f"sh-{i}", V5) for i in range(2)]
+    for m in members:
+        assert sub_codes(m.subscribe("$share/g/hist/#", 1)) == [1]
+    for i in range(4):
+        admin.publish(f"hist/secret/s{i}", b"secret", 1)
+        admin.publish(f"hist/open/s{i}", f"open-{i}".encode(), 1)
+    got: list[bytes] = []
+    deadline = time.monotonic() + 10
+    while len(got) < 4 and time.monotonic() < deadline:
+        for m in members:
+            while not m.messages.empty():
+                got.append(m.messages.get().payload)
+        time.sleep(0.05)
+    assert sorted(got) == [b"open-0", b"open-1", b"open-2", b"open-3"]
+    for m in members:
+        m.expect_none(0.3)
+    for c in (admin, *members):
+        c.disconnect()
+
+
 @needs_mosquitto
 def test_patterns_with_mosquitto_clients(gw: GatewayProcess) -> None:
     """`pattern readwrite dev/%u/%c/#`: each device writes and reads its own branch only."""
