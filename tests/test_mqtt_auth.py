@@ -430,3 +430,16 @@ def _mosquitto_accepts(conf: Path, path: Path) -> None:
     finally:
         broker.terminate()
         broker.wait(10)
+
+
+def test_serve_refuses_a_bad_acl_file(tmp_path: Path) -> None:
+    acl = tmp_path / "acl"
+    acl.write_text("user alice\ntopic wrte room/#\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "lightgate", "serve", "--data-dir", str(tmp_path / "data"),
+         "--mqtt-port", "0", "--ws-port", "-1", "--kafka-port", "-1", "--http-port", "-1",
+         "--set", f"acl_file={acl}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert f"lightgate: {acl}:2: unknown access 'wrte'" in proc.stderr
