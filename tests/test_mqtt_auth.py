@@ -377,14 +377,6 @@ def test_non_loopback_gateway_refuses_anonymous(tmp_path: Path) -> None:
         g.stop()
 
 
-def test_loopback_gateway_allows_anonymous(gw: GatewayProcess, tmp_path: Path) -> None:
-    g = GatewayProcess(tmp_path / "data", ["--kafka-port", "-1", "--ws-port", "-1"]).start()
-    try:
-        Client(g.port("mqtt"), "anon", V5).connect().disconnect()
-    finally:
-        g.stop()
-
-
 # -- lightgate passwd -----------------------------------------------------------------------------
 def test_passwd_cli(tmp_path: Path) -> None:
     path = tmp_path / "pw"
