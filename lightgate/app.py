@@ -8,6 +8,7 @@ dispatcher, then flush and fsync the store.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import signal
 import socket
@@ -20,6 +21,7 @@ from lightgate.config import ConfigError, GatewayConfig
 from lightgate.http import HttpServer
 from lightgate.tls import check_tls_files, server_context, tls_context
 from store import Store, StoreConfig, StoreLockedError
+from store.auth import AuthFileError, Security
 
 log = logging.getLogger("lightgate")
 
@@ -34,6 +36,9 @@ class Gateway:
         self.endpoints: dict[str, tuple[str, int]] = {}
         self._closers: list[Any] = []
         self._stats_sources: list[tuple[str, Any]] = []  # (metric prefix, source)
+        # Users and rights, shared by the MQTT and Kafka servers, reloaded in place on SIGHUP.
+        self.security: Security = build_security(cfg)
+        self._proxy: Any = None  # the ProxySupervisor when MQTT runs in a child process
 
     async def start(self) -> None:
         cfg = self.cfg
@@ -83,7 +88,9 @@ class Gateway:
         if cfg.mqtt_processes > 0:
             await self._start_proxy_process(queues, notifier)
             return
-        mqtt = MqttServer(self.store, queues, notifier, ProxySettings.from_config(cfg))
+        mqtt = MqttServer(
+            self.store, queues, notifier, ProxySettings.from_config(cfg), security=self.security
+        )
         await mqtt.start()
         self._closers.append(mqtt)
         self._stats_sources.append(("mqtt_", mqtt))
@@ -130,6 +137,7 @@ class Gateway:
             if address.startswith(wildcard):  # the child is local; with core_tls the core's
                 address = loopback + address[len(wildcard) :]  # certificate must name this
         supervisor = ProxySupervisor(self.cfg, address)
+        self._proxy = supervisor
         self._closers.append(supervisor)
         self.endpoints.update(await supervisor.start())
 
@@ -157,6 +165,14 @@ class Gateway:
             self.endpoints["kafka"] = (cfg.host, kafka.port)
         if kafka.tls_port != -1:
             self.endpoints["kafka_tls"] = (cfg.host, kafka.tls_port)
+
+    def reload(self) -> bool:
+        """SIGHUP: re-read password_file and acl_file; the MQTT proxy child re-reads them too
+        (each process loads the files itself). A file that does not parse keeps the old rules."""
+        ok = reload_security(self.security)
+        if self._proxy is not None:
+            self._proxy.reload()
+        return ok
 
     def ready_line(self) -> str:
         order = ("mqtt", "mqtts", "ws", "wss", "kafka", "kafka_tls", "http", "notify", "core")
@@ -210,6 +226,54 @@ def has_mqtt_listeners(cfg: GatewayConfig) -> bool:
     )
 
 
+def allow_anonymous(cfg: GatewayConfig) -> bool:
+    """`allow_anonymous`: `auto` is true only for a gateway reachable from this host alone (every
+    listener binds `host`, which must resolve to loopback addresses only) with no password file."""
+    if cfg.allow_anonymous != "auto":
+        return cfg.allow_anonymous == "true"
+    if cfg.password_file:
+        return False
+    return is_loopback(cfg.host)
+
+
+def is_loopback(host: str) -> bool:
+    if host in ("", "0.0.0.0", "::"):
+        return False
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError):
+        return False
+    return bool(infos) and all(ipaddress.ip_address(i[4][0]).is_loopback for i in infos)
+
+
+def build_security(cfg: GatewayConfig) -> Security:
+    """The Security of this config; a file that does not parse is a ConfigError (path:line)."""
+    try:
+        return Security.load(
+            password_file=cfg.password_file,
+            acl_file=cfg.acl_file,
+            allow_anonymous=allow_anonymous(cfg),
+        )
+    except AuthFileError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def reload_security(security: Security) -> bool:
+    """Reload both files; one log line per outcome (the error names path:line)."""
+    errors = security.reload()
+    for error in errors:
+        log.error("reload refused, the previous users and ACL stay: %s", error)
+    if not errors:
+        log.info(
+            "users and ACL reloaded",
+            extra={
+                "users": len(security.passwords) if security.passwords is not None else 0,
+                "acl_rules": security.acl.rule_count(),
+            },
+        )
+    return not errors
+
+
 def check_data_dir(cfg: GatewayConfig, must_exist: bool = False) -> None:
     """A data dir that is a file (or under one) fails with the path named, not `[Errno 17]`."""
     path = cfg.data_path
@@ -240,7 +304,13 @@ def preflight(cfg: GatewayConfig) -> None:
 
 
 async def serve(cfg: GatewayConfig) -> int:
-    gateway = Gateway(cfg)
+    try:
+        gateway = Gateway(cfg)
+    except ConfigError as exc:
+        print(f"lightgate: {exc}", file=sys.stderr)
+        return 2
+    # As Mosquitto: SIGHUP reloads the users and ACL, never stops the gateway (even while starting).
+    asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, gateway.reload)
     try:
         preflight(cfg)
         await gateway.start()

@@ -281,6 +281,8 @@ def exit_with_parent() -> None:
 
 async def run_proxy(cfg: GatewayConfig, core: str, proxy_id: str) -> int:
     """`lightgate proxy`: MQTT listeners over a remote core until SIGTERM or the link drops."""
+    from lightgate.app import build_security, reload_security
+    from lightgate.config import ConfigError
     from lightgate.tls import tls_context
     from lightqueue.remote import RemoteLightQueues
     from mqtt_proxy.server import MqttServer
@@ -308,8 +310,22 @@ async def run_proxy(cfg: GatewayConfig, core: str, proxy_id: str) -> int:
     for part in (rs, rq, notifier):
         part.attach(peer)
     await rs.start()
+    try:
+        security = build_security(cfg)
+    except ConfigError as exc:
+        print(f"lightgate proxy: {exc}", file=sys.stderr)
+        peer.close()
+        return 2
+    # Each process reads the files itself: `serve` forwards its SIGHUP here (ProxySupervisor).
+    asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, reload_security, security)
     server = MqttServer(
-        rs, rq, notifier, ProxySettings.from_config(cfg), proxy_id=proxy_id, remote=True
+        rs,
+        rq,
+        notifier,
+        ProxySettings.from_config(cfg),
+        proxy_id=proxy_id,
+        remote=True,
+        security=security,
     )
     endpoints: dict[str, tuple[str, int]] = {}
     try:
@@ -368,6 +384,9 @@ class ProxySupervisor:
         conf.pop("core_secret", None)  # not in argv, where `ps` shows it: _child_env has it
         conf["core_secret_file"] = ""
         conf["data_dir"] = str(Path(self.cfg.data_dir).resolve())
+        for name in ("password_file", "acl_file"):
+            if conf.get(name):
+                conf[name] = str(Path(conf[name]).resolve())
         ports = (("mqtt", "mqtt_port"), ("mqtts", "mqtts_port"), ("ws", "ws_port"),
                  ("wss", "wss_port"))  # fmt: skip
         for name, key in ports:
@@ -436,6 +455,12 @@ class ProxySupervisor:
                 await self._spawn(60.0)
             except OSError as exc:
                 log.error("restarting the MQTT proxy failed: %s", exc)
+
+    def reload(self) -> None:
+        """Forward SIGHUP: the child re-reads password_file and acl_file itself."""
+        proc = self._proc
+        if proc is not None and proc.returncode is None:
+            proc.send_signal(signal.SIGHUP)
 
     async def close(self) -> None:
         """Graceful: SIGTERM the child and wait for it (it flushes through the link first)."""

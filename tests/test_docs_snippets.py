@@ -34,11 +34,13 @@ SKIP = {
     ".venv/bin/python bench/": "benchmarks take minutes; they are run by hand for bench/RESULTS.md",
     ".venv/bin/lightgate proxy --core core-host:7070": "needs a core on another host; the same "
     "proxy against a core is tests/test_mqtt_split.py",
+    "kill -HUP ": "needs the pid of a gateway started by hand; the SIGHUP reload (both "
+    "shapes) is tests/test_mqtt_auth.py",
     "cd notebooks && ": "the notebook run is tests/test_spark_notebook.py (Spark, a minute); here "
     "only that jupyter-execute is installed is checked",
-    "mosquitto_sub -h gateway.example": "a TLS gateway on a named host; the same client flags "
-    "against a test CA are tests/test_tls.py",
-    "mosquitto_pub -h gateway.example": "as above, tests/test_tls.py",
+    "mosquitto_sub -h gateway.example": "a gateway with users or TLS on a named host; the same "
+    "client flags against a local one are tests/test_mqtt_auth.py and tests/test_tls.py",
+    "mosquitto_pub -h gateway.example": "as above (tests/test_mqtt_auth.py, tests/test_tls.py)",
     "kcat -b gateway.example": "as above, tests/test_tls.py",
     ".venv/bin/lightgate proxy --core gateway.example:7070": "needs a core on another host; "
     "the same proxy over core_tls is tests/test_core_secret.py",
