@@ -14,11 +14,18 @@ that limit or the transport's write buffer is full.
 A frame over the size limit, a truncated or malformed request, or an unknown API key/version
 closes that connection (after the responses already owed to it), which is what Kafka does; an
 unexpected handler failure closes it too. The server keeps running in every case.
+
+Authentication (`sasl.SaslSession`, one per connection) sits in front of dispatch: until the
+connection has authenticated, only ApiVersions and the SASL requests pass, anything else closes
+it. A SASL step that checks a password runs in a worker thread (PBKDF2 costs milliseconds); the
+frames that arrive meanwhile are held and reading pauses, so nothing overtakes the step. The
+gate is transport-agnostic: the same on the plain and the TLS listener.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections import deque
 from pathlib import Path
@@ -27,6 +34,13 @@ from typing import Any, cast
 from .broker import Broker, ConnInfo
 from .config import KafkaConfig
 from .handlers_log import StagedProduce, stage_produce
+from .handlers_sasl import (
+    SecurityView,
+    authenticate_response,
+    handshake_response,
+    new_session,
+    raw_token,
+)
 from .protocol import (
     CloseConnection,
     FrameReader,
@@ -36,12 +50,14 @@ from .protocol import (
     decode_request,
     encode_response,
 )
+from .sasl import SASL_AUTHENTICATE, SASL_HANDSHAKE, SaslSession, State, Verdict
 
 __all__ = ["KafkaServer"]
 
 log = logging.getLogger("lightgate.kafka")
 
 PRODUCE = 0
+_SASL_KEYS = (SASL_HANDSHAKE, SASL_AUTHENTICATE)
 
 
 class KafkaServer:
@@ -54,14 +70,16 @@ class KafkaServer:
         port: int = 9092,
         config: KafkaConfig | None = None,
         state_dir: Path | None = None,
+        security: SecurityView | None = None,
     ) -> None:
+        """`security`: the gateway's shared users/ACL holder (None: no SASL, all allowed)."""
         self.store = store
         self.host = host
         self.port = port
         self.config = config or KafkaConfig()
         if state_dir is None:
             state_dir = Path(store.data_dir) / "kafka"
-        self.broker = Broker(store, self.config, state_dir)
+        self.broker = Broker(store, self.config, state_dir, security)
         self._server: asyncio.Server | None = None
         self._connections: set[_Connection] = set()
 
@@ -111,7 +129,8 @@ class KafkaServer:
 
 class _Connection(asyncio.Protocol):
     __slots__ = ("_server", "_reader", "_transport", "_info", "_pending", "_closing",
-                 "_read_paused", "_write_paused", "_flush_scheduled", "_unstarted")  # fmt: skip
+                 "_read_paused", "_write_paused", "_flush_scheduled", "_unstarted", "_sasl",
+                 "_held", "_auth_busy")  # fmt: skip
 
     def __init__(self, server: KafkaServer) -> None:
         self._server = server
@@ -126,6 +145,9 @@ class _Connection(asyncio.Protocol):
         self._write_paused = False
         self._flush_scheduled = False
         self._unstarted = 0  # tasks created whose handler has not begun (appends not done)
+        self._sasl: SaslSession = new_session(server.broker.security)
+        self._held: list[bytes] = []  # frames that came while a SASL step ran in a thread
+        self._auth_busy = False
 
     # --- asyncio.Protocol ------------------------------------------------------------------
 
@@ -161,14 +183,100 @@ class _Connection(asyncio.Protocol):
         except RemoteProtocolError as exc:
             self._protocol_error(exc)
             return
-        for frame in frames:
+        self._frames(frames)
+        self._update_reading()
+
+    def _frames(self, frames: list[bytes]) -> None:
+        sasl = self._sasl
+        for i, frame in enumerate(frames):
+            if self._auth_busy:  # hold the rest until the SASL step is answered
+                self._held.extend(frames[i:])
+                return
+            if sasl.state is State.RAW:  # after SaslHandshake v0 a frame is a bare token
+                self._authenticate(frame, None)
+                continue
             try:
                 request = decode_request(frame)
             except RemoteProtocolError as exc:
                 self._protocol_error(exc)
                 return
+            if sasl.state is not State.AUTHENTICATED or request.api_key in _SASL_KEYS:
+                if not self._sasl_request(request):
+                    return
+                continue
             self._dispatch(request)
+
+    # --- authentication ----------------------------------------------------------------------
+
+    def _sasl_request(self, request: Request) -> bool:
+        """Gate a request of a connection not yet authenticated (or a SASL request); False when
+        the connection is closing."""
+        verdict = self._sasl.gate(request.api_key)
+        if verdict is Verdict.CLOSE:
+            self._refuse(f"{request.name} before SASL authentication")
+            return False
+        if verdict is Verdict.ANSWER:
+            self._dispatch(request)
+            return True
+        if request.api_key == SASL_HANDSHAKE:
+            self._pending.append(handshake_response(self._sasl, request))
+            if self._sasl.closing:
+                self._refuse(f"SASL handshake refused ({request.body.mechanism!r})")
+                return False
+            self._flush()
+            return True
+        self._authenticate(request.body.auth_bytes, request)
+        return not self._closing
+
+    def _authenticate(self, token: bytes, request: Request | None) -> None:
+        """Run one mechanism step in a thread; `request` None: a raw (handshake v0) token."""
+        self._auth_busy = True
         self._update_reading()
+        loop = asyncio.get_running_loop()
+        task = loop.create_task(self._auth_step(token, request))
+        self._pending.append(task)
+        task.add_done_callback(self._on_done)
+
+    async def _auth_step(self, token: bytes, request: Request | None) -> bytes | None:
+        sasl = self._sasl
+        try:
+            result = await asyncio.get_running_loop().run_in_executor(
+                None, sasl.authenticate, token
+            )
+        finally:
+            self._auth_busy = False
+        if sasl.state is State.AUTHENTICATED:
+            self._info = dataclasses.replace(self._info, user=sasl.user)
+            log.info("kafka client authenticated",
+                     extra={"peer": self._info.peer_host, "user": sasl.user})  # fmt: skip
+        elif sasl.closing:
+            self._server.broker.counters["auth_failures"] += 1
+            log.info("kafka authentication failed",
+                     extra={"peer": self._info.peer_host, "reason": result[1]})  # fmt: skip
+            self._closing = True  # after this answer (none for a raw token), as Kafka does
+        if request is None:
+            out = None if sasl.closing else raw_token(result[2])
+        else:
+            out = authenticate_response(request, result)
+        if not self._closing and self._held:
+            held, self._held = self._held, []
+            asyncio.get_running_loop().call_soon(self._resume_held, held)
+        return out
+
+    def _resume_held(self, held: list[bytes]) -> None:
+        if not self._closing:
+            self._frames(held)
+            self._update_reading()
+
+    def _refuse(self, reason: str) -> None:
+        """Close without answering (after the answers already owed), as Kafka's authenticator."""
+        self._server.broker.counters["auth_failures"] += 1
+        log.info("kafka connection refused", extra={"peer": self._info.peer_host, "reason": reason})
+        self._closing = True
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.pause_reading()
+            self._read_paused = True
+        self._flush()
 
     # --- requests and ordered responses ------------------------------------------------------
 
@@ -294,7 +402,11 @@ class _Connection(asyncio.Protocol):
         transport = self._transport
         if transport is None or transport.is_closing() or self._closing:
             return
-        full = self._write_paused or len(self._pending) >= self._server.config.max_inflight_requests
+        full = (
+            self._write_paused
+            or self._auth_busy
+            or len(self._pending) >= self._server.config.max_inflight_requests
+        )
         if full and not self._read_paused:
             transport.pause_reading()
             self._read_paused = True
