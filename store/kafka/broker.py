@@ -147,24 +147,27 @@ class Broker:
 
     # --- authorization -----------------------------------------------------------------------
 
-    def authorized(self, conn: ConnInfo, client_id: str | None, topic: str, access: str) -> bool:
+    def authorized(
+        self, conn: ConnInfo, client_id: str | None, topic: str, access: str, count: bool = True
+    ) -> bool:
         """May this connection `access` ("read" / "write") log topic `topic`?
 
         A log topic is one stream of every MQTT topic under it, so the ACL must allow the access
         on all of them (`Acl.covers_subtree`). "describe" (Metadata, ListOffsets, configs) is read
         or write, as Kafka implies Describe from Read and Write. Answers are cached per ACL
-        object; a reload installs a new one, so the cache empties itself.
+        object; a reload installs a new one, so the cache empties itself. `count`: add a refusal
+        to the `authorization_failures` counter (not for topics merely left out of a listing).
         """
         sec = self.security
         acl = None if sec is None else sec.acl
-        if acl is None:
+        if acl is None or acl.allows_everything:
             return True
         if access == "describe":
             allowed = self._allowed(acl, conn.user, client_id or "", topic, "read")
             allowed = allowed or self._allowed(acl, conn.user, client_id or "", topic, "write")
         else:
             allowed = self._allowed(acl, conn.user, client_id or "", topic, access)
-        if not allowed:
+        if not allowed and count:
             self.counters["authorization_failures"] += 1
         return allowed
 

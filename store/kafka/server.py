@@ -308,7 +308,7 @@ class _Connection(asyncio.Protocol):
         slot: asyncio.Future[bytes | None] = asyncio.get_running_loop().create_future()
         self._pending.append(slot)
         try:
-            staged = stage_produce(broker, request)
+            staged = stage_produce(broker, request, self._info)
         except Exception as exc:
             self._produce_done(slot, request, None, exc)
             return
