@@ -272,3 +272,21 @@ def test_no_mechanisms_listener() -> None:
     assert s.handshake("PLAIN", 1) == ILLEGAL_SASL_STATE
     s = SaslSession({}, allow_anonymous=False)
     assert s.gate(PRODUCE) is Verdict.CLOSE
+
+
+def test_scram_nonce_with_the_client_part_twice_is_accepted(passwords: PasswordFile) -> None:
+    """librdkafka 2.0 (Debian's kcat) echoes its nonce + the whole nonce; Kafka accepted it."""
+    client = ScramClient("alice", "wonderland")
+    server = ScramServer(passwords.scram_sha512)
+    first = server.step(client.first())
+    full = dict(kv.split("=", 1) for kv in first.decode().split(","))["r"]
+    without_proof = f"c=biws,r={client.nonce}{full}"
+    auth = f"{client.bare},{first.decode()},{without_proof}".encode()
+    salt, iterations, salted = passwords.scram_sha512("alice") or (b"", 0, b"")
+    client_key = hmac.new(salted, b"Client Key", "sha512").digest()
+    signature = hmac.new(hashlib.sha512(client_key).digest(), auth, "sha512").digest()
+    proof = base64.b64encode(bytes(a ^ b for a, b in zip(client_key, signature, strict=True)))
+    server_final = server.step(f"{without_proof},p={proof.decode()}".encode())
+    server_key = hmac.new(salted, b"Server Key", "sha512").digest()
+    assert server_final == b"v=" + base64.b64encode(hmac.new(server_key, auth, "sha512").digest())
+    assert server.user == "alice"

@@ -265,7 +265,10 @@ class ScramServer:
             raise SaslFailure("Invalid SCRAM client-final message: bad base64") from exc
         if binding != self._gs2.encode("utf-8"):
             raise SaslFailure("Invalid SCRAM channel binding")
-        if attrs[1][1] != self._nonce_full:
+        # RFC 5802 wants the nonce echoed exactly; older librdkafka (2.0, in Debian's kcat) sends
+        # its own part twice. Kafka accepted that (`endsWith`), and so do we: the proof signs the
+        # server-first message with our fresh nonce either way, so nothing can be replayed.
+        if not attrs[1][1].endswith(self._nonce_full):
             raise SaslFailure("Invalid SCRAM nonce")
         _, _, salted = self._creds
         client_key = self._hmac(salted, b"Client Key")

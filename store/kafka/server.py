@@ -130,7 +130,7 @@ class KafkaServer:
 class _Connection(asyncio.Protocol):
     __slots__ = ("_server", "_reader", "_transport", "_info", "_pending", "_closing",
                  "_read_paused", "_write_paused", "_flush_scheduled", "_unstarted", "_sasl",
-                 "_held", "_auth_busy")  # fmt: skip
+                 "_held", "_auth_busy", "_close_delay")  # fmt: skip
 
     def __init__(self, server: KafkaServer) -> None:
         self._server = server
@@ -148,6 +148,8 @@ class _Connection(asyncio.Protocol):
         self._sasl: SaslSession = new_session(server.broker.security)
         self._held: list[bytes] = []  # frames that came while a SASL step ran in a thread
         self._auth_busy = False
+        # Seconds to wait before closing after a failed authentication (-1: close scheduled)
+        self._close_delay = 0.0
 
     # --- asyncio.Protocol ------------------------------------------------------------------
 
@@ -221,6 +223,7 @@ class _Connection(asyncio.Protocol):
         if request.api_key == SASL_HANDSHAKE:
             self._pending.append(handshake_response(self._sasl, request))
             if self._sasl.closing:
+                self._close_delay = self._server.config.failed_authentication_delay_ms / 1000
                 self._refuse(f"SASL handshake refused ({request.body.mechanism!r})")
                 return False
             self._flush()
@@ -254,6 +257,7 @@ class _Connection(asyncio.Protocol):
             log.info("kafka authentication failed",
                      extra={"peer": self._info.peer_host, "reason": result[1]})  # fmt: skip
             self._closing = True  # after this answer (none for a raw token), as Kafka does
+            self._close_delay = self._server.config.failed_authentication_delay_ms / 1000
         if request is None:
             out = None if sasl.closing else raw_token(result[2])
         else:
@@ -394,9 +398,22 @@ class _Connection(asyncio.Protocol):
             else:
                 transport.writelines(chunks)
         if self._closing and not self._pending:
-            transport.close()
+            self._close_transport(transport)
         else:
             self._update_reading()
+
+    def _close_transport(self, transport: asyncio.Transport) -> None:
+        """Close now, or after the failed-authentication delay (Kafka's
+        `connection.failed.authentication.delay.ms`): a client that retries at once is slowed
+        down, and the answer is read before the connection goes (kafka-python reads the close
+        first otherwise)."""
+        delay = self._close_delay
+        if delay > 0:
+            self._close_delay = -1
+            transport.pause_reading()
+            asyncio.get_running_loop().call_later(delay, transport.close)
+        elif delay == 0:
+            transport.close()
 
     def _update_reading(self) -> None:
         transport = self._transport
