@@ -34,9 +34,17 @@ class Gateway:
         self.endpoints: dict[str, tuple[str, int]] = {}
         self._closers: list[Any] = []
         self._stats_sources: list[tuple[str, Any]] = []  # (metric prefix, source)
+        self.security: Any = None  # store.auth.Security, shared by the listeners
 
     async def start(self) -> None:
         cfg = self.cfg
+        from store.auth import Security
+
+        self.security = Security.load(
+            password_file=cfg.password_file,
+            acl_file=cfg.acl_file,
+            allow_anonymous=cfg.allow_anonymous,
+        )
         self.store = await Store.open(cfg.data_path, StoreConfig.from_object(cfg))
         self._closers.append(self.store)
         self._stats_sources.append(("", self.store))
@@ -145,7 +153,7 @@ class Gateway:
             auto_create_topics=cfg.kafka_auto_create_topics,
             default_partitions=cfg.default_partitions,
         )
-        kafka = KafkaServer(self.store, cfg.host, cfg.kafka_port, kcfg)
+        kafka = KafkaServer(self.store, cfg.host, cfg.kafka_port, kcfg, security=self.security)
         await kafka.start()
         self._closers.append(kafka)
         self._stats_sources.append(("", kafka))

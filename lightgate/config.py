@@ -159,6 +159,14 @@ class GatewayConfig:
     allow_anonymous: bool = key(
         True, "accept CONNECT without credentials (the auth hook decides otherwise)"
     )
+    password_file: str = key(
+        "",
+        "users in `mosquitto_passwd` format (MQTT CONNECT, Kafka SASL PLAIN/SCRAM-SHA-512)",
+        allowed='a file path, or `""`',
+    )
+    acl_file: str = key(
+        "", "Mosquitto ACL file (MQTT and Kafka rights)", allowed='a file path, or `""`'
+    )
     filter_grace_ms: int = key(
         60_000, "a wildcard light queue with no subscribers is dropped after this", lo=0, hi=DAY_MS
     )
