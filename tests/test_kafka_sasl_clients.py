@@ -327,3 +327,25 @@ def test_kafka_python_refused(
         assert "socket disconnected" in text  # closed at its first request (Metadata)
     else:
         assert "SaslAuthenticationFailedError" in text, text[-2000:]
+
+
+def test_admin_needs_write_on_the_log_topic(gw: GatewayProcess) -> None:
+    """A read-only user can neither delete the topic nor its records, nor create one."""
+    from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    p = Producer(rdkafka_conf(gw, "PLAIN", "alice", USERS["alice"]))  # the topic exists
+    p.produce("sensors", b"x", key="sensors/admin")
+    assert p.flush(10) == 0
+    admin = AdminClient(rdkafka_conf(gw, "SCRAM-SHA-512", "bob", USERS["bob"]))
+    futures = {
+        "delete": admin.delete_topics(["sensors"], operation_timeout=5)["sensors"],
+        "create": admin.create_topics([NewTopic("elsewhere", 1, 1)])["elsewhere"],
+        "records": admin.delete_records([TopicPartition("sensors", 0, 0)])[
+            TopicPartition("sensors", 0, 0)
+        ],
+    }
+    for what, fut in futures.items():
+        with pytest.raises(KafkaException) as info:
+            fut.result(10)
+        assert info.value.args[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED, what

@@ -384,6 +384,9 @@ async def describe_log_dirs(b: Broker, req: Request, conn: ConnInfo) -> Any:
     else:
         wanted = {t.topic: [p for p in t.partitions if p < known.get(t.topic, 0)]
                   for t in req.body.topics if t.topic in known}  # fmt: skip
+    # Kafka answers only for topics the user may describe (leaving the others out)
+    wanted = {t: ps for t, ps in wanted.items() if b.authorized(conn, req.client_id, t,
+                                                                 "describe", False)}  # fmt: skip
     topics = tuple(
         build(mod.DescribeLogDirsTopic, name=t, partitions=tuple(
             build(mod.DescribeLogDirsPartition, partition_index=p,
