@@ -290,3 +290,11 @@ def test_scram_nonce_with_the_client_part_twice_is_accepted(passwords: PasswordF
     server_key = hmac.new(salted, b"Server Key", "sha512").digest()
     assert server_final == b"v=" + base64.b64encode(hmac.new(server_key, auth, "sha512").digest())
     assert server.user == "alice"
+
+
+def test_preauthenticated_by_certificate(passwords: PasswordFile) -> None:
+    """tls_identity_as_username: the certificate's name is the user, no SASL needed."""
+    s = _session(passwords)
+    s.preauthenticate("sensor-17")
+    assert s.gate(PRODUCE) is Verdict.ANSWER and s.user == "sensor-17"
+    assert s.handshake("PLAIN", 1) == ILLEGAL_SASL_STATE

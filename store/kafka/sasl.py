@@ -329,6 +329,10 @@ class SaslSession:
         self.user: str | None = None
         self._mech: Mechanism | None = None
 
+    def preauthenticate(self, user: str) -> None:
+        """The transport proved who this is (a TLS client certificate): no SASL needed."""
+        self.state, self.user = State.AUTHENTICATED, user
+
     @property
     def mechanisms(self) -> tuple[str, ...]:
         return tuple(self._factories)

@@ -28,6 +28,7 @@ import asyncio
 import dataclasses
 import logging
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -82,6 +83,9 @@ class KafkaServer:
         self.broker = Broker(store, self.config, state_dir, security)
         self._server: asyncio.Server | None = None
         self._connections: set[_Connection] = set()
+        # TLS client certificate (as `getpeercert()` gives it) -> user name, or None. Set by
+        # the embedder for `tls_identity_as_username`: such a connection starts authenticated.
+        self.certificate_user: Callable[[dict[str, Any]], str | None] | None = None
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -160,6 +164,13 @@ class _Connection(asyncio.Protocol):
         local = transport.get_extra_info("sockname") or ("", 0)
         self._info = ConnInfo(str(peer[0]), str(local[0]), int(local[1]))
         self._server._connections.add(self)
+        identify = self._server.certificate_user
+        cert = transport.get_extra_info("peercert") if identify is not None else None
+        if identify is not None and cert:
+            user = identify(cert)
+            if user is not None:
+                self._sasl.preauthenticate(user)
+                self._info = dataclasses.replace(self._info, user=user)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._server._connections.discard(self)
