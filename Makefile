@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench clean system-deps
+.PHONY: run test lint bench bench-mqtt clean system-deps
 
 $(BIN)/python:
 	@command -v $(PY) >/dev/null 2>&1 || PY=python3; $${PY:-$(PY)} -m venv $(VENV) || python3 -m venv $(VENV)
@@ -34,6 +34,10 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/store_bench.py
+
+# MQTT: Lightgate (both shapes) vs Mosquitto vs amqtt in one run (installs Mosquitto if missing).
+bench-mqtt: $(STAMP)
+	bash bench/mqtt_baseline.sh $(ARGS)
 
 clean:
 	rm -rf $(VENV) data .pytest_cache
