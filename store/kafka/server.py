@@ -196,7 +196,10 @@ class _Connection(asyncio.Protocol):
         except RemoteProtocolError as exc:
             self._protocol_error(exc)
             return
-        self._frames(frames)
+        if self._held:  # frames held back by a SASL step go first
+            self._held.extend(frames)
+        else:
+            self._frames(frames)
         self._update_reading()
 
     def _frames(self, frames: list[bytes]) -> None:
@@ -253,13 +256,14 @@ class _Connection(asyncio.Protocol):
 
     async def _auth_step(self, token: bytes, request: Request | None) -> bytes | None:
         sasl = self._sasl
+        before = sasl.state
         try:
             result = await asyncio.get_running_loop().run_in_executor(
                 None, sasl.authenticate, token
             )
         finally:
             self._auth_busy = False
-        if sasl.state is State.AUTHENTICATED:
+        if sasl.state is State.AUTHENTICATED and before is not State.AUTHENTICATED:
             self._info = dataclasses.replace(self._info, user=sasl.user)
             log.info("kafka client authenticated",
                      extra={"peer": self._info.peer_host, "user": sasl.user})  # fmt: skip
@@ -274,13 +278,13 @@ class _Connection(asyncio.Protocol):
         else:
             out = authenticate_response(request, result)
         if not self._closing and self._held:
-            held, self._held = self._held, []
-            asyncio.get_running_loop().call_soon(self._resume_held, held)
+            asyncio.get_running_loop().call_soon(self._resume_held)
         return out
 
-    def _resume_held(self, held: list[bytes]) -> None:
+    def _resume_held(self) -> None:
+        held, self._held = self._held, []
         if not self._closing:
-            self._frames(held)
+            self._frames(held)  # may hold some again, behind a new SASL step
             self._update_reading()
 
     def _refuse(self, reason: str) -> None:
@@ -433,6 +437,7 @@ class _Connection(asyncio.Protocol):
         full = (
             self._write_paused
             or self._auth_busy
+            or bool(self._held)
             or len(self._pending) >= self._server.config.max_inflight_requests
         )
         if full and not self._read_paused:
