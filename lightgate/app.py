@@ -8,6 +8,7 @@ dispatcher, then flush and fsync the store.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import signal
 import socket
@@ -20,6 +21,7 @@ from lightgate import __version__
 from lightgate.config import ConfigError, GatewayConfig
 from lightgate.http import HttpServer
 from store import Store, StoreConfig, StoreLockedError
+from store.auth import AuthFileError, Security
 
 log = logging.getLogger("lightgate")
 
@@ -34,17 +36,12 @@ class Gateway:
         self.endpoints: dict[str, tuple[str, int]] = {}
         self._closers: list[Any] = []
         self._stats_sources: list[tuple[str, Any]] = []  # (metric prefix, source)
-        self.security: Any = None  # store.auth.Security, shared by the listeners
+        # Users and rights, shared by the MQTT and Kafka servers, reloaded in place on SIGHUP.
+        self.security: Security = build_security(cfg)
+        self._proxy: Any = None  # the ProxySupervisor when MQTT runs in a child process
 
     async def start(self) -> None:
         cfg = self.cfg
-        from store.auth import Security
-
-        self.security = Security.load(
-            password_file=cfg.password_file,
-            acl_file=cfg.acl_file,
-            allow_anonymous=cfg.allow_anonymous,
-        )
         self.store = await Store.open(cfg.data_path, StoreConfig.from_object(cfg))
         self._closers.append(self.store)
         self._stats_sources.append(("", self.store))
@@ -96,7 +93,9 @@ class Gateway:
         if cfg.mqtt_processes > 0:
             await self._start_proxy_process(queues, notifier)
             return
-        mqtt = MqttServer(self.store, queues, notifier, ProxySettings.from_config(cfg))
+        mqtt = MqttServer(
+            self.store, queues, notifier, ProxySettings.from_config(cfg), security=self.security
+        )
         await mqtt.start()
         self._closers.append(mqtt)
         self._stats_sources.append(("mqtt_", mqtt))
@@ -137,6 +136,7 @@ class Gateway:
 
         address = await self._start_core_link(queues, notifier)
         supervisor = ProxySupervisor(self.cfg, address)
+        self._proxy = supervisor
         self._closers.append(supervisor)
         self.endpoints.update(await supervisor.start())
 
@@ -158,6 +158,14 @@ class Gateway:
         self._closers.append(kafka)
         self._stats_sources.append(("", kafka))
         self.endpoints["kafka"] = (cfg.host, kafka.port)
+
+    def reload(self) -> bool:
+        """SIGHUP: re-read password_file and acl_file; the MQTT proxy child re-reads them too
+        (each process loads the files itself). A file that does not parse keeps the old rules."""
+        ok = reload_security(self.security)
+        if self._proxy is not None:
+            self._proxy.reload()
+        return ok
 
     def ready_line(self) -> str:
         order = ("mqtt", "mqtts", "ws", "kafka", "http", "notify", "core")
@@ -201,6 +209,54 @@ class Gateway:
         self._closers.clear()
 
 
+def allow_anonymous(cfg: GatewayConfig) -> bool:
+    """`allow_anonymous`: `auto` is true only for a gateway reachable from this host alone (every
+    listener binds `host`, which must resolve to loopback addresses only) with no password file."""
+    if cfg.allow_anonymous != "auto":
+        return cfg.allow_anonymous == "true"
+    if cfg.password_file:
+        return False
+    return is_loopback(cfg.host)
+
+
+def is_loopback(host: str) -> bool:
+    if host in ("", "0.0.0.0", "::"):
+        return False
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError):
+        return False
+    return bool(infos) and all(ipaddress.ip_address(i[4][0]).is_loopback for i in infos)
+
+
+def build_security(cfg: GatewayConfig) -> Security:
+    """The Security of this config; a file that does not parse is a ConfigError (path:line)."""
+    try:
+        return Security.load(
+            password_file=cfg.password_file,
+            acl_file=cfg.acl_file,
+            allow_anonymous=allow_anonymous(cfg),
+        )
+    except AuthFileError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def reload_security(security: Security) -> bool:
+    """Reload both files; one log line per outcome (the error names path:line)."""
+    errors = security.reload()
+    for error in errors:
+        log.error("reload refused, the previous users and ACL stay: %s", error)
+    if not errors:
+        log.info(
+            "users and ACL reloaded",
+            extra={
+                "users": len(security.passwords) if security.passwords is not None else 0,
+                "acl_rules": security.acl.rule_count(),
+            },
+        )
+    return not errors
+
+
 def tls_context(cfg: GatewayConfig) -> ssl.SSLContext:
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     try:
@@ -239,7 +295,11 @@ def preflight(cfg: GatewayConfig) -> None:
 
 
 async def serve(cfg: GatewayConfig) -> int:
-    gateway = Gateway(cfg)
+    try:
+        gateway = Gateway(cfg)
+    except ConfigError as exc:
+        print(f"lightgate: {exc}", file=sys.stderr)
+        return 2
     try:
         preflight(cfg)
         await gateway.start()
@@ -259,6 +319,7 @@ async def serve(cfg: GatewayConfig) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, gateway.reload)  # as Mosquitto: reload, never stop
     print(gateway.ready_line(), flush=True)
     log.info("gateway ready", extra={"endpoints": gateway.ready_line()})
     await stop.wait()

@@ -1,4 +1,4 @@
-"""`lightgate` command line: serve, rebuild-queues, analytics."""
+"""`lightgate` command line: serve, rebuild-queues, proxy, passwd, analytics."""
 
 from __future__ import annotations
 
@@ -98,6 +98,12 @@ def build_parser() -> argparse.ArgumentParser:
     proxy.add_argument("--config-json", help=argparse.SUPPRESS)  # serve passes its resolved config
     proxy.add_argument("--exit-with-parent", action="store_true", help=argparse.SUPPRESS)
 
+    sub.add_parser(
+        "passwd",
+        help="manage a password_file like mosquitto_passwd (run `lightgate passwd --help`)",
+        add_help=False,
+    ).add_argument("args", nargs=argparse.REMAINDER)
+
     analytics = sub.add_parser(
         "analytics",
         help="device analytics jobs on the log with Spark (run `lightgate analytics --help`)",
@@ -131,6 +137,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from spark_analytics.cli import main as analytics_main
 
         return analytics_main(argv[1:])
+    if argv[:1] == ["passwd"]:
+        from lightgate.passwd import main as passwd_main
+
+        return passwd_main(argv[1:])
     ns = parser.parse_args(argv)
     try:
         cfg = _config_from(ns)

@@ -162,16 +162,23 @@ class GatewayConfig:
         lo=1,
         hi=3600,
     )
-    allow_anonymous: bool = key(
-        True, "accept CONNECT without credentials (the auth hook decides otherwise)"
+    allow_anonymous: str = key(
+        "auto",
+        "accept clients without a user name (MQTT CONNECT without one); `auto`: only when "
+        "`host` is a loopback address and no `password_file` is set (docs/security.md)",
+        choices=("auto", "true", "false"),
     )
     password_file: str = key(
         "",
-        "users in `mosquitto_passwd` format (MQTT CONNECT, Kafka SASL PLAIN/SCRAM-SHA-512)",
+        "users and password hashes in `mosquitto_passwd` format (`lightgate passwd`); "
+        "reloaded on SIGHUP",
         allowed='a file path, or `""`',
     )
     acl_file: str = key(
-        "", "Mosquitto ACL file (MQTT and Kafka rights)", allowed='a file path, or `""`'
+        "",
+        'topic rights in Mosquitto\'s `acl_file` syntax; `""` allows everything; reloaded on '
+        "SIGHUP",
+        allowed='a file path, or `""`',
     )
     filter_grace_ms: int = key(
         60_000, "a wildcard light queue with no subscribers is dropped after this", lo=0, hi=DAY_MS
@@ -331,11 +338,26 @@ def unknown_env_names(env: dict[str, str] | os._Environ[str] | None = None) -> l
     return out
 
 
+_BOOL_WORDS = {
+    "1": "true",
+    "yes": "true",
+    "on": "true",
+    "0": "false",
+    "no": "false",
+    "off": "false",
+}
+
+
 def _coerce(name: str, value: Any) -> Any:
     k = KEYS[name]
     want = k.type
     if k.spec.choices and isinstance(value, str):
-        return value.strip().lower()
+        text = value.strip().lower()
+        if "true" in k.spec.choices:  # a tri-state key takes the bool spellings too
+            text = _BOOL_WORDS.get(text, text)
+        return text
+    if k.spec.choices and isinstance(value, bool):
+        return "true" if value else "false"  # `allow_anonymous = true`, a TOML boolean
     if isinstance(value, want) and not (want is int and isinstance(value, bool)):
         return value
     if isinstance(value, str):
@@ -418,7 +440,7 @@ def _validate(cfg: GatewayConfig) -> None:
         k.check(getattr(cfg, name))
     if bool(cfg.tls_cert) != bool(cfg.tls_key):
         raise ConfigError("tls_cert and tls_key must be set together")
-    for name in ("tls_cert", "tls_key"):
+    for name in ("tls_cert", "tls_key", "password_file", "acl_file"):
         path = getattr(cfg, name)
         if path and not Path(path).is_file():
             raise ConfigError(f"{name}: no such file: {path}")

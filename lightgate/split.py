@@ -222,7 +222,8 @@ def exit_with_parent() -> None:
 
 async def run_proxy(cfg: GatewayConfig, core: str, proxy_id: str) -> int:
     """`lightgate proxy`: MQTT listeners over a remote core until SIGTERM or the link drops."""
-    from lightgate.app import tls_context
+    from lightgate.app import build_security, reload_security, tls_context
+    from lightgate.config import ConfigError
     from lightqueue.remote import RemoteLightQueues
     from mqtt_proxy.server import MqttServer
     from mqtt_proxy.settings import ProxySettings
@@ -244,8 +245,20 @@ async def run_proxy(cfg: GatewayConfig, core: str, proxy_id: str) -> int:
     for part in (rs, rq, notifier):
         part.attach(peer)
     await rs.start()
+    try:
+        security = build_security(cfg)
+    except ConfigError as exc:
+        print(f"lightgate proxy: {exc}", file=sys.stderr)
+        peer.close()
+        return 2
     server = MqttServer(
-        rs, rq, notifier, ProxySettings.from_config(cfg), proxy_id=proxy_id, remote=True
+        rs,
+        rq,
+        notifier,
+        ProxySettings.from_config(cfg),
+        proxy_id=proxy_id,
+        remote=True,
+        security=security,
     )
     endpoints: dict[str, tuple[str, int]] = {}
     try:
@@ -265,6 +278,8 @@ async def run_proxy(cfg: GatewayConfig, core: str, proxy_id: str) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    # Each process reads the files itself: `serve` forwards its SIGHUP here (ProxySupervisor).
+    loop.add_signal_handler(signal.SIGHUP, reload_security, security)
     peer.closed.add_done_callback(lambda _f: stop.set())
     parts = " ".join(f"{k}={h}:{p}" for k, (h, p) in endpoints.items())
     print(f"{READY_PREFIX} {parts}".rstrip(), flush=True)
@@ -300,6 +315,9 @@ class ProxySupervisor:
         conf = asdict(self.cfg)
         conf.pop("extra", None)
         conf["data_dir"] = str(Path(self.cfg.data_dir).resolve())
+        for name in ("password_file", "acl_file"):
+            if conf.get(name):
+                conf[name] = str(Path(conf[name]).resolve())
         for name, key in (("mqtt", "mqtt_port"), ("mqtts", "mqtts_port"), ("ws", "ws_port")):
             if name in self.endpoints:  # a restarted child binds the ports clients know
                 conf[key] = self.endpoints[name][1]
@@ -358,6 +376,12 @@ class ProxySupervisor:
                 await self._spawn(60.0)
             except OSError as exc:
                 log.error("restarting the MQTT proxy failed: %s", exc)
+
+    def reload(self) -> None:
+        """Forward SIGHUP: the child re-reads password_file and acl_file itself."""
+        proc = self._proc
+        if proc is not None and proc.returncode is None:
+            proc.send_signal(signal.SIGHUP)
 
     async def close(self) -> None:
         """Graceful: SIGTERM the child and wait for it (it flushes through the link first)."""

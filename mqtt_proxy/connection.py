@@ -65,6 +65,8 @@ class MqttConnection(asyncio.Protocol):
         "_blocked",
         "_held",
         "paused_since",
+        "username",
+        "acl",
     )
 
     def __init__(self, server: MqttServer) -> None:
@@ -93,6 +95,10 @@ class MqttConnection(asyncio.Protocol):
         self._blocked = False  # an operation of this connection waits for the core (block())
         self._held: list[Any] = []  # packets received meanwhile, handled on unblock()
         self.paused_since = 0.0  # loop time of the last pause_writing (delivery's slow check)
+        self.username: str | None = None
+        # This client's compiled ACL (store.auth.ClientAcl); None when everything is allowed,
+        # so the hot paths pay one `is None` test. Replaced on reload (refresh_acl).
+        self.acl: Any = None
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -306,6 +312,12 @@ class MqttConnection(asyncio.Protocol):
         if was:
             self.connected = False
             self.server.sessions.disconnected(self, "session taken over")
+
+    def refresh_acl(self) -> None:
+        """Take the current rules of `server.security` for this user and client id."""
+        security = self.server.security
+        acl = security.acl
+        self.acl = None if acl.allows_everything else acl.for_client(self.username, self.client_id)
 
     def accepted(self, session: Session, client_id: str, version: int, keepalive: int) -> None:
         """CONNECT accepted: bind the session, arm keep alive (before CONNACK is written)."""

@@ -16,6 +16,9 @@ Pumping a queue:
 2. Everything else (QoS 1/2, overlap, no-local) goes message by message, still sharing each
    message's template per (QoS, retain, version, subscription ids); only the packet id is patched.
 3. Shared groups hand each message to one member with room (round robin).
+With an acl_file, a subscription whose filter reaches topics its client may not read (a deny
+inside it, or a read rule narrower than it) leaves the cohorts and checks each message
+(`ClientAcl.can_read`, cached per topic); without one, `conn.acl` is None and nothing is checked.
 A subscriber whose transport is paused (`pause_writing`) or whose in-flight window is full is
 skipped and resumed by `resume_writing` / the ack that frees its window.
 
@@ -49,6 +52,7 @@ INTERNAL_TOPIC_PREFIX = "__lightgate"
 PUMP_BATCHES = 64  # reads of `read_batch` entries per reader per tick before yielding the loop
 SLOW_AFTER_S = 0.1  # a subscriber whose socket stays full this long is a slow consumer
 PUSHED_MAX = 1 << 17  # pushed entries kept per queue for readers behind the head
+_UNREADABLE: Any = ("unreadable",)  # _pick_member: no member of the group may read the message
 
 
 class CachedMsg:
@@ -404,11 +408,16 @@ class Delivery:
             conn = sub.session.conn
             if conn is None or not conn.writable or sub.held:
                 continue
+            acl = conn.acl  # None without an acl_file: no per-message cost
+            if acl is not None and sub.acl_of is not acl:
+                sub.acl_of = acl
+                sub.acl_check = None if acl.reads_all(sub.spec.filter) else acl
             if (
                 sub.qos == 0
                 and not sub.no_local
                 and not conn.session_overlap
                 and not conn.max_out_packet
+                and (acl is None or sub.acl_check is None)
             ):
                 key = (sub.pos, conn.v5, sub.retain_as_published, sub.sub_id)
                 cohort = cohorts.get(key)
@@ -515,6 +524,7 @@ class Delivery:
     ) -> bool:
         session = sub.session
         v5 = conn.v5
+        check = sub.acl_check if conn.acl is not None else None
         out: list[bytes] = []
         nbytes = 0
         more = False
@@ -535,6 +545,9 @@ class Delivery:
                     continue
                 if sub.no_local and m.client_id == session.client_id:
                     seq += 1
+                    continue
+                if check is not None and not check.can_read(m.topic):
+                    seq += 1  # a topic this client may not read (acl_file): skipped
                     continue
                 qos = m.qos if m.qos < sub.qos else sub.qos
                 sub_ids: tuple[int, ...] = (sub.sub_id,) if (v5 and sub.sub_id) else ()
@@ -594,8 +607,9 @@ class Delivery:
                 target = self._pick_member(g, m)
                 if target is None:
                     return False
-                sub, conn = target
-                self._send_group(qs, g, sub, conn, seq, m, now_ms)
+                if target is not _UNREADABLE:
+                    sub, conn = target
+                    self._send_group(qs, g, sub, conn, seq, m, now_ms)
             if g.redeliver and g.redeliver[0] == seq:
                 g.redeliver.pop(0)
             else:
@@ -603,11 +617,17 @@ class Delivery:
         return True
 
     def _pick_member(self, g: SharedGroup, m: CachedMsg) -> tuple[Subscription, Any] | None:
+        """The next member with room that may read `m`; None when none has room now;
+        `_UNREADABLE` when no member may read it at all (the group skips it)."""
         members = g.members
         n = len(members)
+        denied = 0
         for i in range(n):
             sub = members[(g.rr + i) % n]
             conn = sub.session.conn
+            if conn is not None and conn.acl is not None and not conn.acl.can_read(m.topic):
+                denied += 1
+                continue
             if conn is None or not conn.writable or sub.held:
                 continue
             qos = min(m.qos, sub.qos)
@@ -615,7 +635,7 @@ class Delivery:
                 continue
             g.rr = (g.rr + i + 1) % n
             return sub, conn
-        return None
+        return _UNREADABLE if denied == n else None
 
     def _send_group(
         self,

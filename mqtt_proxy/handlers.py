@@ -35,6 +35,7 @@ from mqtt_proxy.codec import (
 )
 from mqtt_proxy.session import Will
 from mqtt_proxy.subscriptions import FilterError, FilterSpec, parse_filter
+from store.auth import ConnectVerdict
 
 if TYPE_CHECKING:
     from mqtt_proxy.connection import MqttConnection
@@ -62,31 +63,77 @@ class Refuse(Exception):
 
 
 def handle_connect(conn: MqttConnection, c: Connect) -> None:
-    """Negotiate, authenticate, open or resume the session, CONNACK, resume delivery."""
+    """Negotiate and authenticate; a password check runs in a thread (PBKDF2, about 6 ms) while
+    the connection holds its later packets (`block`), then `_connect_checked` goes on."""
     server = conn.server
-    s = server.settings
     if conn.connected or conn.session is not None:
         conn.protocol_error(PROTOCOL_ERROR, "second CONNECT [MQTT-3.1.0-2]")
         return
     version = c.protocol_level
-    v5 = version == 5
     conn.version = version
-    conn.v5 = v5
-    cp = c.properties
+    conn.v5 = version == 5
     try:
-        if cp.authentication_method is not None:
-            raise Refuse(BAD_AUTH_METHOD, f"authentication method {cp.authentication_method!r}")
+        if c.properties.authentication_method is not None:
+            raise Refuse(
+                BAD_AUTH_METHOD, f"authentication method {c.properties.authentication_method!r}"
+            )
         client_id = c.client_id
         assigned = None
         if not client_id:
-            if not v5 and not c.clean_start:
+            if not conn.v5 and not c.clean_start:
                 raise Refuse(BAD_CLIENT_ID, "empty client id needs clean session [MQTT-3.1.3-8]")
             client_id = assigned = "lg-" + secrets.token_hex(8)
+    except Refuse as r:
+        _refuse(conn, c, r)
+        return
+    security = server.security
+    if security.passwords is not None and c.username is not None:
+        conn.block()
+        fut = server.loop.run_in_executor(None, security.check_connect, c.username, c.password)
+        fut.add_done_callback(
+            lambda f: _connect_checked(conn, c, client_id, assigned, f.result(), True)
+        )
+        return
+    verdict = security.check_connect(c.username, c.password)
+    _connect_checked(conn, c, client_id, assigned, verdict, False)
+
+
+def _refuse(conn: MqttConnection, c: Connect, r: Refuse) -> None:
+    conn.server.counters["connect_refused"] += 1
+    log.info("CONNECT from %s (%r) refused: 0x%02x %s", conn.remote, c.client_id, r.reason, r)
+    conn.disconnect_reason = str(r)
+    conn.send_connack(False, r.reason, EMPTY_PROPERTIES)
+    conn.close_with(0, send_disconnect=False)
+
+
+def _connect_checked(
+    conn: MqttConnection,
+    c: Connect,
+    client_id: str,
+    assigned: str | None,
+    verdict: ConnectVerdict,
+    blocked: bool,
+) -> None:
+    """CONNECT once the credentials are decided: session, CONNACK, resume delivery."""
+    if conn.closed:
+        return  # the client left while its password was checked
+    server = conn.server
+    s = server.settings
+    v5 = conn.v5
+    version = conn.version
+    cp = c.properties
+    try:
+        if verdict is not ConnectVerdict.OK:
+            code = BAD_CREDENTIALS if verdict is ConnectVerdict.BAD_CREDENTIALS else NOT_AUTHORIZED
+            raise Refuse(code, f"{verdict.value} (user {c.username!r})")
         if not server.check_auth(client_id, c.username, c.password):
             raise Refuse(
                 BAD_CREDENTIALS if c.username is not None else NOT_AUTHORIZED,
                 "authentication failed",
             )
+        conn.username = c.username
+        conn.client_id = client_id
+        conn.refresh_acl()
         keepalive = c.keep_alive
         server_keepalive = None
         if v5:
@@ -102,7 +149,7 @@ def handle_connect(conn: MqttConnection, c: Connect) -> None:
         will = None
         w = c.will
         if w is not None:
-            if w.topic.startswith("$") or not server.may_publish(client_id, w.topic):
+            if w.topic.startswith("$") or not server.may_publish(conn, w.topic):
                 raise Refuse(NOT_AUTHORIZED, f"will topic {w.topic!r} not authorized")
             wp = w.properties
             will = Will(
@@ -114,11 +161,7 @@ def handle_connect(conn: MqttConnection, c: Connect) -> None:
                 server.message_properties(wp),
             )
     except Refuse as r:
-        server.counters["connect_refused"] += 1
-        log.info("CONNECT from %s (%r) refused: 0x%02x %s", conn.remote, c.client_id, r.reason, r)
-        conn.disconnect_reason = str(r)
-        conn.send_connack(False, r.reason, EMPTY_PROPERTIES)
-        conn.close_with(0, send_disconnect=False)
+        _refuse(conn, c, r)
         return
     if v5:
         if cp.receive_maximum:
@@ -142,6 +185,8 @@ def handle_connect(conn: MqttConnection, c: Connect) -> None:
     server.counters["connects"] += 1
     server.events.connect(client_id, conn.remote)
     server.sessions.resume(session)
+    if blocked:
+        conn.unblock()
 
 
 def handle_publish(conn: MqttConnection, p: Publish) -> None:
@@ -159,7 +204,7 @@ def handle_publish(conn: MqttConnection, p: Publish) -> None:
             return
     counters = server.counters
     counters["messages_received"] += 1
-    if topic[0] == "$" or not server.may_publish(conn.client_id, topic):
+    if topic[0] == "$" or not server.may_publish(conn, topic):
         # `$` topics are never stored as device data; a refused topic is acked and dropped.
         counters["publish_dropped"] += 1
         if qos:
@@ -263,7 +308,7 @@ def handle_subscribe(conn: MqttConnection, p: Subscribe) -> None:
             log.info("client %r: SUBSCRIBE %r refused: %s", conn.client_id, raw, exc)
             codes.append(TOPIC_FILTER_INVALID if v5 else 0x80)
             continue
-        if not server.may_subscribe(conn.client_id, spec.filter):
+        if not server.may_subscribe(conn, spec.filter):
             codes.append(NOT_AUTHORIZED if v5 else 0x80)
             continue
         if spec.replay_since_ms is not None:

@@ -2,7 +2,7 @@
 
 `MqttServer(store, queues, notifier, settings)` is what `lightgate serve` embeds:
 
-    server = MqttServer(store, queues, notifier, ProxySettings.from_config(cfg))
+    server = MqttServer(store, queues, notifier, ProxySettings.from_config(cfg), security=sec)
     server.authenticate = my_auth            # (client_id, username, password) -> bool
     server.authorize_subscribe = my_acl      # (client_id, filter) -> bool
     server.authorize_publish = my_acl        # (client_id, topic) -> bool
@@ -11,6 +11,9 @@
     await server.start_ws("127.0.0.1", 8083) ; await server.start_tls(host, 8883, ssl_ctx)
     ...
     await server.close()                     # stop accepting, flush, persist sessions
+
+`security` (store.auth.Security: password file, ACL, anonymous policy) is shared with the Kafka
+server and reloaded in place on SIGHUP; the hooks above are checked in addition to it.
 
 Per-connection protocol work lives in `connection.py`, session state in `session.py`, the pull
 side in `delivery.py`; this module owns what crosses connections.
@@ -36,6 +39,7 @@ from mqtt_proxy.sessions import SessionManager
 from mqtt_proxy.settings import ProxySettings
 from mqtt_proxy.sys_topics import SysPublisher
 from mqtt_proxy.websocket import WebSocketProtocol
+from store.auth import Security
 from store.mapping import MqttMessage, MqttProperties
 
 log = logging.getLogger("lightgate.mqtt")
@@ -58,6 +62,7 @@ class MqttServer:
         *,
         proxy_id: str = "mqtt-0",
         remote: bool = False,
+        security: Security | None = None,
     ) -> None:
         """Construct inside the running event loop: the server binds to it. `remote`: store and
         queues are a `RemoteStore` / `RemoteLightQueues` and the notifier a `TcpNotifyClient`
@@ -70,7 +75,10 @@ class MqttServer:
         self.backend: Backend = backend_cls(
             store, queues, notifier, proxy_id, self.settings.recent_cache_bytes
         )
-        # Hooks the embedder may set; None allows everything (subject to allow_anonymous).
+        # Users and rights (docs/security.md); with none given, anyone may do anything.
+        self.security = security if security is not None else Security.open()
+        self.security.on_reload(self._security_reloaded)
+        # Hooks the embedder may set, checked after `security`; None allows everything.
         self.authenticate: AuthHook | None = None
         self.authorize_subscribe: AclHook | None = None
         self.authorize_publish: AclHook | None = None
@@ -256,17 +264,31 @@ class MqttServer:
 
     # -- hooks -----------------------------------------------------------------------------
     def check_auth(self, client_id: str, username: str | None, password: bytes | None) -> bool:
+        """The embedder's hook, if any (after `security` accepted the client)."""
         if self.authenticate is not None:
             return bool(self.authenticate(client_id, username, password))
-        return self.settings.allow_anonymous or username is not None
+        return True
 
-    def may_subscribe(self, client_id: str, filt: str) -> bool:
+    def may_subscribe(self, conn: Any, filt: str) -> bool:
+        acl = conn.acl
+        if acl is not None and not acl.can_subscribe(filt):
+            return False
         hook = self.authorize_subscribe
-        return True if hook is None else bool(hook(client_id, filt))
+        return True if hook is None else bool(hook(conn.client_id, filt))
 
-    def may_publish(self, client_id: str, topic: str) -> bool:
+    def may_publish(self, conn: Any, topic: str) -> bool:
+        acl = conn.acl
+        if acl is not None and not acl.can_write(topic):
+            return False
         hook = self.authorize_publish
-        return True if hook is None else bool(hook(client_id, topic))
+        return True if hook is None else bool(hook(conn.client_id, topic))
+
+    def _security_reloaded(self) -> None:
+        """New rules: every open connection takes them for its next operation and delivery."""
+        for conn in list(self.conns.values()):
+            conn.refresh_acl()
+        for qs in list(self.delivery.queues.values()):
+            self.delivery.mark(qs)  # a reader the old rules skipped may read now
 
     # -- stats -----------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:

@@ -40,6 +40,10 @@ class Subscription:
     pending: dict[int, int] = field(default_factory=dict)  # seq -> packet id, unacked QoS 1/2
     local: bool = False  # `$SYS/...`: served by the proxy, no light queue
     held: bool = False  # delivery waits: its retained messages are still to be sent
+    # Delivery's ACL cache: the connection's ClientAcl it was computed for, and that ACL when
+    # this filter reaches topics the client may not read (each message is then checked), else None.
+    acl_of: Any = None
+    acl_check: Any = None
 
     def acked_pos(self) -> int:
         return min(self.pending) if self.pending else self.pos

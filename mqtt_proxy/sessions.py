@@ -386,9 +386,10 @@ class SessionManager:
         now_ms = int(time.time() * 1000)
         session = sub.session
         out = []
+        acl = conn.acl
         for stored in msgs:
             m = CachedMsg.from_stored(stored)
-            if m.expired(now_ms):
+            if m.expired(now_ms) or (acl is not None and not acl.can_read(m.topic)):
                 continue
             qos = min(m.qos, sub.qos)
             sids = (sub.sub_id,) if (conn.v5 and sub.sub_id) else ()

@@ -1,5 +1,7 @@
 """MQTT proxy settings: the subset of the gateway config the proxy reads.
 
+(`allow_anonymous`, `password_file` and `acl_file` are not here: they make the
+`store.auth.Security` the embedder passes to `MqttServer`, shared with the Kafka server.)
 (`filter_grace_ms` is not here: it configures the light queues, `LightQueueConfig.filter_grace_s`.)
 
 A plain dataclass so `mqtt_proxy` never imports `lightgate` (arrows point down); the embedder
@@ -20,7 +22,6 @@ class ProxySettings:
     max_session_expiry: int = 7 * 24 * 3600
     max_replay_depth_ms: int = 7 * 24 * 3600 * 1000
     sys_interval_s: int = 10
-    allow_anonymous: bool = True
     recent_cache_bytes: int = 64 << 20
     # Not in the gateway config (yet): internal knobs with sensible defaults.
     max_topic_alias: int = 64

@@ -121,7 +121,8 @@ def covers(outer: Levels, inner: Levels) -> bool:
             return False
         x, y = outer[i], inner[i]
         if y == "#":
-            return False
+            # Only "+/#" covers "#" (a topic has at least one level: "+/#" matches "a" too).
+            return i == 0 and x == "+" and outer[1:] == ("#",)
         if x == "+":
             if i == 0 and y[:1] == "$":
                 return False
@@ -181,6 +182,15 @@ class ClientAcl:
             if overlap is not None and not any(covers(d, overlap) for d in self._deny.all):
                 return True
         return False
+
+    def reads_all(self, filt: str) -> bool:
+        """True iff every topic `filt` matches is readable: delivery then needs no per-message check."""
+        if self.allow_all:
+            return True
+        want = _levels(filt)
+        if any(intersect(d, want) is not None for d in self._deny.all):
+            return False
+        return any(covers(rule, want) for rule in self._read.all)
 
     def covers_subtree(self, prefix: str, access: str) -> bool:
         if self.allow_all:

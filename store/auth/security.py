@@ -8,6 +8,7 @@ operation and delivery on, without dropping any connection.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 
 from store.auth import AuthFileError
 from store.auth.acl import Acl, ClientAcl
@@ -25,7 +26,9 @@ class ConnectVerdict(enum.Enum):
 class Security:
     """Current password file, ACL and anonymous policy (allow_anonymous already resolved to a bool)."""
 
-    __slots__ = ("password_file", "acl_file", "allow_anonymous", "passwords", "acl", "generation")
+    __slots__ = (
+        "password_file", "acl_file", "allow_anonymous", "passwords", "acl", "generation", "_listeners",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -43,6 +46,7 @@ class Security:
         self.acl = acl if acl is not None else Acl.allow_all()
         # Bumped by every successful reload: per-connection caches compare it to drop stale decisions.
         self.generation = 0
+        self._listeners: list[Callable[[], None]] = []
 
     @classmethod
     def load(
@@ -71,7 +75,13 @@ class Security:
             return [str(exc)]
         self.passwords, self.acl = passwords, acl
         self.generation += 1
+        for callback in list(self._listeners):
+            callback()
         return []
+
+    def on_reload(self, callback: Callable[[], None]) -> None:
+        """Call `callback` after each successful reload (servers refresh per-connection caches)."""
+        self._listeners.append(callback)
 
     @property
     def enabled(self) -> bool:
