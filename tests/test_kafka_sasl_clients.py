@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
-from gateway_process import GatewayProcess
+from gateway_process import ROOT, GatewayProcess
 from mqtt_helpers import Client
 
 from store.auth import PasswordFile
@@ -349,3 +352,58 @@ def test_admin_needs_write_on_the_log_topic(gw: GatewayProcess) -> None:
         with pytest.raises(KafkaException) as info:
             fut.result(10)
         assert info.value.args[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED, what
+
+
+async def test_defaults_and_sighup_reload(tmp_path: Path) -> None:
+    """`lightgate passwd -b` writes the users; with a password_file, allow_anonymous (auto) is
+    off, so a Kafka client without SASL is refused; `kill -HUP` applies a new ACL and a new
+    password file to later requests, on connections already open."""
+    from aiokafka import AIOKafkaProducer
+    from aiokafka.errors import KafkaConnectionError, TopicAuthorizationFailedError
+
+    passwd, acl = tmp_path / "passwd", tmp_path / "acl"
+    lg = [sys.executable, "-m", "lightgate", "passwd"]
+    subprocess.run([*lg, "-c", "-b", str(passwd), "dave", "d1"], check=True, cwd=ROOT)
+    acl.write_text("user dave\ntopic readwrite plant/#\n")
+    gw = GatewayProcess(tmp_path / "data", [f"--set=password_file={passwd}",
+                                            f"--set=acl_file={acl}"]).start()  # fmt: skip
+    try:
+        bs = f"127.0.0.1:{gw.port('kafka')}"
+        anonymous = AIOKafkaProducer(bootstrap_servers=bs)
+        with pytest.raises(KafkaConnectionError):
+            await anonymous.start()
+        await anonymous.stop()
+
+        producer = AIOKafkaProducer(
+            bootstrap_servers=bs, **aio_kwargs("SCRAM-SHA-512", "dave", "d1")
+        )
+        await producer.start()
+        try:
+            await producer.send_and_wait("plant", b"1", key=b"plant/a")
+
+            def reload() -> None:
+                before = gw.log_text().count("users and ACL reloaded")
+                assert gw.proc is not None
+                gw.proc.send_signal(signal.SIGHUP)
+                deadline = time.monotonic() + 10
+                while gw.log_text().count("users and ACL reloaded") == before:
+                    assert time.monotonic() < deadline, gw.log_text()[-2000:]
+                    time.sleep(0.05)
+
+            acl.write_text("user dave\ntopic read plant/#\n")
+            subprocess.run([*lg, "-b", str(passwd), "erin", "e1"], check=True, cwd=ROOT)
+            reload()
+            with pytest.raises(TopicAuthorizationFailedError):  # same connection, new rules
+                await producer.send_and_wait("plant", b"2", key=b"plant/a")
+        finally:
+            await producer.stop()
+        # erin was added by the reload: she can log in now (and has no rights)
+        erin = AIOKafkaProducer(bootstrap_servers=bs, **aio_kwargs("PLAIN", "erin", "e1"))
+        await erin.start()
+        try:
+            with pytest.raises(TopicAuthorizationFailedError):
+                await erin.send_and_wait("plant", b"3", key=b"plant/a")
+        finally:
+            await erin.stop()
+    finally:
+        gw.stop()
