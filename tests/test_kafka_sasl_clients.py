@@ -246,6 +246,23 @@ async def test_aiokafka(gw: GatewayProcess, subscriber: Client, mech: str) -> No
     with pytest.raises(TopicAuthorizationFailedError):
         await fetch("carol")
 
+    # a consumer group: JoinGroup/SyncGroup, then OffsetCommit (read on the topic) and back
+    group = AIOKafkaConsumer("sensors", bootstrap_servers=bootstrap(gw), group_id=f"bobs-{mech}",
+                             auto_offset_reset="earliest", enable_auto_commit=False,
+                             **aio_kwargs(mech, "bob", USERS["bob"]))  # fmt: skip
+    await group.start()
+    try:
+        seen: list[bytes] = []
+        deadline = time.monotonic() + 15
+        while key.encode() not in seen and time.monotonic() < deadline:
+            for msgs in (await group.getmany(timeout_ms=300)).values():
+                seen += [m.key for m in msgs]
+        assert key.encode() in seen
+        await group.commit()
+        assert (await group.committed(TopicPartition("sensors", 0))) is not None
+    finally:
+        await group.stop()
+
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap(gw),
                                 **aio_kwargs(mech, "bob", USERS["bob"]))  # fmt: skip
     await producer.start()
