@@ -298,3 +298,18 @@ def test_preauthenticated_by_certificate(passwords: PasswordFile) -> None:
     s.preauthenticate("sensor-17")
     assert s.gate(PRODUCE) is Verdict.ANSWER and s.user == "sensor-17"
     assert s.handshake("PLAIN", 1) == ILLEGAL_SASL_STATE
+
+
+def test_unknown_user_shows_the_files_usual_iteration_count() -> None:
+    """A file written by mosquitto_passwd (101 iterations): a missing user must not stand out
+    with another count."""
+    from store.kafka.handlers_sasl import usual_iterations
+
+    pw = PasswordFile()
+    pw.set("a", "x", iterations=101)
+    pw.set("b", "y", iterations=101)
+    pw.set("c", "z", iterations=4096)
+    assert usual_iterations(pw) == 101
+    for user in ("a", "ghost"):
+        server = ScramServer(pw.scram_sha512, fake_iterations=usual_iterations(pw))
+        assert server.step(ScramClient(user, "x").first()).endswith(b",i=101")

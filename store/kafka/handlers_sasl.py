@@ -9,11 +9,12 @@ connection holds back whatever the client sent after it (see `server._Connection
 from __future__ import annotations
 
 import struct
+from collections import Counter
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from .protocol import Request, build, encode_response, response_module
-from .sasl import Mechanism, PlainServer, SaslSession, ScramServer
+from .sasl import FAKE_ITERATIONS, Mechanism, PlainServer, SaslSession, ScramServer
 
 
 class PasswordsView(Protocol):
@@ -22,6 +23,9 @@ class PasswordsView(Protocol):
     def check(self, user: str, password: str) -> bool: ...
 
     def scram_sha512(self, user: str) -> tuple[bytes, int, bytes] | None: ...
+
+    @property
+    def users(self) -> list[str]: ...
 
 
 __all__ = [
@@ -62,12 +66,30 @@ def new_session(security: SecurityView | None) -> SaslSession:
 
     def scram() -> Mechanism:
         pw = security.passwords
-        return ScramServer(pw.scram_sha512 if pw is not None else lambda u: None)
+        if pw is None:
+            return ScramServer(lambda u: None)
+        return ScramServer(pw.scram_sha512, fake_iterations=usual_iterations(pw))
 
     factories: dict[str, Callable[[], Mechanism]] = {}
     if security.passwords is not None:
         factories = {"PLAIN": plain, "SCRAM-SHA-512": scram}
     return SaslSession(factories, allow_anonymous=security.allow_anonymous)
+
+
+_usual: dict[int, tuple[object, int]] = {}  # id(password file) -> (file, its usual count)
+
+
+def usual_iterations(pw: PasswordsView) -> int:
+    """The most common SCRAM iteration count of a password file (computed once per loaded file:
+    a reload makes a new object)."""
+    hit = _usual.get(id(pw))
+    if hit is not None and hit[0] is pw:
+        return hit[1]
+    counts = Counter(c[1] for u in pw.users if (c := pw.scram_sha512(u)) is not None)
+    usual = counts.most_common(1)[0][0] if counts else FAKE_ITERATIONS
+    _usual.clear()  # one live file per gateway
+    _usual[id(pw)] = (pw, usual)
+    return usual
 
 
 def handshake_response(session: SaslSession, req: Request) -> bytes:

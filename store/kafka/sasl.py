@@ -167,17 +167,20 @@ class ScramServer:
     """The server side of one SCRAM exchange (no channel binding: gs2 flag ``n`` or ``y``).
 
     ``lookup(user)`` gives (salt, iterations, SaltedPassword) or None. ``nonce`` makes the
-    server's part of the nonce (tests pass a fixed one to replay RFC vectors).
+    server's part of the nonce (tests pass a fixed one to replay RFC vectors). An unknown user
+    is shown ``fake_iterations``: pass the password file's most common count, so the count does
+    not tell a missing user from a real one.
     """
 
     __slots__ = ("_lookup", "_hash", "_nonce", "_state", "_gs2", "_client_first_bare",
-                 "_server_first", "_nonce_full", "_creds", "_user", "_known")  # fmt: skip
+                 "_server_first", "_nonce_full", "_creds", "_user", "_known", "_fake_iterations")  # fmt: skip
 
     def __init__(
         self,
         lookup: ScramLookup,
         hash_name: str = "sha512",
         nonce: Callable[[], str] = lambda: secrets.token_urlsafe(24),
+        fake_iterations: int = FAKE_ITERATIONS,
     ) -> None:
         self._lookup = lookup
         self._hash = hash_name
@@ -187,6 +190,7 @@ class ScramServer:
         self._creds: tuple[bytes, int, bytes] = (b"", 0, b"")
         self._user = ""
         self._known = False
+        self._fake_iterations = fake_iterations  # shown for unknown users: the file's usual count
 
     @property
     def complete(self) -> bool:
@@ -240,7 +244,7 @@ class ScramServer:
         self._known = creds is not None
         if creds is None:  # carry on with made-up credentials; fail at the proof
             mac = hmac.new(_FAKE_KEY, user.encode("utf-8"), "sha256").digest()
-            creds = (mac[:16], FAKE_ITERATIONS, self._hmac(mac[16:], b"salted"))
+            creds = (mac[:16], self._fake_iterations, self._hmac(mac[16:], b"salted"))
         self._creds, self._user = creds, user
         self._gs2 = text[: len(flag) + len(authzid) + 2]
         self._client_first_bare = bare
