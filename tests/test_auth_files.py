@@ -8,7 +8,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 import shutil
-import statistics
 import subprocess
 import time
 from pathlib import Path
@@ -95,11 +94,11 @@ def test_missing_user_costs_a_hash() -> None:
 
     def timed(user: str) -> float:
         runs = []
-        for _ in range(7):
+        for _ in range(9):
             t = time.perf_counter()
             pw.check(user, "wrong")
             runs.append(time.perf_counter() - t)
-        return statistics.median(runs)
+        return min(runs)  # the least disturbed run: other processes share the machine
 
     wrong, missing = timed("alice"), timed("nobody")
     assert 0.4 < missing / wrong < 2.5, (wrong, missing)
@@ -256,3 +255,32 @@ def test_subscribe_never_refuses_a_readable_filter(
         assert acl.can_subscribe("/".join(sub), None, "c")
     if acl.for_client(None, "c").reads_all("/".join(sub)):
         assert all(acl.can_read("/".join(t), None, "c") for t in UNIVERSE if matches(sub, t))
+
+
+# -- configuration ---------------------------------------------------------------------------------
+def test_allow_anonymous_tri_state(tmp_path: Path) -> None:
+    from lightgate.app import allow_anonymous, build_security
+    from lightgate.config import ConfigError, load_config
+
+    toml = tmp_path / "gw.toml"
+    toml.write_text("allow_anonymous = true\n")  # a TOML boolean is taken
+    assert load_config(toml, env={}).allow_anonymous == "true"
+    assert load_config(env={"LIGHTGATE_ALLOW_ANONYMOUS": "0"}).allow_anonymous == "false"
+    with pytest.raises(ConfigError, match="allow_anonymous"):
+        load_config(env={}, overrides={"allow_anonymous": "maybe"})
+    auto = load_config(env={})
+    assert auto.allow_anonymous == "auto" and allow_anonymous(auto)  # 127.0.0.1, no users
+    assert allow_anonymous(load_config(env={}, overrides={"host": "localhost"}))
+    assert not allow_anonymous(load_config(env={}, overrides={"host": "0.0.0.0"}))
+    pw = tmp_path / "pw"
+    PasswordFile().save(pw)
+    with_users = load_config(env={}, overrides={"password_file": str(pw)})
+    assert not allow_anonymous(with_users)
+    forced = load_config(env={}, overrides={"host": "0.0.0.0", "allow_anonymous": "true"})
+    assert allow_anonymous(forced)
+    with pytest.raises(ConfigError, match="no such file"):
+        load_config(env={}, overrides={"acl_file": str(tmp_path / "missing")})
+    bad = tmp_path / "acl"
+    bad.write_text("user a\ntopic wrte x\n")
+    with pytest.raises(ConfigError, match=f"{bad}:2: unknown access 'wrte'"):
+        build_security(load_config(env={}, overrides={"acl_file": str(bad)}))

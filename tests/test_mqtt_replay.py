@@ -234,3 +234,25 @@ def test_shared_replay_splits_history_and_live_between_members(broker):
     assert sorted(got) == sorted(
         [f"h{i}".encode() for i in range(10)] + [f"l{i}".encode() for i in range(10)]
     )
+
+
+def test_replay_of_a_partly_readable_filter_gets_only_readable_history(gateway_factory, tmp_path):
+    """Issue 12/13: `$replay` is checked on its real filter, and its history is filtered by the
+    subscriber's `read` access like live messages (an acl_file with a deny inside the filter)."""
+    acl = tmp_path / "acl"
+    acl.write_text("topic readwrite #\nuser alice\ntopic read plant/#\ntopic deny plant/secret/#\n")
+    # No password file: on loopback anonymous clients are allowed and a user name is a label.
+    gw = gateway_factory(None, "--set", f"acl_file={acl}", "--kafka-port", "-1")
+    port = gw.port("mqtt")
+    pub = Client(port, "pub").connect()
+    for room in ("a", "secret", "b"):
+        pub.publish(f"plant/{room}/temp", f"old-{room}".encode(), 1)
+    alice = Client(port, "alice").connect(username="alice", password="x")
+    assert [c.value for c in alice.subscribe("$replay/-1h/plant/secret/#", 1)] == [0x80]
+    alice.subscribe("$replay/-1h/plant/+/temp", 1)
+    assert sorted(m.payload for m in alice.expect(2)) == [b"old-a", b"old-b"]
+    alice.expect_none(0.3)
+    pub.publish("plant/secret/temp", b"live-secret", 1)
+    pub.publish("plant/a/temp", b"live-a", 1)
+    assert [m.payload for m in alice.expect(1)] == [b"live-a"]
+    alice.expect_none(0.3)
