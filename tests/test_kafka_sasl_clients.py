@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
 import signal
 import subprocess
 import sys
@@ -36,6 +37,8 @@ user carol
 topic write sensors/#
 """
 MECHANISMS = ["PLAIN", "SCRAM-SHA-512"]
+needs_kcat = pytest.mark.skipif(shutil.which("kcat") is None, reason="kcat not installed "
+                                "(scripts/system-deps.sh)")  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -177,6 +180,7 @@ def kcat(gw: GatewayProcess, mech: str | None, user: str, password: str, *args: 
     return subprocess.run(cmd, input=stdin, capture_output=True, timeout=30, check=False)
 
 
+@needs_kcat
 @pytest.mark.parametrize("mech", MECHANISMS)
 def test_kcat(gw: GatewayProcess, subscriber: Client, mech: str) -> None:
     key = f"sensors/kcat-{mech}"
@@ -197,6 +201,7 @@ def test_kcat(gw: GatewayProcess, subscriber: Client, mech: str) -> None:
     assert b"Topic authorization failed" in r.stderr
 
 
+@needs_kcat
 def test_kcat_without_sasl_is_refused(gw: GatewayProcess) -> None:
     r = kcat(gw, None, "", "", "-P", "-t", "sensors", stdin=b"x\n")
     assert r.returncode != 0 and b"broker might require SASL authentication" in r.stderr
