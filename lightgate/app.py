@@ -300,6 +300,8 @@ async def serve(cfg: GatewayConfig) -> int:
     except ConfigError as exc:
         print(f"lightgate: {exc}", file=sys.stderr)
         return 2
+    # As Mosquitto: SIGHUP reloads the users and ACL, never stops the gateway (even while starting).
+    asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, gateway.reload)
     try:
         preflight(cfg)
         await gateway.start()
@@ -319,7 +321,6 @@ async def serve(cfg: GatewayConfig) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    loop.add_signal_handler(signal.SIGHUP, gateway.reload)  # as Mosquitto: reload, never stop
     print(gateway.ready_line(), flush=True)
     log.info("gateway ready", extra={"endpoints": gateway.ready_line()})
     await stop.wait()

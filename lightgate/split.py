@@ -251,6 +251,8 @@ async def run_proxy(cfg: GatewayConfig, core: str, proxy_id: str) -> int:
         print(f"lightgate proxy: {exc}", file=sys.stderr)
         peer.close()
         return 2
+    # Each process reads the files itself: `serve` forwards its SIGHUP here (ProxySupervisor).
+    asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, reload_security, security)
     server = MqttServer(
         rs,
         rq,
@@ -278,8 +280,6 @@ async def run_proxy(cfg: GatewayConfig, core: str, proxy_id: str) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    # Each process reads the files itself: `serve` forwards its SIGHUP here (ProxySupervisor).
-    loop.add_signal_handler(signal.SIGHUP, reload_security, security)
     peer.closed.add_done_callback(lambda _f: stop.set())
     parts = " ".join(f"{k}={h}:{p}" for k, (h, p) in endpoints.items())
     print(f"{READY_PREFIX} {parts}".rstrip(), flush=True)

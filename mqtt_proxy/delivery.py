@@ -618,24 +618,28 @@ class Delivery:
 
     def _pick_member(self, g: SharedGroup, m: CachedMsg) -> tuple[Subscription, Any] | None:
         """The next member with room that may read `m`; None when none has room now;
-        `_UNREADABLE` when no member may read it at all (the group skips it)."""
+        `_UNREADABLE` when no connected member may read it (the group passes over it rather
+        than hold every later message back)."""
         members = g.members
         n = len(members)
-        denied = 0
+        online = denied = 0
         for i in range(n):
             sub = members[(g.rr + i) % n]
             conn = sub.session.conn
-            if conn is not None and conn.acl is not None and not conn.acl.can_read(m.topic):
+            if conn is None:
+                continue
+            online += 1
+            if conn.acl is not None and not conn.acl.can_read(m.topic):
                 denied += 1
                 continue
-            if conn is None or not conn.writable or sub.held:
+            if not conn.writable or sub.held:
                 continue
             qos = min(m.qos, sub.qos)
             if qos and len(sub.session.inflight) >= conn.out_window:
                 continue
             g.rr = (g.rr + i + 1) % n
             return sub, conn
-        return _UNREADABLE if denied == n else None
+        return _UNREADABLE if online and denied == online else None
 
     def _send_group(
         self,

@@ -36,6 +36,12 @@ SKIP = {
     "proxy against a core is tests/test_mqtt_split.py",
     "kcat -b gateway:9092 ": "needs a gateway with users on a host named gateway; the same kcat "
     "settings run in tests/test_kafka_sasl_clients.py",
+    "kill -HUP ": "needs the pid of a gateway started by hand; the SIGHUP reload (both "
+    "shapes) is tests/test_mqtt_auth.py",
+    "mosquitto_sub -h gateway.example": "a gateway with users on another host; the same "
+    "commands against a local one are tests/test_mqtt_auth.py",
+    "mosquitto_pub -h gateway.example": "a gateway with users on another host; the same "
+    "commands against a local one are tests/test_mqtt_auth.py",
     "cd notebooks && ": "the notebook run is tests/test_spark_notebook.py (Spark, a minute); here "
     "only that jupyter-execute is installed is checked",
 }

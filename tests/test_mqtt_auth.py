@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from gateway_process import ROOT, GatewayProcess
-from mqtt_helpers import V5, V311, Client
+from mqtt_helpers import V5, V311, Client, raw, read_packets
 
 MOSQ = shutil.which("mosquitto_pub") is not None
 needs_mosquitto = pytest.mark.skipif(not MOSQ, reason="mosquitto clients not installed")
@@ -138,6 +138,33 @@ def test_connect_refusals_mosquitto(gw: GatewayProcess) -> None:
     assert ok.returncode == 0, ok.stderr
 
 
+def _s(text: str) -> bytes:
+    return len(text).to_bytes(2, "big") + text.encode()
+
+
+def test_packets_behind_connect_wait_for_the_password_check(gw: GatewayProcess) -> None:
+    """The password is hashed off the event loop: a PUBLISH sent in the same write as CONNECT
+    waits for the verdict, then is handled (or dropped with the refused connection)."""
+    admin = user(gw, "admin", "pipe-admin", V5)
+    admin.subscribe("room/pipe", 1)
+    for password, want in (("alicepw", b"\x20\x02\x00\x00"), ("bad", b"\x20\x02\x00\x04")):
+        body = b"\x00\x04MQTT\x04\xc2\x00\x3c" + _s("pipe") + _s("alice") + _s(password)
+        connect = bytes([0x10, len(body)]) + body
+        pub_body = _s("room/pipe") + b"\x00\x01" + password.encode()
+        publish = bytes([0x32, len(pub_body)]) + pub_body
+        s = raw(gw.port("mqtt"))
+        s.sendall(connect + publish)
+        if want.endswith(b"\x00"):
+            assert read_packets(s, 2) == [want, b"\x40\x02\x00\x01"]  # CONNACK, PUBACK
+        else:
+            assert read_packets(s, 1) == [want]
+            assert s.recv(10) == b""  # closed; the PUBLISH behind it went nowhere
+        s.close()
+    assert [m.payload for m in admin.expect(1)] == [b"alicepw"]
+    admin.expect_none(0.5)
+    admin.disconnect()
+
+
 # -- SUBSCRIBE and PUBLISH -----------------------------------------------------------------------
 @pytest.mark.parametrize("version", [V311, V5])
 def test_subscribe_by_acl(gw: GatewayProcess, version: int) -> None:
@@ -216,6 +243,30 @@ def test_denied_topics_filtered_live_retained_and_replayed(gw: GatewayProcess) -
         assert [m.payload for m in c.expect(3)] == [b"live-0", b"live-1", b"live-2"]
         c.expect_none(0.3)
     for c in (admin, v3, v5, replay):
+        c.disconnect()
+
+
+def test_shared_group_skips_what_no_member_may_read(gw: GatewayProcess) -> None:
+    """`$share/g/hist/#` overlaps a deny: the group hands out the readable messages and passes
+    over the denied ones (no member may read them) instead of stalling on them."""
+    admin = user(gw, "admin", "sh-admin", V5)
+    members = [user(gw, "alice", f"sh-{i}", V5) for i in range(2)]
+    for m in members:
+        assert sub_codes(m.subscribe("$share/g/hist/#", 1)) == [1]
+    for i in range(4):
+        admin.publish(f"hist/secret/s{i}", b"secret", 1)
+        admin.publish(f"hist/open/s{i}", f"open-{i}".encode(), 1)
+    got: list[bytes] = []
+    deadline = time.monotonic() + 10
+    while len(got) < 4 and time.monotonic() < deadline:
+        for m in members:
+            while not m.messages.empty():
+                got.append(m.messages.get().payload)
+        time.sleep(0.05)
+    assert sorted(got) == [b"open-0", b"open-1", b"open-2", b"open-3"]
+    for m in members:
+        m.expect_none(0.3)
+    for c in (admin, *members):
         c.disconnect()
 
 
@@ -379,3 +430,16 @@ def _mosquitto_accepts(conf: Path, path: Path) -> None:
     finally:
         broker.terminate()
         broker.wait(10)
+
+
+def test_serve_refuses_a_bad_acl_file(tmp_path: Path) -> None:
+    acl = tmp_path / "acl"
+    acl.write_text("user alice\ntopic wrte room/#\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "lightgate", "serve", "--data-dir", str(tmp_path / "data"),
+         "--mqtt-port", "0", "--ws-port", "-1", "--kafka-port", "-1", "--http-port", "-1",
+         "--set", f"acl_file={acl}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert f"lightgate: {acl}:2: unknown access 'wrte'" in proc.stderr
