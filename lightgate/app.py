@@ -19,7 +19,7 @@ from typing import Any
 from lightgate import __version__
 from lightgate.config import ConfigError, GatewayConfig
 from lightgate.http import HttpServer
-from lightgate.tls import check_tls_files, server_context, tls_context
+from lightgate.tls import certificate_cn, check_tls_files, server_context, tls_context
 from store import Store, StoreConfig, StoreLockedError
 from store.auth import AuthFileError, Security
 
@@ -155,9 +155,11 @@ class Gateway:
             auto_create_topics=cfg.kafka_auto_create_topics,
             default_partitions=cfg.default_partitions,
         )
-        kafka = KafkaServer(self.store, cfg.host, cfg.kafka_port, kcfg)
+        kafka = KafkaServer(self.store, cfg.host, cfg.kafka_port, kcfg, security=self.security)
         if tls_port != -1:  # Kafka has no answer for "certificate missing": the handshake fails
             kafka.add_tls_listener(tls_port, server_context(cfg))
+        if cfg.tls_identity_as_username:  # a client certificate's CN is the SASL user
+            kafka.certificate_user = certificate_cn
         await kafka.start()
         self._closers.append(kafka)
         self._stats_sources.append(("", kafka))

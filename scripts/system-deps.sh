@@ -7,6 +7,7 @@ command -v mosquitto_pub >/dev/null 2>&1 || need+=(mosquitto-clients)
 command -v mosquitto >/dev/null 2>&1 || need+=(mosquitto)
 command -v java >/dev/null 2>&1 || need+=(openjdk-17-jre-headless)
 command -v kcat >/dev/null 2>&1 || need+=(kcat)
+command -v openssl >/dev/null 2>&1 || need+=(openssl)
 if [ ${#need[@]} -eq 0 ]; then exit 0; fi
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   echo "system-deps: installing ${need[*]}"

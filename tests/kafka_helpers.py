@@ -33,10 +33,15 @@ class Gateway:
 
 @asynccontextmanager
 async def running_gateway(
-    data_dir: Path, *, partitions: int = 1, fsync: str = "always", **kafka: Any
+    data_dir: Path,
+    *,
+    partitions: int = 1,
+    fsync: str = "always",
+    security: Any = None,
+    **kafka: Any,
 ) -> AsyncIterator[Gateway]:
     store = await Store.open(data_dir, StoreConfig(default_partitions=partitions, fsync=fsync))
-    server = KafkaServer(store, "127.0.0.1", 0, KafkaConfig(**kafka))
+    server = KafkaServer(store, "127.0.0.1", 0, KafkaConfig(**kafka), security=security)
     try:
         await server.start()
         yield Gateway(store, server)

@@ -34,6 +34,8 @@ SKIP = {
     ".venv/bin/python bench/": "benchmarks take minutes; they are run by hand for bench/RESULTS.md",
     ".venv/bin/lightgate proxy --core core-host:7070": "needs a core on another host; the same "
     "proxy against a core is tests/test_mqtt_split.py",
+    "kcat -b gateway:9092 ": "needs a gateway with users on a host named gateway; the same kcat "
+    "settings run in tests/test_kafka_sasl_clients.py",
     "kill -HUP ": "needs the pid of a gateway started by hand; the SIGHUP reload (both "
     "shapes) is tests/test_mqtt_auth.py",
     "cd notebooks && ": "the notebook run is tests/test_spark_notebook.py (Spark, a minute); here "

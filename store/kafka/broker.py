@@ -24,6 +24,7 @@ from store.mapping import is_valid_log_topic
 from . import handlers_admin, handlers_group, handlers_log
 from .config import KafkaConfig
 from .groups import Delivery, GroupCoordinator
+from .handlers_sasl import SecurityView
 from .offsets import OffsetStore
 from .producers import ProducerStateManager
 from .protocol import Request
@@ -40,6 +41,7 @@ class ConnInfo:
     peer_host: str
     local_host: str
     local_port: int
+    user: str | None = None  # proved by SASL; None: anonymous (or not yet authenticated)
 
 
 Handler = Callable[["Broker", Request, ConnInfo], Awaitable[Any]]
@@ -77,9 +79,18 @@ HANDLERS: dict[int, Handler] = {
 class Broker:
     """Event-loop-only."""
 
-    def __init__(self, store: Any, config: KafkaConfig, state_dir: Path) -> None:
+    def __init__(
+        self,
+        store: Any,
+        config: KafkaConfig,
+        state_dir: Path,
+        security: SecurityView | None = None,
+    ) -> None:
         self.store = store
         self.config = config
+        self.security = security  # shared with the gateway: read at each use, never copied
+        self._acl_seen: object = None
+        self._acl_cache: dict[tuple[str | None, str, str, str], bool] = {}
         self.groups = GroupCoordinator(
             min_session_timeout_ms=config.group_min_session_timeout_ms,
             max_session_timeout_ms=config.group_max_session_timeout_ms,
@@ -98,7 +109,8 @@ class Broker:
         self.port = 0
         # Prometheus-style counters, exported by KafkaServer.stats().
         self.counters = {"requests": 0, "produce_bytes": 0, "produce_records": 0,
-                         "fetch_bytes": 0, "protocol_errors": 0}  # fmt: skip
+                         "fetch_bytes": 0, "protocol_errors": 0, "auth_failures": 0,
+                         "authorization_failures": 0}  # fmt: skip
 
     async def start(self) -> None:
         topics = self.store.topics()
@@ -132,6 +144,43 @@ class Broker:
         """Run the request's handler; returns the kio response (None: send nothing)."""
         self.counters["requests"] += 1
         return await HANDLERS[request.api_key](self, request, conn)
+
+    # --- authorization -----------------------------------------------------------------------
+
+    def authorized(
+        self, conn: ConnInfo, client_id: str | None, topic: str, access: str, count: bool = True
+    ) -> bool:
+        """May this connection `access` ("read" / "write") log topic `topic`?
+
+        A log topic is one stream of every MQTT topic under it, so the ACL must allow the access
+        on all of them (`Acl.covers_subtree`). "describe" (Metadata, ListOffsets, configs) is read
+        or write, as Kafka implies Describe from Read and Write. Answers are cached per ACL
+        object; a reload installs a new one, so the cache empties itself. `count`: add a refusal
+        to the `authorization_failures` counter (not for topics merely left out of a listing).
+        """
+        sec = self.security
+        acl = None if sec is None else sec.acl
+        if acl is None or acl.allows_everything:
+            return True
+        if access == "describe":
+            allowed = self._allowed(acl, conn.user, client_id or "", topic, "read")
+            allowed = allowed or self._allowed(acl, conn.user, client_id or "", topic, "write")
+        else:
+            allowed = self._allowed(acl, conn.user, client_id or "", topic, access)
+        if not allowed and count:
+            self.counters["authorization_failures"] += 1
+        return allowed
+
+    def _allowed(self, acl: Any, user: str | None, client_id: str, topic: str, access: str) -> bool:
+        cache = self._acl_cache
+        if acl is not self._acl_seen or len(cache) > 100_000:
+            cache.clear()
+            self._acl_seen = acl
+        key = (user, client_id, topic, access)
+        allowed = cache.get(key)
+        if allowed is None:
+            allowed = cache[key] = bool(acl.covers_subtree(topic, access, user, client_id))
+        return allowed
 
     # --- topics ----------------------------------------------------------------------------
 

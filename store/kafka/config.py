@@ -34,5 +34,8 @@ class KafkaConfig:
     fetch_max_bytes: int = 55 * 1024 * 1024
     # Requests read ahead of their responses on one connection before reading pauses.
     max_inflight_requests: int = 64
+    # A connection whose authentication failed is closed this long after the answer
+    # [connection.failed.authentication.delay.ms, 100].
+    failed_authentication_delay_ms: int = 100
     # How often the idempotent-producer snapshot is rewritten when it changed.
     producer_snapshot_interval_s: float = 30.0

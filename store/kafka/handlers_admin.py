@@ -103,7 +103,9 @@ async def delete_topics(b: Broker, req: Request, conn: ConnInfo) -> Any:
             name = by_id.get(tid)
             if name is None:
                 error, message = E.unknown_topic_id, f"no topic with id {tid}"
-        if error == E.none:
+        if error == E.none and not b.authorized(conn, req.client_id, name, "write"):
+            error, message = E.topic_authorization_failed, "no write access to the topic"
+        elif error == E.none:
             tid = b.topic_id(name)
             try:
                 await b.store.delete_topic(name)
@@ -126,10 +128,14 @@ async def delete_records(b: Broker, req: Request, conn: ConnInfo) -> Any:
     topics = []
     for t in req.body.topics:
         parts = []
+        allowed = b.authorized(conn, req.client_id, t.name, "write")
         for p in t.partitions:
             error, low = E.none, -1
             try:
-                low = await b.store.delete_records(t.name, p.partition_index, p.offset)
+                if not allowed:
+                    error = E.topic_authorization_failed
+                else:
+                    low = await b.store.delete_records(t.name, p.partition_index, p.offset)
             except UnknownTopicOrPartitionError:
                 error = E.unknown_topic_or_partition
             except OffsetOutOfRangeError:
@@ -155,7 +161,9 @@ async def create_partitions(b: Broker, req: Request, conn: ConnInfo) -> Any:
     for t in req.body.topics:
         error, message = E.none, None
         current = b.store.partitions(t.name)
-        if current is None:
+        if not b.authorized(conn, req.client_id, t.name, "write"):
+            error, message = E.topic_authorization_failed, "no write access to the topic"
+        elif current is None:
             error, message = E.unknown_topic_or_partition, f"unknown topic {t.name!r}"
         elif t.count <= current:
             error, message = E.invalid_partitions, f"{t.name} has {current} partitions already"
@@ -203,7 +211,9 @@ async def describe_configs(b: Broker, req: Request, conn: ConnInfo) -> Any:
         keys = set(r.configuration_keys) if r.configuration_keys is not None else None
         error, message, entries = E.none, None, []
         if r.resource_type == TOPIC:
-            if b.store.partitions(r.resource_name) is None:
+            if not b.authorized(conn, req.client_id, r.resource_name, "describe"):
+                error, message = E.topic_authorization_failed, "no access to the topic"
+            elif b.store.partitions(r.resource_name) is None:
                 error, message = E.unknown_topic_or_partition, f"unknown topic {r.resource_name!r}"
             else:
                 tc = b.store.topic_config(r.resource_name)
@@ -282,6 +292,8 @@ async def incremental_alter_configs(b: Broker, req: Request, conn: ConnInfo) -> 
         error, message = E.none, None
         if r.resource_type != TOPIC:
             error, message = E.invalid_request, "only topic configs can be changed here"
+        elif not b.authorized(conn, req.client_id, r.resource_name, "write"):
+            error, message = E.topic_authorization_failed, "no write access to the topic"
         else:
             sets, deletes = [], []
             for c in r.configs:
@@ -323,6 +335,8 @@ async def alter_configs(b: Broker, req: Request, conn: ConnInfo) -> Any:
         error, message = E.none, None
         if r.resource_type != TOPIC:
             error, message = E.invalid_request, "only topic configs can be changed here"
+        elif not b.authorized(conn, req.client_id, r.resource_name, "write"):
+            error, message = E.topic_authorization_failed, "no write access to the topic"
         else:
             parsed, problem = parse_topic_configs([(c.name, c.value) for c in r.configs])
             if problem is not None:
@@ -371,6 +385,9 @@ async def describe_log_dirs(b: Broker, req: Request, conn: ConnInfo) -> Any:
     else:
         wanted = {t.topic: [p for p in t.partitions if p < known.get(t.topic, 0)]
                   for t in req.body.topics if t.topic in known}  # fmt: skip
+    # Kafka answers only for topics the user may describe (leaving the others out)
+    wanted = {t: ps for t, ps in wanted.items() if b.authorized(conn, req.client_id, t,
+                                                                 "describe", False)}  # fmt: skip
     topics = tuple(
         build(mod.DescribeLogDirsTopic, name=t, partitions=tuple(
             build(mod.DescribeLogDirsPartition, partition_index=p,
@@ -421,6 +438,8 @@ async def offset_delete(b: Broker, req: Request, conn: ConnInfo) -> Any:
         parts = []
         for p in t.partitions:
             err = E.group_subscribed_to_topic if t.name in subscribed else E.none
+            if not b.authorized(conn, req.client_id, t.name, "read"):  # Kafka: Read on it
+                err = E.topic_authorization_failed
             if err == E.none:
                 gone.append((t.name, p.partition_index))
             parts.append(build(mod.OffsetDeleteResponsePartition,

@@ -8,6 +8,7 @@ become coordinator calls with a future as the reply token, and committed offsets
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode as E
@@ -143,10 +144,13 @@ async def offset_commit(b: Broker, req: Request, conn: ConnInfo) -> Any:
     topics = []
     for t in body.topics:
         count = known.get(t.name)
+        allowed = b.authorized(conn, req.client_id, t.name, "read")  # Kafka: Read on the topic
         parts = []
         for p in t.partitions:
             err = group_error
-            if not err and (count is None or not 0 <= p.partition_index < count):
+            if not err and not allowed:
+                err = E.topic_authorization_failed
+            elif not err and (count is None or not 0 <= p.partition_index < count):
                 err = E.unknown_topic_or_partition
             elif not err and p.committed_metadata and len(p.committed_metadata) > MAX_METADATA:
                 err = E.offset_metadata_too_large
@@ -166,20 +170,26 @@ async def offset_commit(b: Broker, req: Request, conn: ConnInfo) -> Any:
     return build(mod.OffsetCommitResponse, throttle_time=0, topics=tuple(topics))
 
 
-def _fetch_group(b: Broker, mod: Any, group: str, topics: Any, v: int) -> tuple[Any, ...] | None:
+def _fetch_group(
+    b: Broker, mod: Any, group: str, topics: Any, v: int, may: Callable[[str, bool], bool]
+) -> tuple[Any, ...] | None:
+    """Committed offsets; topics it may not describe are left out of an all-topics answer and
+    TOPIC_AUTHORIZATION_FAILED when named, as Kafka does."""
     names = mod.OffsetFetchResponseTopics if v >= 8 else mod.OffsetFetchResponseTopic
     parts_cls = mod.OffsetFetchResponsePartitions if v >= 8 else mod.OffsetFetchResponsePartition
     if topics is None:  # all committed partitions of the group (v2+)
         wanted: dict[str, list[int]] = {}
         for t, p in sorted(b.offsets.partitions(group)):
-            wanted.setdefault(t, []).append(p)
+            if may(t, False):
+                wanted.setdefault(t, []).append(p)
     else:
         wanted = {t.name: list(t.partition_indexes) for t in topics}
     out = []
     for name, partitions in wanted.items():
         parts = []
+        allowed = topics is None or may(name, True)
         for p in partitions:
-            c = b.offsets.get(group, name, p)
+            c = b.offsets.get(group, name, p) if allowed else None
             parts.append(
                 build(
                     parts_cls,
@@ -187,7 +197,7 @@ def _fetch_group(b: Broker, mod: Any, group: str, topics: Any, v: int) -> tuple[
                     committed_offset=c.offset if c else -1,
                     committed_leader_epoch=c.leader_epoch if c else -1,
                     metadata=(c.metadata if c else "") or "",
-                    error_code=E.none,
+                    error_code=E.none if allowed else E.topic_authorization_failed,
                 )  # fmt: skip
             )
         out.append(build(names, name=name, partitions=tuple(parts)))
@@ -197,18 +207,22 @@ def _fetch_group(b: Broker, mod: Any, group: str, topics: Any, v: int) -> tuple[
 async def offset_fetch(b: Broker, req: Request, conn: ConnInfo) -> Any:
     body, v = req.body, req.api_version
     mod = response_module(9, v)
+
+    def may(topic: str, count: bool) -> bool:
+        return b.authorized(conn, req.client_id, topic, "describe", count)
+
     if v >= 8:
         groups = tuple(
             build(
                 mod.OffsetFetchResponseGroup,
                 group_id=g.group_id,
                 error_code=E.none,
-                topics=_fetch_group(b, mod, g.group_id, g.topics, v),
+                topics=_fetch_group(b, mod, g.group_id, g.topics, v, may),
             )  # fmt: skip
             for g in body.groups
         )
         return build(mod.OffsetFetchResponse, throttle_time=0, groups=groups)
-    topics = _fetch_group(b, mod, body.group_id, body.topics, v)
+    topics = _fetch_group(b, mod, body.group_id, body.topics, v, may)
     return build(mod.OffsetFetchResponse, throttle_time=0, topics=topics, error_code=E.none)
 
 

@@ -78,8 +78,10 @@ async def metadata(b: Broker, req: Request, conn: ConnInfo) -> Any:
     allow_create = b.config.auto_create_topics and getattr(body, "allow_auto_topic_creation", True)
     want_ops = getattr(body, "include_topic_authorized_operations", False)
     known = b.store.topics()
-    if body.topics is None or (v == 0 and not body.topics):
-        names = sorted(known)
+    if body.topics is None or (v == 0 and not body.topics):  # all topics: those it may see
+        names = [
+            n for n in sorted(known) if b.authorized(conn, req.client_id, n, "describe", False)
+        ]
     else:  # v10+ may name a topic by id only
         by_id = (
             {b.topic_id(n): n for n in known} if any(t.name is None for t in body.topics) else {}
@@ -92,8 +94,12 @@ async def metadata(b: Broker, req: Request, conn: ConnInfo) -> Any:
             error = E.unknown_topic_id
         elif not b.legal_topic(name):
             error = E.invalid_topic_exception
+        elif not b.authorized(conn, req.client_id, name, "describe"):
+            error, count = E.topic_authorization_failed, None
         elif count is None:
-            if allow_create:
+            if allow_create and not b.authorized(conn, req.client_id, name, "write"):
+                error = E.topic_authorization_failed  # Kafka: no Create right, no auto-create
+            elif allow_create:
                 count = b.store.ensure_topic(name, b.config.default_partitions)
             else:
                 error = E.unknown_topic_or_partition
@@ -107,7 +113,7 @@ async def metadata(b: Broker, req: Request, conn: ConnInfo) -> Any:
                 mod.MetadataResponseTopic,
                 error_code=error,
                 name=name,
-                topic_id=b.topic_id(name or ""),
+                topic_id=b.topic_id(name or "") if count else b.topic_id(""),
                 is_internal=False,
                 partitions=partitions,
                 topic_authorized_operations=_TOPIC_OPS if want_ops else INT32_MIN,
@@ -134,6 +140,8 @@ async def create_topics(b: Broker, req: Request, conn: ConnInfo) -> Any:
             error, message = E.invalid_request, "topic listed twice"
         elif not b.legal_topic(t.name):
             error, message = E.invalid_topic_exception, "illegal topic name"
+        elif not b.authorized(conn, req.client_id, t.name, "write"):
+            error, message = E.topic_authorization_failed, "no write access to the topic"
         elif t.name in known:
             error, message = E.topic_already_exists, f"topic {t.name!r} already exists"
         elif t.assignments and t.num_partitions != -1:
@@ -233,7 +241,7 @@ class StagedProduce:
         )  # fmt: skip
 
 
-def stage_produce(b: Broker, req: Request) -> StagedProduce:
+def stage_produce(b: Broker, req: Request, conn: ConnInfo) -> StagedProduce:
     """Validate and append every partition of a Produce request, in order, before returning."""
     body = req.body
     acks = body.acks
@@ -241,6 +249,7 @@ def stage_produce(b: Broker, req: Request) -> StagedProduce:
     known = b.store.topics()
     for topic in body.topic_data:
         count = known.get(topic.name)
+        allowed = b.authorized(conn, req.client_id, topic.name, "write")
         parts = []
         for pd in topic.partition_data:
             err: int = E.none
@@ -249,6 +258,8 @@ def stage_produce(b: Broker, req: Request) -> StagedProduce:
                 err = E.invalid_required_acks
             elif body.transactional_id is not None:
                 err = E.transactional_id_authorization_failed
+            elif not allowed:  # checked before existence, as Kafka does
+                err = E.topic_authorization_failed
             elif count is None or not 0 <= pd.index < count:
                 err = E.unknown_topic_or_partition
             elif (message := _validate_records(pd.records)) is not None:
@@ -266,7 +277,7 @@ def stage_produce(b: Broker, req: Request) -> StagedProduce:
 
 
 async def produce(b: Broker, req: Request, conn: ConnInfo) -> Any:
-    staged = stage_produce(b, req)
+    staged = stage_produce(b, req, conn)
     if staged.waits:
         # not gather: cancelling us must not cancel the store's futures
         await asyncio.wait(staged.waits)
@@ -318,7 +329,7 @@ def _fetch_session_error(body: Any, v: int) -> int:
     return E.none
 
 
-def _read_all(b: Broker, body: Any, mod: Any) -> tuple[list[Any], int, bool]:
+def _read_all(b: Broker, body: Any, mod: Any, denied: set[str]) -> tuple[list[Any], int, bool]:
     """One pass over the requested partitions: (topic responses, bytes, any error)."""
     store = b.store
     known = store.topics()
@@ -329,7 +340,9 @@ def _read_all(b: Broker, body: Any, mod: Any) -> tuple[list[Any], int, bool]:
         parts = []
         for p in t.partitions:
             err, hwm, start, records = E.none, -1, -1, b""
-            if count is None or not 0 <= p.partition < count:
+            if t.topic in denied:
+                err = E.topic_authorization_failed
+            elif count is None or not 0 <= p.partition < count:
                 err = E.unknown_topic_or_partition
             else:
                 hwm = store.high_watermark(t.topic, p.partition)
@@ -370,8 +383,11 @@ async def fetch(b: Broker, req: Request, conn: ConnInfo) -> Any:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + _ms(body.max_wait) / 1000.0
     keys = [(t.topic, p.partition) for t in body.topics for p in t.partitions]
+    denied = {
+        t.topic for t in body.topics if not b.authorized(conn, req.client_id, t.topic, "read")
+    }
     while True:
-        responses, total, errors = _read_all(b, body, mod)
+        responses, total, errors = _read_all(b, body, mod, denied)
         remaining = deadline - loop.time()
         if total >= body.min_bytes or errors or remaining <= 0 or not keys:
             break
@@ -406,10 +422,13 @@ async def list_offsets(b: Broker, req: Request, conn: ConnInfo) -> Any:
     topics = []
     for t in req.body.topics:
         count = known.get(t.name)
+        allowed = b.authorized(conn, req.client_id, t.name, "describe")
         parts = []
         for p in t.partitions:
             err, offset, ts = E.none, -1, -1
-            if count is None or not 0 <= p.partition_index < count:
+            if not allowed:
+                err = E.topic_authorization_failed
+            elif count is None or not 0 <= p.partition_index < count:
                 err = E.unknown_topic_or_partition
             elif p.timestamp == LATEST:
                 offset = b.store.high_watermark(t.name, p.partition_index)

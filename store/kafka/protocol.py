@@ -66,6 +66,7 @@ SUPPORTED_VERSIONS: Final[dict[int, tuple[int, int]]] = {
     14: (0, 5),  # SyncGroup
     15: (0, 5),  # DescribeGroups
     16: (0, 4),  # ListGroups
+    17: (0, 1),  # SaslHandshake (v0: raw tokens follow; v1: SaslAuthenticate)
     18: (0, 4),  # ApiVersions
     19: (2, 7),  # CreateTopics
     20: (1, 6),  # DeleteTopics
@@ -74,6 +75,7 @@ SUPPORTED_VERSIONS: Final[dict[int, tuple[int, int]]] = {
     32: (1, 4),  # DescribeConfigs
     33: (0, 2),  # AlterConfigs
     35: (1, 4),  # DescribeLogDirs
+    36: (0, 2),  # SaslAuthenticate
     37: (0, 3),  # CreatePartitions
     42: (0, 2),  # DeleteGroups
     44: (0, 1),  # IncrementalAlterConfigs
@@ -94,6 +96,7 @@ API_NAMES: Final[dict[int, str]] = {
     14: "SyncGroup",
     15: "DescribeGroups",
     16: "ListGroups",
+    17: "SaslHandshake",
     18: "ApiVersions",
     19: "CreateTopics",
     20: "DeleteTopics",
@@ -102,6 +105,7 @@ API_NAMES: Final[dict[int, str]] = {
     32: "DescribeConfigs",
     33: "AlterConfigs",
     35: "DescribeLogDirs",
+    36: "SaslAuthenticate",
     37: "CreatePartitions",
     42: "DeleteGroups",
     44: "IncrementalAlterConfigs",

@@ -14,20 +14,35 @@ that limit or the transport's write buffer is full.
 A frame over the size limit, a truncated or malformed request, or an unknown API key/version
 closes that connection (after the responses already owed to it), which is what Kafka does; an
 unexpected handler failure closes it too. The server keeps running in every case.
+
+Authentication (`sasl.SaslSession`, one per connection) sits in front of dispatch: until the
+connection has authenticated, only ApiVersions and the SASL requests pass, anything else closes
+it. A SASL step that checks a password runs in a worker thread (PBKDF2 costs milliseconds); the
+frames that arrive meanwhile are held and reading pauses, so nothing overtakes the step. The
+gate is transport-agnostic: the same on the plain and the TLS listener.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import ssl
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
 from .broker import Broker, ConnInfo
 from .config import KafkaConfig
 from .handlers_log import StagedProduce, stage_produce
+from .handlers_sasl import (
+    SecurityView,
+    authenticate_response,
+    handshake_response,
+    new_session,
+    raw_token,
+)
 from .protocol import (
     CloseConnection,
     FrameReader,
@@ -37,12 +52,14 @@ from .protocol import (
     decode_request,
     encode_response,
 )
+from .sasl import SASL_AUTHENTICATE, SASL_HANDSHAKE, SaslSession, State, Verdict
 
 __all__ = ["KafkaServer"]
 
 log = logging.getLogger("lightgate.kafka")
 
 PRODUCE = 0
+_SASL_KEYS = (SASL_HANDSHAKE, SASL_AUTHENTICATE)
 
 
 class KafkaServer:
@@ -55,18 +72,23 @@ class KafkaServer:
         port: int = 9092,
         config: KafkaConfig | None = None,
         state_dir: Path | None = None,
+        security: SecurityView | None = None,
     ) -> None:
+        """`security`: the gateway's shared users/ACL holder (None: no SASL, all allowed)."""
         self.store = store
         self.host = host
         self.port = port
         self.config = config or KafkaConfig()
         if state_dir is None:
             state_dir = Path(store.data_dir) / "kafka"
-        self.broker = Broker(store, self.config, state_dir)
+        self.broker = Broker(store, self.config, state_dir, security)
         self.tls_port = -1
         self._tls: ssl.SSLContext | None = None
         self._servers: list[asyncio.Server] = []
         self._connections: set[_Connection] = set()
+        # TLS client certificate (as `getpeercert()` gives it) -> user name, or None. Set by
+        # the embedder for `tls_identity_as_username`: such a connection starts authenticated.
+        self.certificate_user: Callable[[dict[str, Any]], str | None] | None = None
 
     def add_tls_listener(self, port: int, ssl_ctx: ssl.SSLContext) -> None:
         """Also listen with TLS on `port` (before `start`): the same broker, the same requests.
@@ -133,7 +155,8 @@ class KafkaServer:
 
 class _Connection(asyncio.Protocol):
     __slots__ = ("_server", "_reader", "_transport", "_info", "_pending", "_closing",
-                 "_read_paused", "_write_paused", "_flush_scheduled", "_unstarted")  # fmt: skip
+                 "_read_paused", "_write_paused", "_flush_scheduled", "_unstarted", "_sasl",
+                 "_held", "_auth_busy", "_close_delay")  # fmt: skip
 
     def __init__(self, server: KafkaServer) -> None:
         self._server = server
@@ -148,6 +171,11 @@ class _Connection(asyncio.Protocol):
         self._write_paused = False
         self._flush_scheduled = False
         self._unstarted = 0  # tasks created whose handler has not begun (appends not done)
+        self._sasl: SaslSession = new_session(server.broker.security)
+        self._held: list[bytes] = []  # frames that came while a SASL step ran in a thread
+        self._auth_busy = False
+        # Seconds to wait before closing after a failed authentication (-1: close scheduled)
+        self._close_delay = 0.0
 
     # --- asyncio.Protocol ------------------------------------------------------------------
 
@@ -158,6 +186,13 @@ class _Connection(asyncio.Protocol):
         local = transport.get_extra_info("sockname") or ("", 0)
         self._info = ConnInfo(str(peer[0]), str(local[0]), int(local[1]))
         self._server._connections.add(self)
+        identify = self._server.certificate_user
+        cert = transport.get_extra_info("peercert") if identify is not None else None
+        if identify is not None and cert:
+            user = identify(cert)
+            if user is not None:
+                self._sasl.preauthenticate(user)
+                self._info = dataclasses.replace(self._info, user=user)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._server._connections.discard(self)
@@ -183,14 +218,106 @@ class _Connection(asyncio.Protocol):
         except RemoteProtocolError as exc:
             self._protocol_error(exc)
             return
-        for frame in frames:
+        if self._held:  # frames held back by a SASL step go first
+            self._held.extend(frames)
+        else:
+            self._frames(frames)
+        self._update_reading()
+
+    def _frames(self, frames: list[bytes]) -> None:
+        sasl = self._sasl
+        for i, frame in enumerate(frames):
+            if self._auth_busy:  # hold the rest until the SASL step is answered
+                self._held.extend(frames[i:])
+                return
+            if sasl.state is State.RAW:  # after SaslHandshake v0 a frame is a bare token
+                self._authenticate(frame, None)
+                continue
             try:
                 request = decode_request(frame)
             except RemoteProtocolError as exc:
                 self._protocol_error(exc)
                 return
+            if sasl.state is not State.AUTHENTICATED or request.api_key in _SASL_KEYS:
+                if not self._sasl_request(request):
+                    return
+                continue
             self._dispatch(request)
+
+    # --- authentication ----------------------------------------------------------------------
+
+    def _sasl_request(self, request: Request) -> bool:
+        """Gate a request of a connection not yet authenticated (or a SASL request); False when
+        the connection is closing."""
+        verdict = self._sasl.gate(request.api_key)
+        if verdict is Verdict.CLOSE:
+            self._refuse(f"{request.name} before SASL authentication")
+            return False
+        if verdict is Verdict.ANSWER:
+            self._dispatch(request)
+            return True
+        if request.api_key == SASL_HANDSHAKE:
+            self._pending.append(handshake_response(self._sasl, request))
+            if self._sasl.closing:
+                self._close_delay = self._server.config.failed_authentication_delay_ms / 1000
+                self._refuse(f"SASL handshake refused ({request.body.mechanism!r})")
+                return False
+            self._flush()
+            return True
+        self._authenticate(request.body.auth_bytes, request)
+        return not self._closing
+
+    def _authenticate(self, token: bytes, request: Request | None) -> None:
+        """Run one mechanism step in a thread; `request` None: a raw (handshake v0) token."""
+        self._auth_busy = True
         self._update_reading()
+        loop = asyncio.get_running_loop()
+        task = loop.create_task(self._auth_step(token, request))
+        self._pending.append(task)
+        task.add_done_callback(self._on_done)
+
+    async def _auth_step(self, token: bytes, request: Request | None) -> bytes | None:
+        sasl = self._sasl
+        before = sasl.state
+        try:
+            result = await asyncio.get_running_loop().run_in_executor(
+                None, sasl.authenticate, token
+            )
+        finally:
+            self._auth_busy = False
+        if sasl.state is State.AUTHENTICATED and before is not State.AUTHENTICATED:
+            self._info = dataclasses.replace(self._info, user=sasl.user)
+            log.info("kafka client authenticated",
+                     extra={"peer": self._info.peer_host, "user": sasl.user})  # fmt: skip
+        elif sasl.closing:
+            self._server.broker.counters["auth_failures"] += 1
+            log.info("kafka authentication failed",
+                     extra={"peer": self._info.peer_host, "reason": result[1]})  # fmt: skip
+            self._closing = True  # after this answer (none for a raw token), as Kafka does
+            self._close_delay = self._server.config.failed_authentication_delay_ms / 1000
+        if request is None:
+            out = None if sasl.closing else raw_token(result[2])
+        else:
+            out = authenticate_response(request, result)
+        if not self._closing and self._held:
+            asyncio.get_running_loop().call_soon(self._resume_held)
+        return out
+
+    def _resume_held(self) -> None:
+        held, self._held = self._held, []
+        if not self._closing:
+            self._frames(held)  # may hold some again, behind a new SASL step
+            self._update_reading()
+
+    def _refuse(self, reason: str) -> None:
+        """Close without answering (after the answers already owed), as Kafka's authenticator."""
+        self._server.broker.counters["auth_failures"] += 1
+        log.info("kafka connection refused", extra={"peer": self._info.peer_host, "reason": reason})
+        self._closing = True
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.pause_reading()
+            self._read_paused = True
+        self._flush()
 
     # --- requests and ordered responses ------------------------------------------------------
 
@@ -222,7 +349,7 @@ class _Connection(asyncio.Protocol):
         slot: asyncio.Future[bytes | None] = asyncio.get_running_loop().create_future()
         self._pending.append(slot)
         try:
-            staged = stage_produce(broker, request)
+            staged = stage_produce(broker, request, self._info)
         except Exception as exc:
             self._produce_done(slot, request, None, exc)
             return
@@ -308,15 +435,33 @@ class _Connection(asyncio.Protocol):
             else:
                 transport.writelines(chunks)
         if self._closing and not self._pending:
-            transport.close()
+            self._close_transport(transport)
         else:
             self._update_reading()
+
+    def _close_transport(self, transport: asyncio.Transport) -> None:
+        """Close now, or after the failed-authentication delay (Kafka's
+        `connection.failed.authentication.delay.ms`): a client that retries at once is slowed
+        down, and the answer is read before the connection goes (kafka-python reads the close
+        first otherwise)."""
+        delay = self._close_delay
+        if delay > 0:
+            self._close_delay = -1
+            transport.pause_reading()
+            asyncio.get_running_loop().call_later(delay, transport.close)
+        elif delay == 0:
+            transport.close()
 
     def _update_reading(self) -> None:
         transport = self._transport
         if transport is None or transport.is_closing() or self._closing:
             return
-        full = self._write_paused or len(self._pending) >= self._server.config.max_inflight_requests
+        full = (
+            self._write_paused
+            or self._auth_busy
+            or bool(self._held)
+            or len(self._pending) >= self._server.config.max_inflight_requests
+        )
         if full and not self._read_paused:
             transport.pause_reading()
             self._read_paused = True
