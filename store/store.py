@@ -48,13 +48,15 @@ from store.mapping import (
     partition_for_key,
 )
 from store.mqtt_batches import build_mqtt_batches
-from store.record_batch import split_batches
+from store.record_batch import CONTROL_MASK, TRANSACTIONAL_MASK, split_batches
 from store.topic_admin import TopicAdmin, TopicListener, log_failure, remove_orphans
+from store.txn_index import TxnIndex
 
 log = logging.getLogger("lightgate.store")
 
 CLEAN_SHUTDOWN = "clean-shutdown"
 TOPICS_FILE = "topics.json"
+TXN_BITS = TRANSACTIONAL_MASK | CONTROL_MASK
 
 
 Run = tuple[str, int, int, Sequence[int], int]  # topic, partition, base offset, indexes, bytes
@@ -129,7 +131,8 @@ class Store(TopicAdmin):
         self._tconf: dict[str, TopicConfig] = {}
         self._logs: dict[tuple[str, int], Log] = {}
         self._routes: dict[str, tuple[str, int, bytes, Log]] = {}
-        self._listeners: list[Callable[[str, int, int], None]] = []
+        self.txn_index = TxnIndex(self.log_dir)  # first listener: the LSO moves with the hwm
+        self._listeners: list[Callable[[str, int, int], None]] = [self.txn_index.advance]
         self._topic_listeners: list[TopicListener] = []
         self._commit = GroupCommit(
             lambda lg: self._tconf[lg.topic].fsync, self._seal, self._listeners
@@ -206,6 +209,7 @@ class Store(TopicAdmin):
             for p in range(self._counts[name]):
                 lg = self._logs[(name, p)]
                 total_cut += lg.load(clean, progress)
+        self.txn_index.recover(self._counts, self.high_watermark, self.log_start_offset, self.read)
         if not clean and self._logs:
             log.warning(
                 "store was not shut down cleanly: recovered %d partitions in %.2f s, %d bytes cut",
@@ -222,6 +226,8 @@ class Store(TopicAdmin):
         for t in self._timers:
             t.cancel()
         await self._commit.drain()
+        doc = self.txn_index.export(self.log_start_offset)
+        await asyncio.to_thread(self.txn_index.write_snapshot, doc)
         await asyncio.to_thread(self._final_sync)
         self._commit.shutdown()
         self._release_lock()
@@ -390,6 +396,8 @@ class Store(TopicAdmin):
         pos = count = 0
         for h in headers:
             base = lg.stage_view(data, pos, h.size, h.record_count, h.max_timestamp)
+            if h.attributes & TXN_BITS:
+                self.txn_index.observe(topic, partition, data, pos, base)
             pos += h.size
             runs.append((topic, partition, base, range(count, count + h.record_count), h.size))
             count += h.record_count
@@ -462,6 +470,17 @@ class Store(TopicAdmin):
 
     def log_start_offset(self, topic: str, partition: int) -> int:
         return self._log(topic, partition).log_start_offset
+
+    def last_stable_offset(self, topic: str, partition: int) -> int:
+        """First offset of the earliest open Kafka transaction, else the high watermark."""
+        lg = self._log(topic, partition)
+        return max(self.txn_index.last_stable_offset(topic, partition, lg.hwm), lg.log_start_offset)
+
+    def aborted_transactions(
+        self, topic: str, partition: int, start: int, end: int
+    ) -> list[tuple[int, int]]:
+        """(producer id, first offset) of aborted transactions overlapping [start, end)."""
+        return self.txn_index.aborted_in(topic, partition, start, end)
 
     def offset_for_timestamp(self, topic: str, partition: int, ts_ms: int) -> int | None:
         """First offset whose timestamp ≥ ts_ms (None: all older), as Kafka ListOffsets."""

@@ -35,14 +35,11 @@ async def find_coordinator(b: Broker, req: Request, conn: ConnInfo) -> Any:
     node, host = b.config.node_id, b.config.advertised_host or conn.local_host
 
     def answer(key: str) -> dict[str, Any]:
-        if key_type == GROUP_KEY:
+        if key_type in (GROUP_KEY, TXN_KEY):  # this node coordinates groups and transactions
             return dict(key=key, node_id=node, host=host, port=b.port, error_code=E.none,
                         error_message=None)  # fmt: skip
-        error = (
-            E.transactional_id_authorization_failed if key_type == TXN_KEY else E.invalid_request
-        )
-        return dict(key=key, node_id=-1, host="", port=-1, error_code=error,
-                    error_message="transactions are not supported")  # fmt: skip
+        return dict(key=key, node_id=-1, host="", port=-1, error_code=E.invalid_request,
+                    error_message=f"unknown key type {key_type}")  # fmt: skip
 
     if v >= 4:
         coords = tuple(build(mod.Coordinator, **answer(k)) for k in body.coordinator_keys)
