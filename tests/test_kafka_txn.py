@@ -102,7 +102,7 @@ def _open_txn_blocks(bootstrap: str) -> dict[str, object]:
     plain.produce("lso", b"after", partition=0)
     plain.flush()
     out: dict[str, object] = {
-        "committed_open": _consume(bootstrap, "lso", "read_committed", 3, wait=3),
+        "committed_open": _consume(bootstrap, "lso", "read_committed", 3, wait=2),
         "uncommitted_open": _consume(bootstrap, "lso", "read_uncommitted", 3),
     }
     c = ck.Consumer({"bootstrap.servers": bootstrap, "group.id": "wm",
@@ -143,7 +143,7 @@ def _zombie(bootstrap: str) -> dict[str, object]:
     new.produce("zb", b"fresh", partition=0)
     new.commit_transaction(10)
     out["committed"] = _consume(bootstrap, "zb", "read_committed", 1)
-    out["uncommitted"] = _consume(bootstrap, "zb", "read_uncommitted", 3, wait=4)
+    out["uncommitted"] = _consume(bootstrap, "zb", "read_uncommitted", 2)
     return out
 
 
@@ -153,7 +153,7 @@ async def test_zombie_producer_is_fenced(tmp_path: Path) -> None:
         assert out["zombie"] in (ck.KafkaError._FENCED, ck.KafkaError.PRODUCER_FENCED,
                                  ck.KafkaError.INVALID_PRODUCER_EPOCH), out  # fmt: skip
         assert out["committed"] == ["fresh"]
-        assert "zombie2" not in out["uncommitted"]  # refused, never stored
+        assert out["uncommitted"] == ["zombie", "fresh"]  # zombie2 refused, never stored
         m = gw.server.broker.txns.txns["t-zombie"]
         assert m.epoch >= 1
 
@@ -192,3 +192,62 @@ async def test_aiokafka_transactional_producer(tmp_path: Path) -> None:
                     assert (await c.end_offsets([tp]))[tp] == 8  # 5 records + 3 markers
             finally:
                 await c.stop()
+
+
+def _consume_transform_produce(bootstrap: str) -> dict[str, object]:
+    plain = ck.Producer({"bootstrap.servers": bootstrap})
+    for i in range(10):
+        plain.produce("ctp-in", f"v{i}".encode(), partition=0)
+    plain.flush()
+    consumer = ck.Consumer({"bootstrap.servers": bootstrap, "group.id": "ctp",
+                            "isolation.level": "read_committed", "auto.offset.reset": "earliest",
+                            "enable.auto.commit": False})  # fmt: skip
+    consumer.subscribe(["ctp-in"])
+    producer = _producer(bootstrap, "t-ctp")
+    tp = ck.TopicPartition("ctp-in", 0)
+    out: dict[str, object] = {"committed_after": [], "aborted_n": 0}
+    done, rounds, chunks = 0, 0, 0
+    while done < 10 and rounds < 40:
+        rounds += 1
+        msgs = consumer.consume(5, 1.0)
+        msgs = [m for m in msgs if not m.error()]
+        if not msgs:
+            continue
+        chunks += 1
+        abort = chunks == 2  # the second chunk: aborted once, then redone
+        producer.begin_transaction()
+        for m in msgs:
+            producer.produce("ctp-out", m.value().upper(), partition=0)
+        producer.send_offsets_to_transaction(
+            consumer.position(consumer.assignment()), consumer.consumer_group_metadata(), 10
+        )
+        if abort:
+            producer.flush()  # else librdkafka purges them unsent
+            producer.abort_transaction(10)
+            out["aborted"] = (done, consumer.committed([tp], 10)[0].offset)
+            out["aborted_n"] = len(msgs)
+            consumer.seek(ck.TopicPartition("ctp-in", 0, done))  # rewind, as a real app would
+            continue
+        producer.commit_transaction(10)
+        done += len(msgs)
+        committed = out["committed_after"]
+        assert isinstance(committed, list)
+        committed.append(consumer.committed([tp], 10)[0].offset)
+    consumer.close()
+    out["out"] = _consume(bootstrap, "ctp-out", "read_committed", 10)
+    n = 10 + int(out["aborted_n"])  # type: ignore[call-overload]
+    out["out_all"] = _consume(bootstrap, "ctp-out", "read_uncommitted", n, wait=4)
+    return out
+
+
+async def test_consume_transform_produce_send_offsets(tmp_path: Path) -> None:
+    async with running_gateway(tmp_path) as gw:
+        out = await asyncio.to_thread(_consume_transform_produce, gw.bootstrap)
+        assert out["out"] == [f"V{i}" for i in range(10)]
+        # the aborted chunk stays in the log, invisible to read_committed
+        assert out["aborted_n"] and len(out["out_all"]) == 10 + out["aborted_n"]
+        committed = out["committed_after"]
+        assert committed == sorted(committed) and committed[-1] == 10
+        done, seen = out["aborted"]
+        assert seen == (done or -1001)  # an aborted transaction's offsets never reach the group
+        assert gw.server.broker.offsets.get("ctp", "ctp-in", 0).offset == 10

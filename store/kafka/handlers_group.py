@@ -162,7 +162,9 @@ async def offset_commit(b: Broker, req: Request, conn: ConnInfo) -> Any:
     return build(mod.OffsetCommitResponse, throttle_time=0, topics=tuple(topics))
 
 
-def _fetch_group(b: Broker, mod: Any, group: str, topics: Any, v: int) -> tuple[Any, ...] | None:
+def _fetch_group(
+    b: Broker, mod: Any, group: str, topics: Any, v: int, stable: bool = False
+) -> tuple[Any, ...] | None:
     names = mod.OffsetFetchResponseTopics if v >= 8 else mod.OffsetFetchResponseTopic
     parts_cls = mod.OffsetFetchResponsePartitions if v >= 8 else mod.OffsetFetchResponsePartition
     if topics is None:  # all committed partitions of the group (v2+)
@@ -183,7 +185,10 @@ def _fetch_group(b: Broker, mod: Any, group: str, topics: Any, v: int) -> tuple[
                     committed_offset=c.offset if c else -1,
                     committed_leader_epoch=c.leader_epoch if c else -1,
                     metadata=(c.metadata if c else "") or "",
-                    error_code=E.none,
+                    # v7+ require_stable: an open transaction will change it (KIP-447)
+                    error_code=E.unstable_offset_commit
+                    if stable and b.txns.pending_offset(group, (name, p))
+                    else E.none,
                 )  # fmt: skip
             )
         out.append(build(names, name=name, partitions=tuple(parts)))
@@ -199,12 +204,13 @@ async def offset_fetch(b: Broker, req: Request, conn: ConnInfo) -> Any:
                 mod.OffsetFetchResponseGroup,
                 group_id=g.group_id,
                 error_code=E.none,
-                topics=_fetch_group(b, mod, g.group_id, g.topics, v),
+                topics=_fetch_group(b, mod, g.group_id, g.topics, v, body.require_stable),
             )  # fmt: skip
             for g in body.groups
         )
         return build(mod.OffsetFetchResponse, throttle_time=0, groups=groups)
-    topics = _fetch_group(b, mod, body.group_id, body.topics, v)
+    stable = getattr(body, "require_stable", False)
+    topics = _fetch_group(b, mod, body.group_id, body.topics, v, stable)
     return build(mod.OffsetFetchResponse, throttle_time=0, topics=topics, error_code=E.none)
 
 
