@@ -24,6 +24,7 @@ loop uses the index) and `write_snapshot` (any thread, given `export()`'s data).
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 import struct
@@ -40,7 +41,7 @@ from store.record_batch import (
     iter_records,
 )
 
-__all__ = ["ABORT", "COMMIT", "TxnIndex", "control_type"]
+__all__ = ["ABORT", "COMMIT", "PartitionTxns", "TxnIndex", "control_type"]
 
 ABORT, COMMIT = 0, 1
 SNAPSHOT = "txn-index.json"
@@ -61,7 +62,9 @@ def control_type(batch: Any, pos: int = 0, size: int | None = None) -> int | Non
     return None
 
 
-class _Partition:
+class PartitionTxns:
+    """One partition's transactions; also kept by readers in other processes (Spark's driver)."""
+
     __slots__ = ("open", "aborted", "pending", "covered")
 
     def __init__(self) -> None:
@@ -78,20 +81,38 @@ class _Partition:
         if first is not None and marker == ABORT:
             self.aborted.append((pid, first, offset))
 
+    def feed(self, batch: Any) -> None:
+        """Apply one whole batch (any batch: non-transactional ones change nothing)."""
+        h = HEADER.unpack_from(batch)
+        if not h[5] & (TRANSACTIONAL_MASK | CONTROL_MASK) or h[9] < 0:
+            return
+        marker = control_type(batch) if h[5] & CONTROL_MASK else None
+        if marker is not None or not h[5] & CONTROL_MASK:
+            self.apply(h[0], h[9], marker)
+
+    def stable(self, hwm: int) -> int:
+        """The last stable offset given the high watermark."""
+        return min(hwm, min(self.open.values())) if self.open else hwm
+
+    def aborted_between(self, start: int, end: int) -> list[tuple[int, int, int]]:
+        """(pid, first offset, marker offset) of the aborted transactions overlapping [start, end)."""
+        i = bisect.bisect_left(self.aborted, start, key=lambda a: a[2])  # in marker order
+        return [a for a in self.aborted[i:] if a[1] < end]
+
 
 class TxnIndex:
     def __init__(self, directory: Path) -> None:
         self._path = directory / SNAPSHOT
-        self._parts: dict[Key, _Partition] = {}
+        self._parts: dict[Key, PartitionTxns] = {}
         self._seq = 0
         self._written = -1
         self._lock = threading.Lock()
         self.dirty = False
 
-    def _part(self, key: Key) -> _Partition:
+    def _part(self, key: Key) -> PartitionTxns:
         p = self._parts.get(key)
         if p is None:
-            p = self._parts[key] = _Partition()
+            p = self._parts[key] = PartitionTxns()
         return p
 
     # --- feeding ----------------------------------------------------------------------------
@@ -113,7 +134,7 @@ class TxnIndex:
         """Append listener: bytes below `hwm` are readable; apply what they hold."""
         p = self._parts.get((topic, partition))
         if p is None:
-            p = self._parts[(topic, partition)] = _Partition()
+            p = self._parts[(topic, partition)] = PartitionTxns()
         if p.pending:
             n = 0
             for offset, pid, marker in p.pending:
@@ -136,16 +157,27 @@ class TxnIndex:
 
     def last_stable_offset(self, topic: str, partition: int, hwm: int) -> int:
         p = self._parts.get((topic, partition))
-        if p is None or not p.open:
-            return hwm
-        return min(hwm, min(p.open.values()))
+        return hwm if p is None else p.stable(hwm)
 
     def aborted_in(self, topic: str, partition: int, start: int, end: int) -> list[tuple[int, int]]:
         """(producer id, first offset) of aborted transactions overlapping [start, end)."""
         p = self._parts.get((topic, partition))
         if p is None or not p.aborted:
             return []
-        return [(pid, first) for pid, first, last in p.aborted if last >= start and first < end]
+        return [(pid, first) for pid, first, _ in p.aborted_between(start, end)]
+
+    def is_aborted(self, topic: str, partition: int, pid: int, offset: int) -> bool:
+        """Whether the transactional batch of `pid` at `offset` belongs to an aborted transaction
+        (a producer's transactions do not overlap: the first one ending at or after `offset`)."""
+        p = self._parts.get((topic, partition))
+        if p is None or not p.aborted:
+            return False
+        aborted = p.aborted
+        for i in range(bisect.bisect_left(aborted, offset, key=lambda a: a[2]), len(aborted)):
+            a_pid, first, _ = aborted[i]
+            if a_pid == pid:
+                return first <= offset
+        return False
 
     def open_transactions(self) -> dict[Key, dict[int, int]]:
         """(topic, partition) → {producer id: first offset} of transactions without a marker."""
@@ -171,7 +203,7 @@ class TxnIndex:
                 hwm, start = high_watermark(topic, partition), log_start(topic, partition)
                 p = self._part((topic, partition))
                 if p.covered > hwm:  # the log lost a tail the snapshot saw: start over
-                    p = self._parts[(topic, partition)] = _Partition()
+                    p = self._parts[(topic, partition)] = PartitionTxns()
                 offset = max(p.covered, start)
                 while offset < hwm:
                     data = read(topic, partition, offset, chunk)
@@ -181,12 +213,8 @@ class TxnIndex:
                         last = h[0] + h[6]
                         if last < offset:
                             continue
-                        if h[5] & (TRANSACTIONAL_MASK | CONTROL_MASK) and h[9] >= 0:
-                            marker = None
-                            if h[5] & CONTROL_MASK:
-                                marker = control_type(data, pos, size)
-                            if marker is not None or not h[5] & CONTROL_MASK:
-                                p.apply(h[0], h[9], marker)
+                        if h[5] & (TRANSACTIONAL_MASK | CONTROL_MASK):
+                            p.feed(memoryview(data)[pos : pos + size])
                         offset, progressed = last + 1, True
                         seen += 1
                     if not progressed:
