@@ -143,6 +143,7 @@ class Broker:
             for fut in waiters:
                 if not fut.done():
                     fut.set_result(None)
+        await self.txns.close()
         self.producers.snapshot()
         self.offsets.close()
 

@@ -120,6 +120,7 @@ class TransactionCoordinator:
         self._seq = 0
         self._written = -1
         self._lock = threading.Lock()
+        self._background: set[asyncio.Future[None]] = set()
         self._load()
 
     # --- validation ---------------------------------------------------------------------------
@@ -254,7 +255,9 @@ class TransactionCoordinator:
                 await self.offsets.commit(group, [(t, p, c) for (t, p), c in offsets.items()])
         m.state = TxnState.COMPLETE_COMMIT if commit else TxnState.COMPLETE_ABORT
         m.partitions, m.pending = set(), {}
-        await self.persist()
+        # Not waited for: a crash before it lands leaves PREPARE_*, which recovery finishes again
+        # (no open data left to mark; committing the same offsets twice changes nothing).
+        self.persist_soon()
         return E.none
 
     async def write_markers(self, pid: int, epoch: int, kind: int, parts: set[TP]) -> int:
@@ -358,3 +361,15 @@ class TransactionCoordinator:
         """Write the state durably (off the loop); returns once it is on disk."""
         doc = self._export()
         await asyncio.get_running_loop().run_in_executor(None, self._write, doc)
+
+    def persist_soon(self) -> None:
+        doc = self._export()
+        fut = asyncio.get_running_loop().run_in_executor(None, self._write, doc)
+        self._background.add(fut)
+        fut.add_done_callback(self._background.discard)
+
+    async def close(self) -> None:
+        """Wait for background writes, then write the final state."""
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
+        self._write(self._export())
