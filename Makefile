@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench bench-mqtt clean system-deps
+.PHONY: run test test-fast lint bench bench-mqtt clean system-deps
 
 $(BIN)/python:
 	@command -v $(PY) >/dev/null 2>&1 || PY=python3; $${PY:-$(PY)} -m venv $(VENV) || python3 -m venv $(VENV)
@@ -26,6 +26,10 @@ test: $(STAMP) system-deps
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy store/ lightqueue/ notify/ mqtt_proxy/codec
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile
+
+# The inner loop: lint, then every test but the `slow` and `spark` ones.
+test-fast: lint
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile -m "not slow and not spark"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

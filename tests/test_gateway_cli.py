@@ -182,7 +182,7 @@ def test_version() -> None:
 
 def test_make_run_passes_args_through() -> None:
     out = subprocess.run(
-        ["make", "-n", "run", "ARGS=--mqtt-port 1884 --set fsync=never"],
+        ["make", "--no-print-directory", "-n", "run", "ARGS=--mqtt-port 1884 --set fsync=never"],
         cwd=ROOT, capture_output=True, text=True, timeout=60, check=True,
     ).stdout  # fmt: skip
     assert (
