@@ -210,6 +210,7 @@ class Store(TopicAdmin):
                 lg = self._logs[(name, p)]
                 total_cut += lg.load(clean, progress)
         self.txn_index.recover(self._counts, self.high_watermark, self.log_start_offset, self.read)
+        self.txn_index.write_snapshot(self.txn_index.export(self.log_start_offset))
         if not clean and self._logs:
             log.warning(
                 "store was not shut down cleanly: recovered %d partitions in %.2f s, %d bytes cut",
@@ -432,6 +433,10 @@ class Store(TopicAdmin):
             return
         try:
             self.enforce_retention()
+            if self.txn_index.dirty:  # bounds the replay after a crash to about one interval
+                doc = self.txn_index.export(self.log_start_offset)
+                f = self._bg.submit(self.txn_index.write_snapshot, doc)
+                f.add_done_callback(functools.partial(log_failure, what="transaction index"))
         finally:
             assert self._loop is not None
             self._timers[1] = self._loop.call_later(

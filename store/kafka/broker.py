@@ -261,15 +261,6 @@ class Broker:
     async def _snapshot_loop(self) -> None:
         while True:
             await asyncio.sleep(self.config.producer_snapshot_interval_s)
-            index = self.store.txn_index
-            if index.dirty:  # the store's transaction index: a shorter replay after a crash
-                doc = index.export(self.store.log_start_offset)
-                try:
-                    await asyncio.get_running_loop().run_in_executor(
-                        None, index.write_snapshot, doc
-                    )
-                except OSError:
-                    log.exception("transaction index snapshot failed")
             if self.producers.dirty:
                 doc = self.producers.export()
                 try:
