@@ -251,3 +251,27 @@ async def test_consume_transform_produce_send_offsets(tmp_path: Path) -> None:
         done, seen = out["aborted"]
         assert seen == (done or -1001)  # an aborted transaction's offsets never reach the group
         assert gw.server.broker.offsets.get("ctp", "ctp-in", 0).offset == 10
+
+
+def _times_out(bootstrap: str) -> dict[str, object]:
+    p = _producer(bootstrap, "t-slow", **{"transaction.timeout.ms": 1500})
+    p.begin_transaction()
+    p.produce("slow", b"late", partition=0)
+    p.flush()
+    time.sleep(3.5)  # the coordinator aborts it (checked every second) and bumps the epoch
+    out: dict[str, object] = {"committed": _consume(bootstrap, "slow", "read_committed", 1, 2)}
+    try:
+        p.commit_transaction(10)
+        out["commit"] = "ok"
+    except ck.KafkaException as e:
+        out["commit"] = e.args[0].code()
+    return out
+
+
+async def test_transaction_past_its_timeout_is_aborted(tmp_path: Path) -> None:
+    async with running_gateway(tmp_path) as gw:
+        out = await asyncio.to_thread(_times_out, gw.bootstrap)
+        assert out["committed"] == []
+        assert out["commit"] != "ok"
+        assert gw.store.last_stable_offset("slow", 0) == gw.store.high_watermark("slow", 0) == 2
+        assert gw.store.aborted_transactions("slow", 0, 0, 2) != []
