@@ -1,6 +1,6 @@
 """Kafka transactions with stock clients: confluent-kafka (librdkafka) transactional producers and
-read_committed consumers, aiokafka's transactional producer, kcat with isolation.level, against a
-real Store + KafkaServer."""
+read_committed consumers, aiokafka's and kafka-python's transactional producers, kcat with
+isolation.level, against a real Store + KafkaServer."""
 
 from __future__ import annotations
 
@@ -275,3 +275,35 @@ async def test_transaction_past_its_timeout_is_aborted(tmp_path: Path) -> None:
         assert out["commit"] != "ok"
         assert gw.store.last_stable_offset("slow", 0) == gw.store.high_watermark("slow", 0) == 2
         assert gw.store.aborted_transactions("slow", 0, 0, 2) != []
+
+
+def _kafka_python(bootstrap: str) -> dict[str, list[bytes]]:
+    import kafka
+
+    p = kafka.KafkaProducer(bootstrap_servers=bootstrap, transactional_id="t-kp")
+    p.init_transactions()
+    p.begin_transaction()
+    p.send("kp", b"ok", partition=0)
+    p.commit_transaction()
+    p.begin_transaction()
+    p.send("kp", b"bad", partition=0)
+    p.flush()
+    p.abort_transaction()
+    p.begin_transaction()
+    p.send("kp", b"ok2", partition=0)
+    p.commit_transaction()
+    p.close()
+    out = {}
+    for iso in ("read_committed", "read_uncommitted"):
+        c = kafka.KafkaConsumer("kp", bootstrap_servers=bootstrap, isolation_level=iso,
+                                auto_offset_reset="earliest", consumer_timeout_ms=2000)  # fmt: skip
+        out[iso] = [m.value for m in c]
+        c.close()
+    return out
+
+
+async def test_kafka_python_transactional_producer(tmp_path: Path) -> None:
+    async with running_gateway(tmp_path) as gw:
+        out = await asyncio.to_thread(_kafka_python, gw.bootstrap)
+        assert out["read_committed"] == [b"ok", b"ok2"]
+        assert out["read_uncommitted"] == [b"ok", b"bad", b"ok2"]
