@@ -97,7 +97,8 @@ def _open_txn_blocks(bootstrap: str) -> dict[str, object]:
     plain.produce("lso", b"before", partition=0)
     plain.flush()
     p.begin_transaction()
-    p.produce("lso", b"in-txn", partition=0)
+    future = int(time.time() * 1000) + 3_600_000
+    p.produce("lso", b"in-txn", partition=0, timestamp=future)
     p.flush()
     plain.produce("lso", b"after", partition=0)
     plain.flush()
@@ -109,8 +110,11 @@ def _open_txn_blocks(bootstrap: str) -> dict[str, object]:
                      "isolation.level": "read_committed"})  # fmt: skip
     tp = ck.TopicPartition("lso", 0)
     out["watermarks"] = c.get_watermark_offsets(tp, timeout=10, cached=False)
-    c.close()
+    by_time = ck.TopicPartition("lso", 0, future)
+    out["by_time_open"] = c.offsets_for_times([by_time], timeout=10)[0].offset
     p.commit_transaction(10)
+    out["by_time_done"] = c.offsets_for_times([by_time], timeout=10)[0].offset
+    c.close()
     out["committed_done"] = _consume(bootstrap, "lso", "read_committed", 3)
     return out
 
@@ -121,6 +125,9 @@ async def test_open_transaction_holds_the_last_stable_offset(tmp_path: Path) -> 
         assert out["committed_open"] == ["before"]  # stops at the LSO (offset 1)
         assert out["uncommitted_open"] == ["before", "in-txn", "after"]
         assert out["committed_done"] == ["before", "in-txn", "after"]
+        assert out["watermarks"] == (0, 1)  # read_committed: the high end is the LSO
+        assert out["by_time_open"] == -1  # a time lookup finds nothing past the LSO
+        assert out["by_time_done"] == 1
         assert gw.store.last_stable_offset("lso", 0) == gw.store.high_watermark("lso", 0) == 4
 
 

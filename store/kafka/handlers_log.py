@@ -456,6 +456,12 @@ async def list_offsets(b: Broker, req: Request, conn: ConnInfo) -> Any:
                 offset = -1
             else:
                 offset, ts = _offset_for_time(b, t.name, p.partition_index, p.timestamp)
+            if (
+                committed
+                and (p.timestamp >= 0 or p.timestamp == MAX_TIMESTAMP)
+                and (offset >= b.store.last_stable_offset(t.name, p.partition_index))
+            ):  # as Kafka: a time lookup under read_committed finds nothing past the LSO
+                offset, ts = -1, -1
             parts.append(
                 build(
                     mod.ListOffsetsPartitionResponse,
