@@ -96,3 +96,41 @@ def test_spark_reads_committed_records_only(spark, tmp_path: Path) -> None:  # n
     df = spark.read.format("lightgate").option("topics", "cmds").load(str(data))
     values = [r.value.decode() for r in df.orderBy("offset").collect()]
     assert values == ["ok1"]  # bad1 aborted; held open, and plain behind it (the LSO)
+
+
+async def test_spark_reader_plans_up_to_the_lso_and_skips_aborted(tmp_path: Path) -> None:
+    """The data source's planning and task code without a SparkSession (fast): batch and
+    streaming readers stop at the LSO, tasks drop aborted records, and a later commit moves
+    the streaming end on so the held records are read exactly once."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from spark_analytics.options import parse_options
+    from spark_analytics.source import LightgateBatchReader, LightgateStreamReader, read_range
+
+    data = tmp_path / "data"
+
+    def rows(opts: object, parts: list) -> list[str]:
+        out: list[str] = []
+        for part in parts:
+            for rb in read_range(opts, part):  # type: ignore[arg-type]
+                out += [v.decode() for v in rb.column("value").to_pylist()]
+        return out
+
+    async with running_gateway(data) as gw:
+        p, _ = await asyncio.to_thread(_commit_abort_open, gw.bootstrap)
+        opts = parse_options({"path": str(data), "topics": "cmds"}, streaming=False)
+        parts = LightgateBatchReader(opts).partitions()
+        assert [(r.start, r.end) for r in parts] == [(0, 4)]  # offsets 0 ok1, 1 marker, 2 bad1,
+        assert rows(opts, parts) == ["ok1"]  # 3 abort marker, 4 held (open), 5 plain
+        sopts = parse_options({"path": str(data), "topics": "cmds",
+                               "startingOffsets": "earliest"}, streaming=True)  # fmt: skip
+        stream = LightgateStreamReader(sopts)
+        start = stream.initialOffset()
+        end = stream.latestOffset(start, ReadAllAvailable())
+        assert end == {"cmds": {"0": 4}}
+        first = rows(sopts, stream.partitions(start, end))
+        await asyncio.to_thread(p.commit_transaction, 10)
+        end2 = stream.latestOffset(end, ReadAllAvailable())
+        assert end2 == {"cmds": {"0": 7}}
+        second = rows(sopts, stream.partitions(end, end2))
+        assert (first, second) == (["ok1"], ["held", "plain"])
