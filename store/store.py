@@ -50,7 +50,7 @@ from store.mapping import (
 from store.mqtt_batches import build_mqtt_batches
 from store.record_batch import CONTROL_MASK, TRANSACTIONAL_MASK, split_batches
 from store.topic_admin import TopicAdmin, TopicListener, log_failure, remove_orphans
-from store.txn_index import TxnIndex
+from store.txn_index import TransactionalReads, TxnIndex
 
 log = logging.getLogger("lightgate.store")
 
@@ -120,7 +120,7 @@ class AppendResult:
         return self._offsets
 
 
-class Store(TopicAdmin):
+class Store(TopicAdmin, TransactionalReads):
     def __init__(self, data_dir: Path, config: StoreConfig) -> None:
         self.data_dir = Path(data_dir)
         self.log_dir = self.data_dir / "log"
@@ -475,17 +475,6 @@ class Store(TopicAdmin):
 
     def log_start_offset(self, topic: str, partition: int) -> int:
         return self._log(topic, partition).log_start_offset
-
-    def last_stable_offset(self, topic: str, partition: int) -> int:
-        """First offset of the earliest open Kafka transaction, else the high watermark."""
-        lg = self._log(topic, partition)
-        return max(self.txn_index.last_stable_offset(topic, partition, lg.hwm), lg.log_start_offset)
-
-    def aborted_transactions(
-        self, topic: str, partition: int, start: int, end: int
-    ) -> list[tuple[int, int]]:
-        """(producer id, first offset) of aborted transactions overlapping [start, end)."""
-        return self.txn_index.aborted_in(topic, partition, start, end)
 
     def offset_for_timestamp(self, topic: str, partition: int, ts_ms: int) -> int | None:
         """First offset whose timestamp ≥ ts_ms (None: all older), as Kafka ListOffsets."""
