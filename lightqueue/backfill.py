@@ -29,12 +29,12 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from lightqueue import codec
-from lightqueue.dispatcher import is_system_topic, mqtt_topic_of, records_of
+from lightqueue.dispatcher import aborted_check, is_system_topic, mqtt_topic_of, records_of
 from lightqueue.keys import P_FILTER, entry_value_prefix, offset_bytes, pack_u64
 from lightqueue.topic_trie import topic_matches
 from store import OffsetOutOfRangeError
 from store.mapping import escape_level
-from store.record_batch import CONTROL_MASK, HEADER, iter_batches
+from store.record_batch import CONTROL_MASK, HEADER, TRANSACTIONAL_MASK, iter_batches
 
 if TYPE_CHECKING:
     from lightqueue.db import Queue
@@ -160,6 +160,7 @@ class Backfill:
         if len(match) > 100_000:
             match.clear()
         n = 0
+        aborted = aborted_check(self.lq.store)
         for pos, size in iter_batches(data):
             h = HEADER.unpack_from(data, pos)
             base, last = h[0], h[0] + h[6]
@@ -167,7 +168,9 @@ class Backfill:
                 continue
             if base >= end:
                 break
-            if not h[5] & CONTROL_MASK:
+            if not h[5] & CONTROL_MASK and not (
+                h[5] & TRANSACTIONAL_MASK and aborted(t, p, h[9], base)
+            ):  # markers and aborted transactions are not delivered (the dispatcher's rule)
                 for r in records_of(data, pos, size):
                     off = r.offset
                     if off < c:

@@ -16,6 +16,10 @@ After the write, one coalesced `(queue, last_seq)` event per grown queue goes to
 that, a queue someone watches (`LightQueues.watch`: a proxy delivering from it) has the round's
 new entries pushed to `watch_sink`, so its reader needs no read back from LevelDB to deliver them.
 
+Kafka transactions: a round stops at each partition's last stable offset (records of an open
+transaction wait for its marker) and skips control batches and the batches of aborted
+transactions (`store.txn_index`), so MQTT subscribers only ever get committed records.
+
 Recovery cases at open (`repair`):
 1. Checkpoint beyond the log end: the commitlog lost its unflushed tail in an OS crash, and its
    offsets will be reused by new records. Entries pointing at lost offsets become *void* (value
@@ -53,6 +57,7 @@ from store.record_batch import (
     COMPRESSION_MASK,
     CONTROL_MASK,
     HEADER,
+    TRANSACTIONAL_MASK,
     iter_batches,
     iter_records,
 )
@@ -87,6 +92,16 @@ def records_of(data: Any, pos: int, size: int) -> Iterable[Any]:
     if not (h[5] & COMPRESSION_MASK) and _CReader is not None:
         return _CReader(bytes(data[pos : pos + size]))  # type: ignore[no-any-return]
     return iter_records(memoryview(data)[pos : pos + size])
+
+
+def _never(topic: str, partition: int, producer_id: int, offset: int) -> bool:
+    return False
+
+
+def aborted_check(store: Any) -> Callable[[str, int, int, int], bool]:
+    """`(topic, partition, producer id, offset) -> bool`: is that transactional batch aborted?"""
+    index = getattr(store, "txn_index", None)
+    return _never if index is None else index.is_aborted  # type: ignore[no-any-return]
 
 
 class NullBatch:
@@ -247,7 +262,9 @@ class Dispatcher:
         for tp, h in self.hwm.items():
             end = h if limit is None else min(h, limit.get(tp, 0))
             if self.position(*tp) < end:
-                work.append((tp, end))
+                end = min(end, self._stable(tp))
+                if self.position(*tp) < end:
+                    work.append((tp, end))
         if not work:
             return 0
         work.sort()
@@ -316,6 +333,16 @@ class Dispatcher:
                 f.set_result(None)
         return progress
 
+    def _stable(self, tp: tuple[str, int]) -> int:
+        """The last stable offset: records of open Kafka transactions wait for their marker."""
+        lso = getattr(self.store, "last_stable_offset", None)
+        if lso is None:  # a log without Kafka transactions
+            return self.hwm.get(tp, 0)
+        try:
+            return int(lso(*tp))
+        except UnknownTopicOrPartitionError:
+            return 0
+
     def _index(
         self,
         t: str,
@@ -339,6 +366,7 @@ class Dispatcher:
         pack = pack_u64
         n = 0
         gated = self.gated
+        aborted = aborted_check(self.store)
         for pos, size in iter_batches(data):
             h = HEADER.unpack_from(data, pos)
             base, last = h[0], h[0] + h[6]
@@ -346,8 +374,8 @@ class Dispatcher:
                 continue
             if base >= end:
                 break
-            if h[5] & CONTROL_MASK:  # transaction markers carry no data
-                c = min(last + 1, end)
+            if h[5] & CONTROL_MASK or (h[5] & TRANSACTIONAL_MASK and aborted(t, p, h[9], base)):
+                c = min(last + 1, end)  # transaction markers, and records of aborted ones
                 continue
             # Offsets as big-endian bytes, as wide as the batch's last one needs (decoding
             # ignores leading zeros): one pack + slice, 0.1 us less than int.to_bytes per record.

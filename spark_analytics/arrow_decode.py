@@ -19,7 +19,8 @@ All varints are zigzag; a length of -1 means null.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import struct
+from collections.abc import Iterable, Sequence
 
 import cramjam
 import numpy as np
@@ -41,7 +42,9 @@ from spark_analytics.logdir import (
     ATTR_COMPRESSION,
     ATTR_CONTROL,
     ATTR_LOG_APPEND_TIME,
+    ATTR_TRANSACTIONAL,
     HEADER_SIZE,
+    PRODUCER_ID_OFFSET,
     Batch,
     CorruptBatchError,
 )
@@ -74,6 +77,7 @@ _PAD = bytes(16)  # lets a vectorised varint read run past a malformed record wi
 _CLIENT_ID = pa.scalar(b"mqtt.client_id", pa.binary())
 _QOS = pa.scalar(b"mqtt.qos", pa.binary())
 _XERIAL = b"\x82SNAPPY\x00"
+_PID = struct.Struct(">q")
 
 
 def decompress(codec: int, payload: memoryview) -> bytes | memoryview:
@@ -261,9 +265,10 @@ class ChunkBuilder:
     anyway to get a contiguous buffer, and it does not depend on how long the reader's views live.
     """
 
-    __slots__ = ("buf", "regions", "meta", "records")
+    __slots__ = ("buf", "regions", "meta", "records", "aborted")
 
-    def __init__(self) -> None:
+    def __init__(self, aborted: Sequence[tuple[int, int, int]] = ()) -> None:
+        self.aborted = aborted  # (producer id, first offset, marker offset) of aborted txns
         self.buf = bytearray()
         self.regions: list[tuple[int, int, int]] = []
         self.meta: list[tuple[int, int, int, int]] = []  # base offset, first ts, max ts, LAT
@@ -272,6 +277,10 @@ class ChunkBuilder:
     def add(self, b: Batch) -> None:
         if b.attributes & ATTR_CONTROL or b.record_count <= 0:
             return  # transaction markers are not data
+        if b.attributes & ATTR_TRANSACTIONAL and self.aborted:
+            pid = _PID.unpack_from(b.data, PRODUCER_ID_OFFSET)[0]
+            if any(a[0] == pid and a[1] <= b.base_offset <= a[2] for a in self.aborted):
+                return  # a record of an aborted Kafka transaction
         records: bytes | memoryview = b.data[HEADER_SIZE:]
         codec = b.attributes & ATTR_COMPRESSION
         if codec:

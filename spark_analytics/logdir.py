@@ -34,6 +34,7 @@ from pathlib import Path
 import crc32c
 
 from store import segment_reader
+from store.txn_index import PartitionTxns
 
 HEADER = struct.Struct(">qiibIhiqqqhii")
 HEADER_SIZE = HEADER.size  # 61
@@ -42,7 +43,9 @@ CRC_START = 21  # attributes
 MAGIC_V2 = 2
 ATTR_COMPRESSION = 0x07
 ATTR_LOG_APPEND_TIME = 0x08
+ATTR_TRANSACTIONAL = 0x10
 ATTR_CONTROL = 0x20
+PRODUCER_ID_OFFSET = 43  # producerId: right after maxTimestamp
 READ_CHUNK = 8 << 20  # bytes per pread while streaming through a segment
 HINT_EVERY = 1 << 20  # PartitionTail keeps one read hint per this many bytes of log
 
@@ -225,6 +228,9 @@ class PartitionTail:
     next_offset: int = 0  # the high watermark: one past the last complete batch
     start_offset: int = 0
     hints: list[tuple[int, int, int]] = field(default_factory=list)  # (base offset, seg, pos)
+    # Kafka transactions seen so far: the last stable offset and the aborted ones
+    txns: PartitionTxns = field(default_factory=PartitionTxns)
+    fed: int = 0  # next offset `txns` has seen (a rescan after retention must not re-feed)
 
     def advance(self) -> int:
         segs = list_segments(self.log, self.topic, self.partition)
@@ -244,6 +250,11 @@ class PartitionTail:
                 self.segment, self.position = base, 0
                 self.next_offset = max(self.next_offset, base)
             for batch in _scan_segment(path, self.position):
+                if batch.attributes & (ATTR_TRANSACTIONAL | ATTR_CONTROL) and (
+                    batch.base_offset >= self.fed
+                ):
+                    self.txns.feed(batch.data)
+                self.fed = max(self.fed, batch.last_offset + 1)
                 self._note(batch.base_offset, batch.position)
                 self.position += len(batch.data)
                 self.next_offset = batch.last_offset + 1
@@ -251,6 +262,15 @@ class PartitionTail:
                 break  # incomplete batch in a rolled segment: wait, never skip offsets
         self._note(self.next_offset, self.position, force=True)
         return self.next_offset
+
+    def stable(self) -> int:
+        """The last stable offset (after `advance`): readers stop here, as Kafka's
+        read_committed consumers, so a transaction's records are read once it has ended."""
+        return self.txns.stable(self.next_offset)
+
+    def aborted(self, start: int, end: int) -> tuple[tuple[int, int, int], ...]:
+        """Aborted transactions overlapping [start, end): their records are skipped."""
+        return tuple(self.txns.aborted_between(start, end))
 
     def _note(self, base_offset: int, position: int, force: bool = False) -> None:
         last = self.hints[-1] if self.hints else None

@@ -60,9 +60,11 @@ class LogRange(InputPartition):
     """One task: offsets [start, end) of one topic-partition, plus a seek hint."""
 
     def __init__(
-        self, topic: str, partition: int, start: int, end: int, hint: tuple[int, int] | None
-    ) -> None:
+        self, topic: str, partition: int, start: int, end: int, hint: tuple[int, int] | None,
+        aborted: tuple[tuple[int, int, int], ...] = (),
+    ) -> None:  # fmt: skip
         super().__init__((topic, partition, start, end))
+        self.aborted = aborted  # Kafka transactions aborted in the range: records skipped
         self.topic = topic
         self.partition = partition
         self.start = start
@@ -98,7 +100,7 @@ def read_range(opts: ReadOptions, r: InputPartition) -> Iterator[pa.RecordBatch]
     first_level = level_for_log_topic(r.topic)
     plan = filter_plan(opts.mqtt_filter) if opts.mqtt_filter else None
     skip_dollar = bool(opts.mqtt_filter) and wildcard_first(opts.mqtt_filter or "")
-    chunk = ChunkBuilder()
+    chunk = ChunkBuilder(r.aborted)
 
     def emit() -> pa.RecordBatch | None:
         dec = chunk.decode(r.topic, r.partition, first_level)
@@ -113,7 +115,7 @@ def read_range(opts: ReadOptions, r: InputPartition) -> Iterator[pa.RecordBatch]
             rb = emit()
             if rb is not None:
                 yield rb
-            chunk = ChunkBuilder()
+            chunk = ChunkBuilder(r.aborted)
     rb = emit()
     if rb is not None:
         yield rb
@@ -127,10 +129,12 @@ class LightgateBatchReader(DataSourceReader):
         opts = self.opts
         log = log_dir(opts.data_dir)
         ranges: list[tuple[str, int, int, int]] = []
+        tails: dict[tuple[str, int], PartitionTail] = {}
         for topic, count in _select_topics(log, opts, strict=True):
             for p in range(count):
-                tail = PartitionTail(log, topic, p)
-                hwm = tail.advance()
+                tail = tails[(topic, p)] = PartitionTail(log, topic, p)
+                tail.advance()
+                hwm = tail.stable()  # open Kafka transactions: not yet
                 lo = tail.start_offset
                 if opts.starting_timestamp is not None:
                     found = offset_for_timestamp(log, topic, p, opts.starting_timestamp)
@@ -150,7 +154,8 @@ class LightgateBatchReader(DataSourceReader):
         out: list[InputPartition] = []
         for topic, p, start, end in ranges:
             for lo in range(start, end, step):
-                out.append(LogRange(topic, p, lo, min(end, lo + step), None))
+                hi = min(end, lo + step)
+                out.append(LogRange(topic, p, lo, hi, None, tails[(topic, p)].aborted(lo, hi)))
         return out
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -182,7 +187,8 @@ class LightgateStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
                 tail = self.tails.get((topic, p))
                 if tail is None:
                     tail = self.tails[(topic, p)] = PartitionTail(self.log, topic, p)
-                latest.setdefault(topic, {})[str(p)] = tail.advance()
+                tail.advance()
+                latest.setdefault(topic, {})[str(p)] = tail.stable()
         self.last_latest = latest
         return latest
 
@@ -246,7 +252,8 @@ class LightgateStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
                 if s < e:
                     tail = self.tails.get((t, int(p)))
                     hint = tail.hint_for(s) if tail is not None else None
-                    out.append(LogRange(t, int(p), s, e, hint))
+                    aborted = tail.aborted(s, e) if tail is not None else ()
+                    out.append(LogRange(t, int(p), s, e, hint, aborted))
         return out
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:

@@ -48,13 +48,15 @@ from store.mapping import (
     partition_for_key,
 )
 from store.mqtt_batches import build_mqtt_batches
-from store.record_batch import split_batches
+from store.record_batch import CONTROL_MASK, TRANSACTIONAL_MASK, split_batches
 from store.topic_admin import TopicAdmin, TopicListener, log_failure, remove_orphans
+from store.txn_index import TransactionalReads, TxnIndex
 
 log = logging.getLogger("lightgate.store")
 
 CLEAN_SHUTDOWN = "clean-shutdown"
 TOPICS_FILE = "topics.json"
+TXN_BITS = TRANSACTIONAL_MASK | CONTROL_MASK
 
 
 Run = tuple[str, int, int, Sequence[int], int]  # topic, partition, base offset, indexes, bytes
@@ -118,7 +120,7 @@ class AppendResult:
         return self._offsets
 
 
-class Store(TopicAdmin):
+class Store(TopicAdmin, TransactionalReads):
     def __init__(self, data_dir: Path, config: StoreConfig) -> None:
         self.data_dir = Path(data_dir)
         self.log_dir = self.data_dir / "log"
@@ -129,7 +131,8 @@ class Store(TopicAdmin):
         self._tconf: dict[str, TopicConfig] = {}
         self._logs: dict[tuple[str, int], Log] = {}
         self._routes: dict[str, tuple[str, int, bytes, Log]] = {}
-        self._listeners: list[Callable[[str, int, int], None]] = []
+        self.txn_index = TxnIndex(self.log_dir)  # first listener: the LSO moves with the hwm
+        self._listeners: list[Callable[[str, int, int], None]] = [self.txn_index.advance]
         self._topic_listeners: list[TopicListener] = []
         self._commit = GroupCommit(
             lambda lg: self._tconf[lg.topic].fsync, self._seal, self._listeners
@@ -206,6 +209,8 @@ class Store(TopicAdmin):
             for p in range(self._counts[name]):
                 lg = self._logs[(name, p)]
                 total_cut += lg.load(clean, progress)
+        self.txn_index.recover(self._counts, self.high_watermark, self.log_start_offset, self.read)
+        self.txn_index.write_snapshot(self.txn_index.export(self.log_start_offset))
         if not clean and self._logs:
             log.warning(
                 "store was not shut down cleanly: recovered %d partitions in %.2f s, %d bytes cut",
@@ -222,6 +227,8 @@ class Store(TopicAdmin):
         for t in self._timers:
             t.cancel()
         await self._commit.drain()
+        doc = self.txn_index.export(self.log_start_offset)
+        await asyncio.to_thread(self.txn_index.write_snapshot, doc)
         await asyncio.to_thread(self._final_sync)
         self._commit.shutdown()
         self._release_lock()
@@ -390,6 +397,8 @@ class Store(TopicAdmin):
         pos = count = 0
         for h in headers:
             base = lg.stage_view(data, pos, h.size, h.record_count, h.max_timestamp)
+            if h.attributes & TXN_BITS:
+                self.txn_index.observe(topic, partition, data, pos, base)
             pos += h.size
             runs.append((topic, partition, base, range(count, count + h.record_count), h.size))
             count += h.record_count
@@ -424,6 +433,10 @@ class Store(TopicAdmin):
             return
         try:
             self.enforce_retention()
+            if self.txn_index.dirty:  # bounds the replay after a crash to about one interval
+                doc = self.txn_index.export(self.log_start_offset)
+                f = self._bg.submit(self.txn_index.write_snapshot, doc)
+                f.add_done_callback(functools.partial(log_failure, what="transaction index"))
         finally:
             assert self._loop is not None
             self._timers[1] = self._loop.call_later(

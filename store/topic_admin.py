@@ -89,6 +89,7 @@ class TopicAdmin:
     _bg: ThreadPoolExecutor
     _topic_listeners: list[TopicListener]
     _commit: Any
+    txn_index: Any
 
     def _register(
         self, name: str, partitions: int, overrides: dict[str, Any], topic_id: str | None = None
@@ -167,6 +168,7 @@ class TopicAdmin:
             f: Future[None] = self._bg.submit(_remove_dir, gone)
             f.add_done_callback(functools.partial(log_failure, what=f"deleting {gone.name}"))
         fsync_dir(self.log_dir)
+        self.txn_index.forget_topic(name)
         log.info("deleted topic %s (%d partitions)", name, len(logs))
         self._tell("deleted", name)
 

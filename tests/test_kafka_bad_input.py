@@ -15,6 +15,8 @@ from aiokafka.protocol.produce import ProduceRequest_v7
 from aiokafka.protocol.transaction import InitProducerIdRequest_v0
 from kafka_helpers import Gateway, RawClient, garble_records, make_batch, running_gateway
 
+from store.record_batch import CONTROL_MASK, TRANSACTIONAL_MASK, build_batch
+
 pytestmark = pytest.mark.timeout(60)
 
 CORRUPT_MESSAGE, UNKNOWN_TOPIC, OUT_OF_RANGE, INVALID_RECORD = 2, 3, 1, 87
@@ -245,8 +247,35 @@ async def test_producer_state_rebuilt_from_log_without_snapshot(tmp_path: Path) 
         await client.close()
 
 
-async def test_transactional_producer_is_refused_cleanly(gw: Gateway) -> None:
+async def test_transactional_misuse_is_refused_cleanly(gw: Gateway) -> None:
+    """Transactions (tests/test_kafka_txn.py) with broken inputs: each gets its Kafka error."""
     client = await RawClient.connect(gw.server.port)
-    resp = await client.request(InitProducerIdRequest_v0("tx-1", 60000))
-    assert resp.error_code == 53  # TRANSACTIONAL_ID_AUTHORIZATION_FAILED: no transactions here
+    resp = await client.request(InitProducerIdRequest_v0("tx-1", 10_000_000))
+    assert resp.error_code == 50  # INVALID_TRANSACTION_TIMEOUT (max 900000)
+    await client.request(InitProducerIdRequest_v0("tx-1", 60000))
+    init = await client.request(InitProducerIdRequest_v0("tx-1", 60000))  # epoch 1
+    assert (init.error_code, init.producer_epoch) == (0, 1)
+    pid, epoch = init.producer_id, init.producer_epoch
+    txn_batch = bytes(build_batch([(0, None, b"x", [])], producer_id=pid, producer_epoch=epoch,
+                                  base_sequence=0, attributes=TRANSACTIONAL_MASK))  # fmt: skip
+    # a transactional batch without a transactional id, and a client's control batch
+    assert partition_result(await client.request(produce_req("t", 0, txn_batch)))[0] == 87
+    control = bytes(
+        build_batch(
+            [(0, b"\0\0\0\1", b"\0\0\0\0\0\0", [])],
+            producer_id=pid,
+            producer_epoch=epoch,
+            attributes=CONTROL_MASK | TRANSACTIONAL_MASK,
+        )
+    )
+    assert partition_result(await client.request(produce_req("t", 0, control)))[0] == 87
+    # transactional produce to a partition the transaction did not add: INVALID_TXN_STATE
+    req = ProduceRequest_v7("tx-1", 1, 5000, [("t", [(0, txn_batch)])])
+    assert partition_result(await client.request(req))[0] == 48
+    # a stale epoch: INVALID_PRODUCER_EPOCH
+    stale = bytes(build_batch([(0, None, b"x", [])], producer_id=pid, producer_epoch=epoch - 1,
+                              base_sequence=0, attributes=TRANSACTIONAL_MASK))  # fmt: skip
+    req = ProduceRequest_v7("tx-1", 1, 5000, [("t", [(0, stale)])])
+    assert partition_result(await client.request(req))[0] == 47
+    assert gw.store.high_watermark("t", 0) == 0
     await client.close()

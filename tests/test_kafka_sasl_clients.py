@@ -429,3 +429,38 @@ async def test_defaults_and_sighup_reload(tmp_path: Path) -> None:
             await erin.stop()
     finally:
         gw.stop()
+
+
+def test_transactions_need_write_on_the_log_topic(gw: GatewayProcess) -> None:
+    """A transactional producer is checked like a plain one: bob (read only) cannot add
+    `sensors` to a transaction; alice commits one and a read_committed consumer sees it."""
+    from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+
+    def producer(user: str, tid: str) -> Any:
+        conf = rdkafka_conf(gw, "SCRAM-SHA-512", user, USERS[user])
+        p = Producer({**conf, "transactional.id": tid})
+        p.init_transactions(15)
+        p.begin_transaction()
+        return p
+
+    bob = producer("bob", "tx-bob")
+    reports: list[Any] = []
+    bob.produce("sensors", b"nope", key="sensors/tx", on_delivery=lambda e, _m: reports.append(e))
+    with pytest.raises(KafkaException):
+        bob.commit_transaction(15)
+    assert reports and reports[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED, reports
+    alice = producer("alice", "tx-alice")
+    alice.produce("sensors", b"committed", key="sensors/tx")
+    alice.commit_transaction(15)
+    c = Consumer({**rdkafka_conf(gw, "SCRAM-SHA-512", "alice", USERS["alice"]),
+                  "group.id": "tx-readers", "auto.offset.reset": "earliest",
+                  "isolation.level": "read_committed"})  # fmt: skip
+    c.subscribe(["sensors"])
+    got: list[bytes] = []
+    deadline = time.monotonic() + 20
+    while b"committed" not in got and time.monotonic() < deadline:
+        m = c.poll(0.5)
+        if m is not None and m.error() is None:
+            got.append(m.value())
+    c.close()
+    assert b"committed" in got and b"nope" not in got

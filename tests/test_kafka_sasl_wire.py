@@ -189,3 +189,40 @@ async def test_without_security_a_handshake_is_illegal_state(tmp_path: Path) -> 
         md = await c.request(MetadataRequest_v1(["x"]))
         assert md.topics[0][0] == 0
         await c.close()
+
+
+async def test_transaction_apis_check_the_log_topic(gw: tuple[Gateway, Security]) -> None:
+    """AddPartitionsToTxn needs write on the log topic (as Produce), TxnOffsetCommit read (as
+    OffsetCommit): TOPIC_AUTHORIZATION_FAILED, the other partitions not attempted."""
+    from aiokafka.protocol.transaction import (
+        AddPartitionsToTxnRequest_v0,
+        InitProducerIdRequest_v0,
+        TxnOffsetCommitRequest_v0,
+    )
+
+    g, _ = gw
+    bob = await RawClient.connect(g.server.port)
+    assert (await login(bob, "bob", "builder")).error_code == 0
+    init = await bob.request(InitProducerIdRequest_v0("w-bob", 60_000))
+    assert init.error_code == 0
+    add = await bob.request(
+        AddPartitionsToTxnRequest_v0("w-bob", init.producer_id, init.producer_epoch, [("t", [0])])
+    )
+    assert add.errors == [("t", [(0, 29)])]  # bob may only read t
+    alice = await RawClient.connect(g.server.port)
+    assert (await login(alice, "alice", "secret")).error_code == 0
+    init = await alice.request(InitProducerIdRequest_v0("w-alice", 60_000))
+    add = await alice.request(
+        AddPartitionsToTxnRequest_v0(
+            "w-alice", init.producer_id, init.producer_epoch, [("t", [0]), ("other", [0])]
+        )
+    )
+    assert sorted(add.errors) == [("other", [(0, 29)]), ("t", [(0, 55)])]  # 55: not attempted
+    commit = await alice.request(
+        TxnOffsetCommitRequest_v0(
+            "w-alice", "g", init.producer_id, init.producer_epoch, [("other", [(0, 1, "")])]
+        )
+    )
+    assert commit.errors == [("other", [(0, 29)])]
+    await alice.close()
+    await bob.close()

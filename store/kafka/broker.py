@@ -21,13 +21,14 @@ from typing import Any
 
 from store.mapping import is_valid_log_topic
 
-from . import handlers_admin, handlers_group, handlers_log
+from . import handlers_admin, handlers_group, handlers_log, handlers_txn
 from .config import KafkaConfig
 from .groups import Delivery, GroupCoordinator
 from .handlers_sasl import SecurityView
 from .offsets import OffsetStore
 from .producers import ProducerStateManager
 from .protocol import Request
+from .txn import TransactionCoordinator
 
 __all__ = ["Broker", "ConnInfo"]
 
@@ -74,6 +75,13 @@ HANDLERS: dict[int, Handler] = {
     47: handlers_admin.offset_delete,
     60: handlers_admin.describe_cluster,
 }
+# Transactions (store/kafka/txn.py)
+HANDLERS.update({
+    24: handlers_txn.add_partitions_to_txn,
+    25: handlers_txn.add_offsets_to_txn,
+    26: handlers_txn.end_txn,
+    28: handlers_txn.txn_offset_commit,
+})  # fmt: skip
 
 
 class Broker:
@@ -100,11 +108,15 @@ class Broker:
         for group in self.offsets.groups():
             self.groups.ensure_group(group)
         self.producers = ProducerStateManager(state_dir)
+        self.txns = TransactionCoordinator(
+            state_dir, store, self.producers, self.offsets, self.note_durable
+        )
         self._waiters: dict[tuple[str, int], set[asyncio.Future[None]]] = {}
         self._last_durable: dict[tuple[str, int], asyncio.Future[None]] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
         self._snapshot_task: asyncio.Task[None] | None = None
+        self._expire_task: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self.port = 0
         # Prometheus-style counters, exported by KafkaServer.stats().
@@ -121,22 +133,29 @@ class Broker:
         log.info("kafka producer state recovered", extra={"batches_replayed": n})
         self.store.add_append_listener(self._on_append)
         self.store.add_topic_listener(self._on_topic_event)
-        self._snapshot_task = asyncio.get_running_loop().create_task(self._snapshot_loop())
+        n = await self.txns.recover()  # before any client: no transaction stays half open
+        if n:
+            log.warning("kafka: %d transactions open at the last stop were ended", n)
+        loop = asyncio.get_running_loop()
+        self._snapshot_task = loop.create_task(self._snapshot_loop())
+        self._expire_task = loop.create_task(self._expire_loop())
 
     async def close(self) -> None:
         with contextlib.suppress(ValueError):
             self.store.remove_topic_listener(self._on_topic_event)
         for t in list(self._tasks):
             await asyncio.gather(t, return_exceptions=True)
-        if self._snapshot_task is not None:
-            self._snapshot_task.cancel()
-            await asyncio.gather(self._snapshot_task, return_exceptions=True)
+        for task in (self._snapshot_task, self._expire_task):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         if self._timer is not None:
             self._timer.cancel()
         for waiters in self._waiters.values():
             for fut in waiters:
                 if not fut.done():
                     fut.set_result(None)
+        await self.txns.close()
         self.producers.snapshot()
         self.offsets.close()
 
@@ -278,6 +297,15 @@ class Broker:
     def _on_timer(self) -> None:
         self._timer = self._timer_at = None
         self.deliver(self.groups.poll(self.now_ms()))
+
+    async def _expire_loop(self) -> None:
+        """Abort transactions past their timeout (Kafka checks every 10 s; we check each second)."""
+        while True:
+            await asyncio.sleep(1.0)
+            try:
+                await self.txns.expire()
+            except Exception:
+                log.exception("kafka transaction expiry failed")
 
     async def _snapshot_loop(self) -> None:
         while True:

@@ -37,14 +37,11 @@ async def find_coordinator(b: Broker, req: Request, conn: ConnInfo) -> Any:
     port = conn.local_port or b.port  # the listener the client came in on (plaintext or TLS)
 
     def answer(key: str) -> dict[str, Any]:
-        if key_type == GROUP_KEY:
+        if key_type in (GROUP_KEY, TXN_KEY):  # this node coordinates groups and transactions
             return dict(key=key, node_id=node, host=host, port=port, error_code=E.none,
                         error_message=None)  # fmt: skip
-        error = (
-            E.transactional_id_authorization_failed if key_type == TXN_KEY else E.invalid_request
-        )
-        return dict(key=key, node_id=-1, host="", port=-1, error_code=error,
-                    error_message="transactions are not supported")  # fmt: skip
+        return dict(key=key, node_id=-1, host="", port=-1, error_code=E.invalid_request,
+                    error_message=f"unknown key type {key_type}")  # fmt: skip
 
     if v >= 4:
         coords = tuple(build(mod.Coordinator, **answer(k)) for k in body.coordinator_keys)
@@ -171,10 +168,17 @@ async def offset_commit(b: Broker, req: Request, conn: ConnInfo) -> Any:
 
 
 def _fetch_group(
-    b: Broker, mod: Any, group: str, topics: Any, v: int, may: Callable[[str, bool], bool]
+    b: Broker,
+    mod: Any,
+    group: str,
+    topics: Any,
+    v: int,
+    may: Callable[[str, bool], bool],
+    stable: bool = False,
 ) -> tuple[Any, ...] | None:
     """Committed offsets; topics it may not describe are left out of an all-topics answer and
-    TOPIC_AUTHORIZATION_FAILED when named, as Kafka does."""
+    TOPIC_AUTHORIZATION_FAILED when named, as Kafka does; with `stable` (v7+ require_stable) a
+    partition an open transaction will change is UNSTABLE_OFFSET_COMMIT (KIP-447)."""
     names = mod.OffsetFetchResponseTopics if v >= 8 else mod.OffsetFetchResponseTopic
     parts_cls = mod.OffsetFetchResponsePartitions if v >= 8 else mod.OffsetFetchResponsePartition
     if topics is None:  # all committed partitions of the group (v2+)
@@ -197,7 +201,11 @@ def _fetch_group(
                     committed_offset=c.offset if c else -1,
                     committed_leader_epoch=c.leader_epoch if c else -1,
                     metadata=(c.metadata if c else "") or "",
-                    error_code=E.none if allowed else E.topic_authorization_failed,
+                    error_code=E.topic_authorization_failed
+                    if not allowed
+                    else E.unstable_offset_commit
+                    if stable and b.txns.pending_offset(group, (name, p))
+                    else E.none,
                 )  # fmt: skip
             )
         out.append(build(names, name=name, partitions=tuple(parts)))
@@ -217,12 +225,13 @@ async def offset_fetch(b: Broker, req: Request, conn: ConnInfo) -> Any:
                 mod.OffsetFetchResponseGroup,
                 group_id=g.group_id,
                 error_code=E.none,
-                topics=_fetch_group(b, mod, g.group_id, g.topics, v, may),
+                topics=_fetch_group(b, mod, g.group_id, g.topics, v, may, body.require_stable),
             )  # fmt: skip
             for g in body.groups
         )
         return build(mod.OffsetFetchResponse, throttle_time=0, groups=groups)
-    topics = _fetch_group(b, mod, body.group_id, body.topics, v, may)
+    stable = getattr(body, "require_stable", False)
+    topics = _fetch_group(b, mod, body.group_id, body.topics, v, may, stable)
     return build(mod.OffsetFetchResponse, throttle_time=0, topics=topics, error_code=E.none)
 
 

@@ -27,6 +27,7 @@ from store.record_batch import (
 from store.store import StoreError, UnknownTopicOrPartitionError
 
 from .handlers_admin import parse_topic_configs
+from .handlers_txn import init_transactional
 from .producers import iter_batch_headers
 from .protocol import SUPPORTED_VERSIONS, CloseConnection, Request, build, response_module
 
@@ -182,8 +183,9 @@ async def create_topics(b: Broker, req: Request, conn: ConnInfo) -> Any:
 # --- Produce ----------------------------------------------------------------------------------
 
 
-def _validate_records(records: bytes | None) -> str | None:
-    """Kafka's ProduceRequest rule for v3+: exactly one magic-2 batch, not transactional."""
+def _validate_records(records: bytes | None, transactional: bool) -> str | None:
+    """Kafka's ProduceRequest rule for v3+: exactly one magic-2 batch, transactional exactly
+    when the request has a transactional id, never a control batch."""
     if not records or len(records) < HEADER_SIZE:
         return "a produce request partition must hold exactly one record batch"
     h = parse_header(records)
@@ -191,8 +193,10 @@ def _validate_records(records: bytes | None) -> str | None:
         return f"magic {h.magic} batches are not accepted (RecordBatch v2 only)"
     if h.batch_length + 12 != len(records):
         return None if h.batch_length + 12 > len(records) else "more than one record batch"
-    if h.attributes & (TRANSACTIONAL_MASK | CONTROL_MASK):
-        return "transactional and control batches are not supported"
+    if h.attributes & CONTROL_MASK:
+        return "control batches are written by the transaction coordinator only"
+    if bool(h.attributes & TRANSACTIONAL_MASK) != transactional:
+        return "transactional batches need a transactional id, and only they may have one"
     return None
 
 
@@ -247,6 +251,7 @@ def stage_produce(b: Broker, req: Request, conn: ConnInfo) -> StagedProduce:
     acks = body.acks
     staged = StagedProduce(req.api_version, acks)
     known = b.store.topics()
+    tid = body.transactional_id
     for topic in body.topic_data:
         count = known.get(topic.name)
         allowed = b.authorized(conn, req.client_id, topic.name, "write")
@@ -256,14 +261,14 @@ def stage_produce(b: Broker, req: Request, conn: ConnInfo) -> StagedProduce:
             base, message, durable = -1, None, None
             if acks not in (0, 1, -1):
                 err = E.invalid_required_acks
-            elif body.transactional_id is not None:
-                err = E.transactional_id_authorization_failed
             elif not allowed:  # checked before existence, as Kafka does
                 err = E.topic_authorization_failed
             elif count is None or not 0 <= pd.index < count:
                 err = E.unknown_topic_or_partition
-            elif (message := _validate_records(pd.records)) is not None:
+            elif (message := _validate_records(pd.records, tid is not None)) is not None:
                 err = E.invalid_record
+            elif tid is not None and (err := _check_txn(b, tid, topic.name, pd.index, pd.records)):
+                pass
             else:
                 err, base, message, durable = _append(
                     b, topic.name, pd.index, pd.records, acks != 0
@@ -274,6 +279,13 @@ def stage_produce(b: Broker, req: Request, conn: ConnInfo) -> StagedProduce:
             parts.append([pd.index, err, base, log_start, message, durable])
         staged.results.append((topic.name, parts))
     return staged
+
+
+def _check_txn(b: Broker, tid: str, topic: str, partition: int, records: bytes) -> int:
+    """A transactional batch: its producer must hold the id's current epoch and have added the
+    partition to its ongoing transaction (so recovery knows every partition with its data)."""
+    h = parse_header(records)
+    return b.txns.check_produce(tid, h.producer_id, h.producer_epoch, (topic, partition))
 
 
 async def produce(b: Broker, req: Request, conn: ConnInfo) -> Any:
@@ -334,25 +346,31 @@ def _read_all(b: Broker, body: Any, mod: Any, denied: set[str]) -> tuple[list[An
     store = b.store
     known = store.topics()
     budget = min(body.max_bytes, b.config.fetch_max_bytes)
+    committed = getattr(body, "isolation_level", 0) == 1
     total, errors, out = 0, False, []
     for t in body.topics:
         count = known.get(t.topic)
         parts = []
         for p in t.partitions:
-            err, hwm, start, records = E.none, -1, -1, b""
+            err, hwm, lso, start, records = E.none, -1, -1, -1, b""
+            aborted: tuple[Any, ...] | None = None
             if t.topic in denied:
                 err = E.topic_authorization_failed
             elif count is None or not 0 <= p.partition < count:
                 err = E.unknown_topic_or_partition
             else:
                 hwm = store.high_watermark(t.topic, p.partition)
+                lso = store.last_stable_offset(t.topic, p.partition)
                 start = store.log_start_offset(t.topic, p.partition)
+                end = lso if committed else hwm
                 if not start <= p.fetch_offset <= hwm:
                     err = E.offset_out_of_range
-                elif p.fetch_offset < hwm:
+                elif p.fetch_offset < end:
                     limit = min(p.partition_max_bytes, budget)
                     if limit > 0 or total == 0:
                         records = store.read(t.topic, p.partition, p.fetch_offset, max(limit, 1))
+                        if committed:
+                            records, aborted = _committed_view(b, mod, t.topic, p, records, lso)
                         total += len(records)
                         budget -= len(records)
             errors = errors or err != E.none
@@ -362,15 +380,32 @@ def _read_all(b: Broker, body: Any, mod: Any, denied: set[str]) -> tuple[list[An
                     partition_index=p.partition,
                     error_code=err,
                     high_watermark=hwm,
-                    last_stable_offset=hwm,
+                    last_stable_offset=lso,
                     log_start_offset=start,
-                    aborted_transactions=None if err else (),
+                    aborted_transactions=None if err else (aborted or ()),
                     preferred_read_replica=-1,
                     records=records,
                 )  # fmt: skip
             )
         out.append(build(mod.FetchableTopicResponse, topic=t.topic, partitions=tuple(parts)))
     return out, total, errors
+
+
+def _committed_view(
+    b: Broker, mod: Any, topic: str, p: Any, records: bytes, lso: int
+) -> tuple[bytes, tuple[Any, ...]]:
+    """read_committed: the batches below the LSO, and the aborted transactions among them
+    (the consumer drops their records, as from Kafka)."""
+    cut, last = 0, p.fetch_offset
+    for h in iter_batch_headers(records):
+        if h.base_offset >= lso:
+            break
+        cut += h.batch_length + 12
+        last = h.base_offset + h.last_offset_delta
+    aborted = b.store.aborted_transactions(topic, p.partition, p.fetch_offset, last + 1)
+    entries = tuple(build(mod.AbortedTransaction, producer_id=pid, first_offset=first)
+                    for pid, first in aborted)  # fmt: skip
+    return (records if cut == len(records) else records[:cut]), entries
 
 
 async def fetch(b: Broker, req: Request, conn: ConnInfo) -> Any:
@@ -418,6 +453,7 @@ def _offset_for_time(b: Broker, topic: str, partition: int, ts: int) -> tuple[in
 
 async def list_offsets(b: Broker, req: Request, conn: ConnInfo) -> Any:
     mod = response_module(2, req.api_version)
+    committed = getattr(req.body, "isolation_level", 0) == 1
     known = b.store.topics()
     topics = []
     for t in req.body.topics:
@@ -430,6 +466,8 @@ async def list_offsets(b: Broker, req: Request, conn: ConnInfo) -> Any:
                 err = E.topic_authorization_failed
             elif count is None or not 0 <= p.partition_index < count:
                 err = E.unknown_topic_or_partition
+            elif p.timestamp == LATEST and committed:  # read_committed: the LSO
+                offset = b.store.last_stable_offset(t.name, p.partition_index)
             elif p.timestamp == LATEST:
                 offset = b.store.high_watermark(t.name, p.partition_index)
             elif p.timestamp in (EARLIEST, EARLIEST_LOCAL):  # all of the log is local
@@ -442,6 +480,12 @@ async def list_offsets(b: Broker, req: Request, conn: ConnInfo) -> Any:
                 offset = -1
             else:
                 offset, ts = _offset_for_time(b, t.name, p.partition_index, p.timestamp)
+            if (
+                committed
+                and (p.timestamp >= 0 or p.timestamp == MAX_TIMESTAMP)
+                and (offset >= b.store.last_stable_offset(t.name, p.partition_index))
+            ):  # as Kafka: a time lookup under read_committed finds nothing past the LSO
+                offset, ts = -1, -1
             parts.append(
                 build(
                     mod.ListOffsetsPartitionResponse,
@@ -460,12 +504,10 @@ async def list_offsets(b: Broker, req: Request, conn: ConnInfo) -> Any:
 
 
 async def init_producer_id(b: Broker, req: Request, conn: ConnInfo) -> Any:
-    """Idempotent producers only. Like Kafka without a transactional id, every call (including
-    a KIP-360 epoch bump) gets a fresh producer id at epoch 0."""
+    """Like Kafka without a transactional id, every call (including a KIP-360 epoch bump) gets a
+    fresh producer id at epoch 0; with one, the transaction coordinator answers."""
     mod = response_module(22, req.api_version)
     if req.body.transactional_id is not None:
-        return build(mod.InitProducerIdResponse, throttle_time=0,
-                     error_code=E.transactional_id_authorization_failed, producer_id=-1,
-                     producer_epoch=-1)  # fmt: skip
+        return await init_transactional(b, req)
     return build(mod.InitProducerIdResponse, throttle_time=0, error_code=E.none,
                  producer_id=b.producers.new_producer_id(), producer_epoch=0)  # fmt: skip

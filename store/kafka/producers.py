@@ -28,7 +28,7 @@ from pathlib import Path
 
 from kio.schema.errors import ErrorCode as E
 
-from store.record_batch import BatchHeader, iter_batches, parse_header
+from store.record_batch import CONTROL_MASK, BatchHeader, iter_batches, parse_header
 
 __all__ = ["ProducerStateManager", "iter_batch_headers", "last_sequence"]
 
@@ -111,7 +111,7 @@ class ProducerStateManager:
         """Note an appended batch (`base_offset` as assigned by the log)."""
         key = (topic, partition)
         self._covered[key] = base_offset + h.last_offset_delta + 1
-        if h.producer_id < 0:
+        if h.producer_id < 0 or h.attributes & CONTROL_MASK:  # markers carry no sequence
             return
         producers = self._partitions.setdefault(key, OrderedDict())
         p = producers.get(h.producer_id)

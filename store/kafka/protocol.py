@@ -82,6 +82,8 @@ SUPPORTED_VERSIONS: Final[dict[int, tuple[int, int]]] = {
     47: (0, 0),  # OffsetDelete
     60: (0, 2),  # DescribeCluster
 }
+# Transactions (store/kafka/txn.py); v4+ AddPartitionsToTxn is KIP-890's broker-side form.
+SUPPORTED_VERSIONS.update({24: (0, 3), 25: (0, 3), 26: (0, 3), 28: (0, 3)})
 API_NAMES: Final[dict[int, str]] = {
     0: "Produce",
     1: "Fetch",
@@ -112,6 +114,9 @@ API_NAMES: Final[dict[int, str]] = {
     47: "OffsetDelete",
     60: "DescribeCluster",
 }
+API_NAMES.update(
+    {24: "AddPartitionsToTxn", 25: "AddOffsetsToTxn", 26: "EndTxn", 28: "TxnOffsetCommit"}
+)
 API_VERSIONS_KEY: Final = 18
 DEFAULT_MAX_FRAME: Final = 100 * 1024 * 1024
 
