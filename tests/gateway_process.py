@@ -40,6 +40,11 @@ class GatewayProcess:
             "0",
             "--ws-port",
             "0",
+            # the TLS twins start only with a certificate; then on free ports too
+            "--wss-port",
+            "0",
+            "--kafka-tls-port",
+            "0",
             "--kafka-port",
             "0",
             "--http-port",
