@@ -14,12 +14,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 
 import pandas as pd
@@ -30,16 +27,20 @@ from pyspark.sql import functions as F
 from pyspark.sql.window import Window
 
 from spark_analytics import charts
-from spark_analytics.logdir import LogDirError, approx_records, list_topics, log_dir
-from spark_analytics.source import INTERNAL_PREFIX
+from spark_analytics.inputs import (
+    DEVICE_EVENTS_TOPIC,
+    AnalyticsError,
+    NoRecords,
+    Selection,
+    check_device_from,
+    select,
+    topics_option,
+    window_seconds,
+)
+from spark_analytics.inputs import parse_since as parse_since  # re-exported: jobs.parse_since
 
-DEVICE_EVENTS_TOPIC = "__lightgate_device_events"
 Progress = Callable[[str], None]
 _NUMERIC = r"^(TINYINT|SMALLINT|INT|BIGINT|FLOAT|DOUBLE|DECIMAL)"
-
-
-class AnalyticsError(Exception):
-    """A job cannot run (missing/empty data dir, bad argument); the message says what to do."""
 
 
 @dataclass(frozen=True)
@@ -81,43 +82,22 @@ def make_session(master: str = "local[*]", app: str = "lightgate-analytics") -> 
     return spark
 
 
-_DURATION = re.compile(r"^-(\d+(?:\.\d+)?)([smhdw])$")
-_UNIT_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
-
-
-def parse_since(text: str, now_ms: int | None = None) -> int:
-    """Unix ms, ISO-8601 (`2026-11-22T10:00:00Z`) or `-15m`/`-2h`/`-7d` (as `$replay` accepts)."""
-    t = text.strip()
-    if t.isdigit():
-        return int(t)
-    m = _DURATION.match(t)
-    if m:
-        now = int(time.time() * 1000) if now_ms is None else now_ms
-        return now - int(float(m.group(1)) * _UNIT_MS[m.group(2)])
-    try:
-        dt = datetime.fromisoformat(t.replace("Z", "+00:00"))
-    except ValueError:
-        raise AnalyticsError(f"--since {text!r}: expected ms, ISO-8601 or -15m/-2h/-7d") from None
-    if dt.tzinfo is None:
-        raise AnalyticsError(f"--since {text!r}: give a time zone, e.g. {t}Z")
-    return int(dt.timestamp() * 1000)
-
-
 def check_data(data_dir: str | Path, topics: list[str] | None = None) -> dict[str, int]:
-    """Records per topic (from batch headers), or AnalyticsError when there is nothing to analyse."""
-    try:
-        log = log_dir(data_dir)
-    except LogDirError as exc:
-        raise AnalyticsError(f"{exc}. Point --data-dir at the gateway's data dir.") from None
-    known = list_topics(log)
-    names = topics or [t for t in known if not t.startswith(INTERNAL_PREFIX)]
-    counts = {t: sum(approx_records(log, t, p) for p in range(known.get(t, 0))) for t in names}
-    if not any(counts.values()):
-        what = ", ".join(names) if names else "no topics yet"
-        raise AnalyticsError(
-            f"no records in {data_dir} ({what}); send traffic through the gateway first"
-        )
-    return counts
+    """Records per topic (from batch headers); NoRecords saying why when there are none."""
+    return selected(data_dir, {"topics": ",".join(topics)} if topics else None).counts
+
+
+def selected(
+    data_dir: str | Path,
+    options: dict[str, str] | None = None,
+    since_ms: int | None = None,
+    until_ms: int | None = None,
+) -> Selection:
+    """`inputs.select`, raising NoRecords (with the reason) when nothing can match."""
+    sel = select(data_dir, options, since_ms, until_ms)
+    if sel.reason:
+        raise NoRecords(sel.reason)
+    return sel
 
 
 def _read(
@@ -140,12 +120,10 @@ def _read(
 
 def device_col(device_from: str = "client_id") -> Column:
     """`client_id` (falling back to the MQTT topic for Kafka-produced records) or `topic:N`."""
-    if device_from == "client_id":
+    level = check_device_from(device_from)
+    if level is None:
         return F.coalesce(F.col("client_id"), F.col("mqtt_topic"))
-    m = re.fullmatch(r"topic:(\d+)", device_from)
-    if not m:
-        raise AnalyticsError(f"device_from {device_from!r}: use client_id or topic:N")
-    return F.split(F.col("mqtt_topic"), "/").getItem(int(m.group(1)))
+    return F.split(F.col("mqtt_topic"), "/").getItem(level)
 
 
 def _to_pandas(df: DataFrame) -> pd.DataFrame:
@@ -457,20 +435,3 @@ def _closed(table: pd.DataFrame, watermark: str | None) -> pd.DataFrame:
 def _empty_telemetry() -> pd.DataFrame:
     cols = ["device", "field", "window_start", "window_end", "count", "avg", "min", "max"]
     return pd.DataFrame({c: [] for c in cols})
-
-
-def topics_option(options: dict[str, str] | None) -> list[str] | None:
-    raw = (options or {}).get("topics")
-    return [t.strip() for t in raw.split(",") if t.strip()] if raw else None
-
-
-_WINDOW = re.compile(r"^\s*(\d+)\s*(second|minute|hour|day|week)s?\s*$", re.IGNORECASE)
-_UNIT_S = {"second": 1, "minute": 60, "hour": 3600, "day": 86400, "week": 604800}
-
-
-def window_seconds(window: str) -> int:
-    """Seconds in a Spark window duration such as '30 seconds' or '1 hour'."""
-    m = _WINDOW.match(window)
-    if not m or int(m.group(1)) <= 0:
-        raise AnalyticsError(f"window {window!r}: expected e.g. '30 seconds', '1 minute', '1 hour'")
-    return int(m.group(1)) * _UNIT_S[m.group(2).lower()]
