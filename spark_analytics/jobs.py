@@ -119,11 +119,18 @@ def _read(
 
 
 def device_col(device_from: str = "client_id") -> Column:
-    """`client_id` (falling back to the MQTT topic for Kafka-produced records) or `topic:N`."""
+    """`client_id` (falling back to the MQTT topic for Kafka-produced records) or `topic:N`.
+
+    `topic:N` is level N of the MQTT topic (0 = first). A topic with fewer levels (a Kafka record
+    keyed `sensors`) is its own device, the same fallback as `client_id` mode: every record still
+    counts and shows under a name the analyst can find, instead of failing the job (ANSI
+    out-of-bounds) or hiding behind a null.
+    """
     level = check_device_from(device_from)
     if level is None:
         return F.coalesce(F.col("client_id"), F.col("mqtt_topic"))
-    return F.split(F.col("mqtt_topic"), "/").getItem(level)
+    part = F.get(F.split(F.col("mqtt_topic"), "/"), level)  # null past the end, even under ANSI
+    return F.coalesce(F.when(part != "", part), F.col("mqtt_topic"))
 
 
 def _to_pandas(df: DataFrame) -> pd.DataFrame:

@@ -61,6 +61,23 @@ def test_rates_and_top_talkers(spark, tmp_path: Path) -> None:  # noqa: F811
     assert (out / "top_talkers.png").exists()
 
 
+def test_device_from_topic_level_with_short_topics(spark, tmp_path: Path) -> None:  # noqa: F811
+    """`--device-from topic:1` on records whose topic has no level 1 (issue #18): no crash
+    (it was SparkArrayIndexOutOfBoundsException); such a record is its own device, by topic."""
+    data, out = tmp_path / "data", tmp_path / "out"
+    w = LogWriter(data, {"sensors": 1})
+    w.append("sensors", 0, [mqtt_rec("sensors/d1/t", b"{}", "c1", 0, T0)])
+    w.append("sensors", 0, [mqtt_rec("sensors/d1/h", b"{}", "c2", 0, T0 + 1)])
+    w.append("sensors", 0, [Rec(b"sensors", b"{}", T0 + 2)])  # Kafka record keyed by the topic
+    w.append("sensors", 0, [Rec(b"sensors/", b"{}", T0 + 3)])  # empty level 1
+    top = jobs.top_talkers(spark, data, out, device_from="topic:1", progress=lambda _m: None)
+    assert dict(zip(top.table.device, top.table.messages, strict=True)) == {
+        "d1": 2,
+        "sensors": 1,
+        "sensors/": 1,
+    }
+
+
 def test_telemetry_watermark_drops_late_data(spark, tmp_path: Path) -> None:  # noqa: F811
     data, out = tmp_path / "data", tmp_path / "out"
     w = LogWriter(data, {"sensors": 1})
