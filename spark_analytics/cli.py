@@ -8,14 +8,19 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import sys
+import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from spark_analytics.inputs import (
+    DEVICE_EVENTS_TOPIC,
     AnalyticsError,
     check_device_from,
     parse_since,
+    select,
     window_seconds,
 )
 from spark_analytics.logdir import LogDirError
@@ -173,85 +178,174 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     return build_parser().parse_args(join_dash_values(argv))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point; returns the process exit code (0 ok, 1 job failed, 2 bad input)."""
-    import warnings
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_NO_RECORDS = 0, 1, 2, 3
+_STEP = re.compile(r"^(\S+) (\d+)/(\d+): (.*)$", re.S)
 
-    from spark_analytics import jobs
+
+def say(msg: str) -> None:
+    print(f"lightgate analytics: {msg}", file=sys.stderr, flush=True)
+
+
+class JobBar:
+    """One rich progress bar per job on stderr, fed the jobs' "name i/n: what" progress lines.
+
+    Each bar is stopped before the job's result is printed on stdout, so they never share a line.
+    When stderr is not a terminal (logs, CI) the lines are printed as they are instead.
+    """
+
+    def __init__(self, job: str) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+        self.console = Console(stderr=True)
+        self.live = self.console.is_terminal
+        self.bar = Progress(
+            TextColumn(f"{job:<11}"),
+            BarColumn(bar_width=20),
+            MofNCompleteColumn(),
+            TextColumn("{task.description}"),
+            console=self.console,
+            redirect_stdout=False,
+            redirect_stderr=False,
+            transient=False,
+        )
+        self.task = self.bar.add_task("starting", total=None)
+        if self.live:
+            self.bar.start()
+
+    def __call__(self, msg: str) -> None:
+        m = _STEP.match(msg)
+        if m and self.live:
+            step, total = int(m.group(2)), int(m.group(3))
+            self.bar.update(self.task, total=total, completed=step - 1, description=m.group(4))
+        else:
+            say(msg)
+
+    def stop(self, done: bool) -> None:
+        if self.live:
+            total = self.bar.tasks[0].total
+            if done and total:
+                self.bar.update(self.task, completed=total)
+            self.bar.stop()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the exit code: 0 ok, 1 a job failed, 2 bad input, 3 no records match.
+
+    Order matters for the user: options (argparse, exit 2), then the data dir and what the
+    selection holds (from batch headers), all before the JVM starts; then one Spark session for
+    every requested job.
+    """
+    import warnings
 
     warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas")
     ns = parse_args(list(sys.argv[1:] if argv is None else argv))
-    say = jobs.stderr_progress
+    since = parse_since(ns.since) if ns.since else None
+    until = parse_since(ns.until) if ns.until else None
+    options: dict[str, str] = {}
+    if ns.topics:
+        options["topics"] = ns.topics
+    if ns.mqtt_filter:
+        options["mqttTopicFilter"] = ns.mqtt_filter
+    wanted = JOBS if ns.job == "all" else (ns.job,)
     try:
-        since = jobs.parse_since(ns.since) if ns.since else None
-        until = jobs.parse_since(ns.until) if ns.until else None
-        options: dict[str, str] = {}
-        if ns.topics:
-            options["topics"] = ns.topics
-        if ns.mqtt_filter:
-            options["mqttTopicFilter"] = ns.mqtt_filter
-        wanted = JOBS if ns.job == "all" else (ns.job,)
-        if ns.job == "sessions":
-            jobs.check_data(ns.data_dir, [jobs.DEVICE_EVENTS_TOPIC])
-        else:
-            jobs.check_data(ns.data_dir, jobs.topics_option(options))
-    except (jobs.AnalyticsError, FilterError, OptionError, LogDirError) as exc:
+        data = select(ns.data_dir, options, since, until) if wanted != ("sessions",) else None
+        events = (
+            select(ns.data_dir, {"topics": DEVICE_EVENTS_TOPIC}, since, until)
+            if "sessions" in wanted
+            else None
+        )
+    except (AnalyticsError, FilterError, OptionError, LogDirError) as exc:
         say(f"error: {exc}")
-        return 2
+        return EXIT_BAD_INPUT
+    empty: list[str] = []
+    runnable: list[str] = []
+    for job in wanted:
+        sel = events if job == "sessions" else data
+        assert sel is not None
+        if sel.reason and job == "sessions" and ns.job == "all":
+            say(f"sessions skipped: {sel.reason} (the MQTT proxy writes {DEVICE_EVENTS_TOPIC})")
+        elif sel.reason:
+            say(f"{job}: {sel.reason}")
+            empty.append(job)
+        else:
+            runnable.append(job)
+    if not runnable:
+        return EXIT_NO_RECORDS
     if shutil.which("java") is None:
         say("error: Java 17 is required (e.g. apt-get install openjdk-17-jre-headless)")
-        return 2
+        return EXIT_BAD_INPUT
 
     from pyspark.sql import SparkSession
 
+    from spark_analytics import jobs
+
     own = SparkSession.getActiveSession() is None  # inside a notebook/test: reuse, don't stop
+    t0 = time.monotonic()
     say(f"starting Spark ({ns.master})" if own else "using the active Spark session")
     spark = jobs.make_session(ns.master)
-    common = {"since_ms": since}
-    results = []
+    if own:
+        say(f"Spark started in {time.monotonic() - t0:.1f}s; running {', '.join(runnable)}")
     try:
-        for job in wanted:
-            if job == "rates":
-                res = jobs.message_rates(
-                    spark, ns.data_dir, ns.out, window=getattr(ns, "window", "1 minute"),
-                    until_ms=until, device_from=ns.device_from, options=options, **common,
-                )  # fmt: skip
-            elif job == "telemetry":
-                res = jobs.telemetry(
-                    spark, ns.data_dir, ns.out, window=getattr(ns, "window", "1 minute"),
-                    watermark=getattr(ns, "watermark", "10 minutes"),
-                    time_field=getattr(ns, "time_field", "ts") or None,
-                    device_from=ns.device_from, options=options,
-                    fresh=getattr(ns, "fresh", False), **common,
-                )  # fmt: skip
-            elif job == "sessions":
-                try:
-                    res = jobs.device_sessions(spark, ns.data_dir, ns.out, until_ms=until, **common)
-                except jobs.AnalyticsError as exc:
-                    if ns.job != "all":
-                        raise
+        for job in runnable:
+            bar = JobBar(job)
+            try:
+                res = _run(jobs, spark, job, ns, options, since, until, bar)
+            except jobs.NoRecords as exc:
+                bar.stop(done=False)
+                if job == "sessions" and ns.job == "all":
                     say(f"sessions skipped: {exc}")
-                    continue
-            else:
-                res = jobs.top_talkers(
-                    spark, ns.data_dir, ns.out, n=getattr(ns, "n", 10),
-                    by=getattr(ns, "by", "messages"), until_ms=until,
-                    device_from=ns.device_from, options=options, **common,
-                )  # fmt: skip
-            results.append(res)
-            print(f"{res.name}: {res.rows} rows -> {res.parquet}  chart: {res.chart}")
-            if res.name in ("top-talkers", "sessions") and res.rows:
-                print(res.table.head(20).to_string(index=False))
-    except (jobs.AnalyticsError, FilterError, OptionError, LogDirError) as exc:
+                else:
+                    say(f"{job}: {exc}")
+                    empty.append(job)
+                continue
+            except BaseException:
+                bar.stop(done=False)
+                raise
+            bar.stop(done=True)
+            print(f"{res.name}: {res.rows} rows -> {res.parquet}  chart: {res.chart}", flush=True)
+            if res.name in ("top-talkers", "sessions"):
+                print(res.table.head(20).to_string(index=False), flush=True)
+    except (AnalyticsError, FilterError, OptionError, LogDirError) as exc:
         say(f"error: {exc}")
-        return 2
+        return EXIT_BAD_INPUT
     except Exception as exc:  # Spark errors: one line, not a JVM stack trace
         say(f"error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
-        return 1
+        return EXIT_FAILED
     finally:
         if own:
             spark.stop()
-    return 0
+    return EXIT_NO_RECORDS if empty else EXIT_OK
+
+
+def _run(
+    jobs: Any,
+    spark: Any,
+    job: str,
+    ns: argparse.Namespace,
+    options: dict[str, str],
+    since: int | None,
+    until: int | None,
+    progress: Callable[[str], None],
+) -> Any:
+    common: dict[str, Any] = {"since_ms": since, "progress": progress}
+    if job == "rates":
+        return jobs.message_rates(
+            spark, ns.data_dir, ns.out, window=ns.window, until_ms=until,
+            device_from=ns.device_from, options=options, **common,
+        )  # fmt: skip
+    if job == "telemetry":
+        return jobs.telemetry(
+            spark, ns.data_dir, ns.out, window=ns.window, watermark=ns.watermark,
+            time_field=ns.time_field or None, device_from=ns.device_from, options=options,
+            fresh=ns.fresh, **common,
+        )  # fmt: skip
+    if job == "sessions":
+        return jobs.device_sessions(spark, ns.data_dir, ns.out, until_ms=until, **common)
+    return jobs.top_talkers(
+        spark, ns.data_dir, ns.out, n=ns.n, by=ns.by, until_ms=until,
+        device_from=ns.device_from, options=options, **common,
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

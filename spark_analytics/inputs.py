@@ -24,7 +24,7 @@ from spark_analytics.logdir import (
     offset_for_timestamp,
     walk_headers,
 )
-from spark_analytics.mqtt import filter_plan, topics_for_filter, validate_filter
+from spark_analytics.mqtt import topics_for_filter, validate_filter
 
 INTERNAL_PREFIX = "__"
 DEVICE_EVENTS_TOPIC = "__lightgate_device_events"
@@ -113,8 +113,15 @@ class Selection:
 
     @property
     def exact(self) -> bool:
-        """False when the filter is applied while reading: `total` is then an upper bound."""
-        return self.mqtt_filter is None or filter_plan(self.mqtt_filter)[0] == "all"
+        """False when the filter is applied while reading: `total` is then an upper bound.
+
+        `#` and `level/#` select whole log topics (every record of log topic `sensors` has MQTT
+        first level `sensors`), so topic pruning alone makes their counts exact.
+        """
+        if self.mqtt_filter is None:
+            return True
+        levels = validate_filter(self.mqtt_filter)
+        return levels == ["#"] or (len(levels) == 2 and levels[1] == "#" and levels[0] != "+")
 
     def describe(self, records: int | None = None) -> str:
         n = self.total if records is None else records

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -111,7 +112,10 @@ def test_telemetry_watermark_drops_late_data(spark, tmp_path: Path) -> None:  # 
 
     send(5, 1000.0)  # 75 s behind the watermark: dropped
     send(100, 9.0)  # on time: joins the open window
-    r2 = jobs.telemetry(spark, data, out, **kw)
+    said: list[str] = []
+    r2 = jobs.telemetry(spark, data, out, **{**kw, "progress": said.append})
+    assert "streaming 2 new records (checkpoint" in said[0], said  # not all 7
+    assert "read 2 new records" in said[-1] and r2.info["new_records"] == 2, said
     t = r2.table.set_index(["field", "window_start"])
     assert t.loc[("temp", ts(0)), ["count", "max"]].tolist() == [3, 30.0]
     assert t.loc[("temp", ts(MIN)), ["count", "avg", "min", "max"]].tolist() == [3, 7.0, 5.0, 9.0]
@@ -169,8 +173,36 @@ def test_cli_runs_a_job(spark, tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert cli.main(argv) == 0
     assert "top-talkers: 1 rows" in capsys.readouterr().out
     assert spark.range(1).count() == 1  # the shared session is still alive
-    assert cli.main(["sessions", "--data-dir", str(data), "--out", str(out)]) == 2
+    assert cli.main(["sessions", "--data-dir", str(data), "--out", str(out)]) == 3
     assert "__lightgate_device_events" in capsys.readouterr().err
+    # A filter matched while reading finds nothing: the same exit code 3, and why.
+    argv = ["rates", "--data-dir", str(data), "--out", str(out), "--filter", "+/nobody/#"]
+    assert cli.main(argv) == 3
+    assert "filter '+/nobody/#' matched none of the up to 11 records" in capsys.readouterr().err
+
+
+def test_cli_all_one_session_one_bar_per_job(
+    spark,  # noqa: F811
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`all` runs every job in the one session and draws a bar per job (stderr as a terminal)."""
+    data, out = tmp_path / "data", tmp_path / "out"
+    _traffic(data)
+    monkeypatch.setenv("TTY_COMPATIBLE", "1")
+    monkeypatch.setenv("TTY_INTERACTIVE", "1")
+    argv = ["all", "--data-dir", str(data), "--out", str(out), "-n", "2", "--window", "30 seconds"]
+    assert cli.main(argv) == 0
+    got = capsys.readouterr()
+    err = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", got.err)  # rich's colours and cursor moves
+    assert err.count("using the active Spark session") == 1
+    assert "sessions skipped" in err
+    for job, steps in (("rates", 3), ("telemetry", 3), ("top-talkers", 2)):
+        assert re.search(rf"{job}\s+━+\s+{steps}/{steps}", err), (job, err)
+    lines = [ln.split(":")[0] for ln in got.out.splitlines() if " rows -> " in ln]
+    assert lines == ["rates", "telemetry", "top-talkers"]
+    assert len(pd.read_parquet(out / "top_talkers")) == 2
 
 
 def test_cli_input_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -179,7 +211,7 @@ def test_cli_input_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert cli.main(["rates", "--data-dir", str(tmp_path)]) == 2
     assert "no log/" in capsys.readouterr().err
     LogWriter(tmp_path, {"sensors": 2})
-    assert cli.main(["rates", "--data-dir", str(tmp_path)]) == 2
+    assert cli.main(["rates", "--data-dir", str(tmp_path)]) == 3  # no records match: 3
     assert "no records" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # option errors: tests/test_spark_cli.py
         cli.main(["nope"])
