@@ -206,15 +206,17 @@ def message_rates(
 def _scale_partial(table: pd.DataFrame, window_s: int) -> pd.DataFrame:
     """msgs_per_s over the part of each window the data covers; `partial` marks the short ones.
 
-    The data covers [first record, last record + a device's mean gap between records] of the
-    whole selection: 15 s of traffic at 4 msg/s in a 1-minute window is 4 msg/s over 15 s, not
-    1 msg/s over 60 s. Windows inside the span divide by the full window (silence inside the span
-    is real silence). At least 1 s (one record).
+    The data covers [first record, last record + one typical gap between a device's records] of
+    the whole selection: 15 s of traffic at 4 msg/s in a 1-minute window is 4 msg/s over 15 s,
+    not 1 msg/s over 60 s. Windows inside the span divide by the full window (silence inside the
+    span is real silence). The typical gap is the median over device-windows of
+    (last - first) / (messages - 1). At least 1 s (one record).
     """
     t = table.copy()
-    lo, hi, n = t["first"].min(), t["last"].max(), int(t["messages"].sum())
-    devices = int(t["device"].nunique())
-    hi = hi + (hi - lo) * devices / (n - devices) if n > devices else hi
+    lo, hi = t["first"].min(), t["last"].max()
+    many = t[t["messages"] > 1]
+    if not many.empty:
+        hi = hi + ((many["last"] - many["first"]) / (many["messages"] - 1)).median()
     start = t["window_start"].where(t["window_start"] > lo, lo)
     end = t["window_end"].where(t["window_end"] < hi, hi)
     covered = (end - start).dt.total_seconds().clip(lower=min(1.0, window_s), upper=window_s)

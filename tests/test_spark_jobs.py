@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from spark_analytics import cli, jobs
+from spark_analytics import charts, cli, jobs
 from tests.spark_helpers import LogWriter, Rec, mqtt_rec, spark  # noqa: F401
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
@@ -60,6 +60,47 @@ def test_rates_and_top_talkers(spark, tmp_path: Path) -> None:  # noqa: F811
     assert top.table.messages.tolist() == [8, 2, 1]
     assert top.table.iloc[0].first_seen == ts(0) and top.table.iloc[0].last_seen == ts(119_000)
     assert (out / "top_talkers.png").exists()
+
+
+def test_rates_chart_plots_the_parquet_numbers(spark, tmp_path: Path) -> None:  # noqa: F811
+    """Ten devices d0..d9 send i+1 msg/s from 00:45 to 01:00 and again 03:00 to 03:05 (broker
+    time), 1-minute windows. The Parquet scales both partial windows to the seconds they cover
+    (d9: ~10 msg/s, not 150/60 = 2.5), and the chart draws exactly those numbers.
+
+    rates.png, looked at: "Message rate per device (1 minute windows)"; x axis 00:00..00:03 of
+    2026-01-01 labelled in minutes (not years); nine lines, d9 on top at ~10 down to d2 at ~3 and
+    "other (2 devices)" (d0 + d1) at ~3, each with hollow markers at 00:00 and 00:03 (both windows
+    partial, noted under the axis) and no line across the silent 00:01-00:02 gap; legend outside
+    the plot on the right.
+    """
+    data, out = tmp_path / "data", tmp_path / "out"
+    w = LogWriter(data, {"sensors": 1})
+    for i in range(10):
+        recs = []
+        for start_s, secs in ((45, 15), (180, 5)):
+            for k in range(secs * (i + 1)):
+                at = T0 + int((start_s + k / (i + 1)) * 1000)
+                recs.append(mqtt_rec(f"sensors/d{i}/t", b"{}", f"d{i}", 0, at))
+        w.append("sensors", 0, sorted(recs, key=lambda r: r.timestamp))
+    r = jobs.message_rates(spark, data, out, progress=lambda _m: None)
+    pq_rates = pd.read_parquet(r.parquet)
+    d9 = pq_rates[pq_rates.device == "d9"].set_index("window_start")
+    assert d9.messages.tolist() == [150, 50] and d9.partial.all()
+    assert (d9.loc[ts(0), "covered_s"], d9.loc[ts(0), "msgs_per_s"]) == (15.0, 10.0)
+    assert 5 < d9.loc[ts(3 * MIN), "covered_s"] < 5.2
+    plotted = charts.rates_series(pq_rates)
+    assert list(plotted) == [f"d{i}" for i in range(9, 1, -1)] + ["other (2 devices)"]
+    for dev in [f"d{i}" for i in range(2, 10)]:
+        s = plotted[dev]["msgs_per_s"]
+        assert s.index.tolist() == [ts(m * MIN) for m in range(4)]
+        assert s.isna().tolist() == [False, True, True, False]  # the gap breaks the line
+        want = pq_rates[pq_rates.device == dev].set_index("window_start").msgs_per_s
+        assert s.dropna().tolist() == pytest.approx(want.tolist())
+    other = plotted["other (2 devices)"]["msgs_per_s"]
+    low = pq_rates[pq_rates.device.isin(["d0", "d1"])]
+    assert other.iloc[0] == pytest.approx(low[low.window_start == ts(0)].messages.sum() / 15.0)
+    assert other.iloc[0] == pytest.approx(3.0)  # d0 + d1: 15 + 30 messages in 15 s
+    assert r.chart.stat().st_size > 10_000
 
 
 def test_device_from_topic_level_with_short_topics(spark, tmp_path: Path) -> None:  # noqa: F811
