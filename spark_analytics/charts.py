@@ -57,26 +57,30 @@ def _top(totals: pd.Series, n: int = TOP_N) -> tuple[list[str], list[str]]:
 
 
 def _merge_equal(series: dict[str, pd.DataFrame], col: str) -> dict[str, pd.DataFrame]:
-    """Series with identical values become one labelled "a = b = c": drawn separately, the last
-    one would hide the others and the legend would list lines nobody can see."""
-    out: dict[str, pd.DataFrame] = {}
+    """Series with identical values become one, labelled "a = b = c" (or "a = … = z, 8 equal"):
+    drawn separately, the last would hide the others and the legend would list invisible lines."""
+    groups: list[tuple[list[str], pd.DataFrame]] = []
     for label, s in series.items():
-        for known, k in out.items():
+        for labels, k in groups:
             if np.allclose(k[col].to_numpy(float), s[col].to_numpy(float), equal_nan=True):
-                del out[known]
-                out[f"{known} = {label}"] = k
+                labels.append(label)
                 break
         else:
-            out[label] = s
+            groups.append(([label], s))
+    out: dict[str, pd.DataFrame] = {}
+    for labels, s in groups:
+        name = " = ".join(labels) if len(labels) <= 3 else f"{labels[0]} = … = {labels[-1]}"
+        out[name if len(labels) <= 3 else f"{name}, {len(labels)} equal"] = s
     return out
 
 
 def rates_series(rates: pd.DataFrame, n: int = TOP_N) -> dict[str, pd.DataFrame]:
     """Per plotted series: window_start -> msgs_per_s and partial, on the full window grid.
 
-    The top `n` devices by messages, then "other (K devices)" = the others' messages summed per
-    window over the same covered time. A window in which no device sent anything is NaN (the line
-    breaks); a device silent in a window others used is 0.
+    The top `n` devices by messages, then "other (K devices, average)": the others' messages per
+    window over the same covered time, divided by K, so it reads on the same per-device scale. A
+    window in which no device sent anything is NaN (the line breaks); a device silent in a window
+    others used is 0.
     """
     if rates.empty:
         return {}
@@ -92,13 +96,13 @@ def rates_series(rates: pd.DataFrame, n: int = TOP_N) -> dict[str, pd.DataFrame]
     out: dict[str, pd.DataFrame] = {}
     groups = [(d, [d]) for d in top]
     if rest:
-        groups.append((f"other ({len(rest)} devices)", rest))
+        groups.append((f"other ({len(rest)} devices, average)", rest))
     for label, members in groups:
         msgs = r[r["device"].isin(members)].groupby("window_start")["messages"].sum()
         msgs = msgs.reindex(grid).fillna(0).where(grid_info["covered_s"].notna())
         out[label] = pd.DataFrame(
             {
-                "msgs_per_s": msgs / grid_info["covered_s"],
+                "msgs_per_s": msgs / grid_info["covered_s"] / len(members),
                 "partial": grid_info["partial"].eq(True),
             },
             index=grid,

@@ -286,6 +286,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     spark = jobs.make_session(ns.master)
     if own:
         say(f"Spark started in {time.monotonic() - t0:.1f}s; running {', '.join(runnable)}")
+    failed: list[str] = []
     try:
         for job in runnable:
             bar = JobBar(job)
@@ -299,6 +300,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                     say(f"{job}: {exc}")
                     empty.append(job)
                 continue
+            except (AnalyticsError, FilterError, OptionError, LogDirError) as exc:
+                bar.stop(done=False)
+                say(f"error: {exc}")
+                return EXIT_BAD_INPUT
+            except Exception as exc:  # Spark errors: one line, not a JVM stack trace
+                bar.stop(done=False)
+                first = str(exc).splitlines()[0] if str(exc) else ""
+                say(f"{job} failed: {type(exc).__name__}: {first}")
+                failed.append(job)  # `all` goes on: the other jobs' results still count
+                continue
             except BaseException:
                 bar.stop(done=False)
                 raise
@@ -306,15 +317,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{res.name}: {res.rows} rows -> {res.parquet}  chart: {res.chart}", flush=True)
             if res.name in ("top-talkers", "sessions"):
                 print(res.table.head(20).to_string(index=False), flush=True)
-    except (AnalyticsError, FilterError, OptionError, LogDirError) as exc:
-        say(f"error: {exc}")
-        return EXIT_BAD_INPUT
-    except Exception as exc:  # Spark errors: one line, not a JVM stack trace
-        say(f"error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
-        return EXIT_FAILED
     finally:
         if own:
             spark.stop()
+    if failed:
+        return EXIT_FAILED
     return EXIT_NO_RECORDS if empty else EXIT_OK
 
 

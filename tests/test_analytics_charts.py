@@ -26,7 +26,7 @@ def rates_table(per_device: dict[str, list[tuple[int, int]]], window_s: int) -> 
 
 
 def test_rates_top_n_other_gaps_and_equal_series(tmp_path: Path) -> None:
-    """Ten devices: the 8 busiest drawn, the 2 quietest summed into "other"; window 2 has no
+    """Ten devices: the 8 busiest drawn, the 2 quietest averaged into "other"; window 2 has no
     traffic at all (NaN: the line breaks) while a device silent in a busy window is 0. Devices
     with identical rates are drawn as one series labelled "a = b" instead of hiding each other.
     """
@@ -35,14 +35,16 @@ def test_rates_top_n_other_gaps_and_equal_series(tmp_path: Path) -> None:
     t = rates_table(per, 60)
     s = charts.rates_series(t)
     assert list(s)[:8] == [f"d{i}" for i in range(9, 1, -1)]
-    other = s["other (2 devices)"]
-    assert other["msgs_per_s"].tolist()[:2] == [(10 + 20) / 60, 20 / 60]
+    other = s["other (2 devices, average)"]  # per device, on the same scale as the others
+    assert other["msgs_per_s"].tolist()[:2] == [(10 + 20) / 60 / 2, 20 / 60 / 2]
     assert np.isnan(other["msgs_per_s"].iloc[2]) and np.isnan(s["d9"]["msgs_per_s"].iloc[2])
     assert s["d9"]["msgs_per_s"].tolist()[:2] == [100 / 60, 100 / 60]
     assert charts.rates_chart(t, tmp_path / "r.png").stat().st_size > 5000
 
     same = charts.rates_series(rates_table({"a": [(0, 6)], "b": [(0, 6)], "c": [(0, 3)]}, 60))
     assert list(same) == ["a = b", "c"]
+    many = charts.rates_series(rates_table({f"e{i}": [(0, 6)] for i in range(12)}, 60))
+    assert list(many) == ["e0 = … = other (4 devices, average), 9 equal"]
 
 
 def test_sessions_rows_group_auto_ids() -> None:

@@ -69,7 +69,7 @@ def test_rates_chart_plots_the_parquet_numbers(spark, tmp_path: Path) -> None:  
 
     rates.png, looked at: "Message rate per device (1 minute windows)"; x axis 00:00..00:03 of
     2026-01-01 labelled in minutes (not years); nine lines, d9 on top at ~10 down to d2 at ~3 and
-    "other (2 devices)" (d0 + d1) at ~3, each with hollow markers at 00:00 and 00:03 (both windows
+    "other (2 devices, average)" (d0, d1) at 1.5, each with hollow markers at 00:00 and 00:03 (both windows
     partial, noted under the axis) and no line across the silent 00:01-00:02 gap; legend outside
     the plot on the right.
     """
@@ -89,17 +89,17 @@ def test_rates_chart_plots_the_parquet_numbers(spark, tmp_path: Path) -> None:  
     assert (d9.loc[ts(0), "covered_s"], d9.loc[ts(0), "msgs_per_s"]) == (15.0, 10.0)
     assert 5 < d9.loc[ts(3 * MIN), "covered_s"] < 5.2
     plotted = charts.rates_series(pq_rates)
-    assert list(plotted) == [f"d{i}" for i in range(9, 1, -1)] + ["other (2 devices)"]
+    assert list(plotted) == [f"d{i}" for i in range(9, 1, -1)] + ["other (2 devices, average)"]
     for dev in [f"d{i}" for i in range(2, 10)]:
         s = plotted[dev]["msgs_per_s"]
         assert s.index.tolist() == [ts(m * MIN) for m in range(4)]
         assert s.isna().tolist() == [False, True, True, False]  # the gap breaks the line
         want = pq_rates[pq_rates.device == dev].set_index("window_start").msgs_per_s
         assert s.dropna().tolist() == pytest.approx(want.tolist())
-    other = plotted["other (2 devices)"]["msgs_per_s"]
-    low = pq_rates[pq_rates.device.isin(["d0", "d1"])]
-    assert other.iloc[0] == pytest.approx(low[low.window_start == ts(0)].messages.sum() / 15.0)
-    assert other.iloc[0] == pytest.approx(3.0)  # d0 + d1: 15 + 30 messages in 15 s
+    other = plotted["other (2 devices, average)"]["msgs_per_s"]
+    low = pq_rates[(pq_rates.device.isin(["d0", "d1"])) & (pq_rates.window_start == ts(0))]
+    assert other.iloc[0] == pytest.approx(low.msgs_per_s.mean())
+    assert other.iloc[0] == pytest.approx(1.5)  # d0, d1: 15 and 30 messages in 15 s, per device
     assert r.chart.stat().st_size > 10_000
 
 
