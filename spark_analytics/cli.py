@@ -196,18 +196,24 @@ class JobBar:
     def __init__(self, job: str) -> None:
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+        from rich.table import Column
 
         self.console = Console(stderr=True)
         self.live = self.console.is_terminal
         self.bar = Progress(
-            TextColumn(f"{job:<11}"),
+            TextColumn(job, table_column=Column(min_width=11, no_wrap=True)),
             BarColumn(bar_width=20),
-            MofNCompleteColumn(),
-            TextColumn("{task.description}"),
+            MofNCompleteColumn(table_column=Column(min_width=3, no_wrap=True)),
+            # the step text is cut to the terminal width, never the job name or the bar
+            TextColumn(
+                "{task.description}",
+                table_column=Column(ratio=1, no_wrap=True, overflow="ellipsis"),
+            ),
             console=self.console,
             redirect_stdout=False,
             redirect_stderr=False,
             transient=False,
+            expand=True,
         )
         self.task = self.bar.add_task("starting", total=None)
         if self.live:
