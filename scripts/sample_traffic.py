@@ -18,7 +18,8 @@ What an analyst will see with the defaults (docs/spark.md, "The notebook"):
   the whole log is one micro-batch, read before any watermark exists. Only when the job runs
   incrementally -- once before and once after such readings arrive -- are readings more than
   `--watermark` (10 minutes) behind the newest event time seen dropped and counted;
-- sessions: dev-00, dev-04, dev-08 (every 4th) disconnect and reconnect halfway; dev-01, dev-06,
+- sessions: dev-00, dev-04, dev-08 (every 4th) disconnect halfway and reconnect 1 s later (the
+  other devices pause for that second too, and catch up); dev-01, dev-06,
   dev-11 (i % 5 == 1) drop their connection without DISCONNECT at the end;
 - top talkers: `--devices` + `--gateways` devices with `--seconds * --rate` messages each.
 """
@@ -121,9 +122,11 @@ async def run(args: argparse.Namespace) -> dict[str, int]:
     for step in range(steps):
         event_ms = start + int(span * step / steps)
         phase = 2 * math.pi * step / max(1, steps // 3)
-        if step == steps // 2:  # half the even devices reconnect: an offline gap in sessions
+        if step == steps // 2:  # every 4th device reconnects: a 1 s offline gap in sessions
             for d in devices[::4]:
                 d.disconnect()
+            await asyncio.sleep(1.0)  # long enough to see on the sessions chart
+            for d in devices[::4]:
                 d.connect()
         for d in devices:
             d.publish(event_ms, phase + hash(d.name) % 7, late=random.random() < 0.01)

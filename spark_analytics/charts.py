@@ -269,10 +269,10 @@ def top_talkers_chart(
 def top_talkers_series(
     top: pd.DataFrame, by: str, other: tuple[int, int] | None = None
 ) -> tuple[list[str], list[int]]:
-    """Bar labels and values, busiest first; "other (K devices)" last when there are more."""
+    """Bar labels and values, busiest first; "other (K devices, total)" last when there are more."""
     labels = [str(x) for x in top["device"]] if not top.empty else []
     values = [int(v) for v in top[by]] if not top.empty else []
     if other and other[0] > 0:
-        labels.append(f"other ({other[0]} devices)")
+        labels.append(f"other ({other[0]} devices, total)")
         values.append(int(other[1]))
     return labels, values

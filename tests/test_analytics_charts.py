@@ -59,7 +59,7 @@ def test_sessions_rows_group_auto_ids() -> None:
 def test_top_talkers_other_bar_and_telemetry_other_average() -> None:
     top = pd.DataFrame({"device": ["a", "b"], "messages": [50, 30]})
     assert charts.top_talkers_series(top, "messages", (3, 12)) == (
-        ["a", "b", "other (3 devices)"],
+        ["a", "b", "other (3 devices, total)"],
         [50, 30, 12],
     )
     rows = [
