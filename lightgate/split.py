@@ -140,19 +140,28 @@ class CoreLink:
 
     async def stats(self) -> dict[str, Any]:
         """The MQTT counters of every connected proxy, summed (numbers only)."""
+        return (await self.figures())[0]
+
+    async def figures(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(counters summed over the proxies, the `MqttServer.metrics()` of the first one that
+        answers): what the one-process gateway reads from its own MqttServer. One proxy per
+        core today; summing labelled figures across several is left for then."""
         out: dict[str, Any] = {}
+        metrics: dict[str, Any] = {}
         for peer in list(self.proxies.values()):
             try:
                 stats = json.loads(await asyncio.wait_for(peer.call(STATS), 2.0))
             except Exception as exc:
                 log.warning("no stats from proxy %s: %r", peer.name, exc)
                 continue
+            if not metrics:
+                metrics = stats.pop("metrics", None) or {}
             for k, v in stats.items():
                 if isinstance(v, (int, float)) and not isinstance(v, bool):
                     out[k] = out.get(k, 0) + v
-                else:
+                elif k != "metrics":
                     out.setdefault(k, v)
-        return out
+        return out, metrics
 
     async def close(self) -> None:
         await self.server.close()
@@ -232,7 +241,9 @@ async def run_proxy(cfg: GatewayConfig, core: str, proxy_id: str) -> int:
     server: MqttServer | None = None
 
     def stats(peer: RpcPeer, body: bytes) -> bytes:
-        return json.dumps(server.stats() if server is not None else {}).encode()
+        if server is None:
+            return b"{}"
+        return json.dumps({**server.stats(), "metrics": server.metrics()}).encode()
 
     methods = {**rs.methods(), **rq.methods(), **notifier.methods(), STATS: stats}
     try:

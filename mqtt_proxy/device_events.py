@@ -21,6 +21,7 @@ from typing import Any
 log = logging.getLogger("lightgate.mqtt.events")
 
 TOPIC = "__lightgate_device_events"
+PROBE_CLIENT_PREFIX = "__lightgate_probe"  # the gateway's own latency probe is not a device
 
 
 def _builder() -> Any:
@@ -57,7 +58,7 @@ class DeviceEvents:
         self._add("disconnect", client_id, reason, remote)
 
     def _add(self, event: str, client_id: str, reason: str, remote: str) -> None:
-        if not self.enabled:
+        if not self.enabled or client_id.startswith(PROBE_CLIENT_PREFIX):
             return
         ts = int(time.time() * 1000)
         value = json.dumps(

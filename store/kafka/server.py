@@ -28,6 +28,7 @@ from .broker import Broker, ConnInfo
 from .config import KafkaConfig
 from .handlers_log import StagedProduce, stage_produce
 from .protocol import (
+    API_NAMES,
     CloseConnection,
     FrameReader,
     RemoteProtocolError,
@@ -100,6 +101,17 @@ class KafkaServer:
         out["kafka_connections"] = len(self._connections)
         out["kafka_groups"] = len(b.groups.groups)
         return out
+
+    def metrics(self) -> dict[str, Any]:
+        """Labelled figures and histograms for the gateway's /metrics (lightgate/metrics.py)."""
+        b = self.broker
+        return {
+            "responses": [
+                {"api": API_NAMES.get(k, str(k)), "error_code": e, "count": n}
+                for (k, e), n in sorted(b.responses.items())
+            ],
+            "histograms": {"kafka_produce": b.produce_latency.to_dict()},
+        }
 
     async def __aenter__(self) -> KafkaServer:
         await self.start()
@@ -187,7 +199,12 @@ class _Connection(asyncio.Protocol):
 
     async def _run(self, request: Request) -> bytes | None:
         self._unstarted -= 1  # handlers append before their first await: this step does it
-        response = await self._server.broker.handle(request, self._info)
+        broker = self._server.broker
+        t0 = asyncio.get_running_loop().time()
+        response = await broker.handle(request, self._info)
+        if request.api_key == PRODUCE:
+            broker.produce_latency.observe(asyncio.get_running_loop().time() - t0)
+        broker.count_response(request.api_key, response)
         return None if response is None else encode_response(request, response)
 
     def _produce(self, request: Request) -> None:
@@ -197,16 +214,18 @@ class _Connection(asyncio.Protocol):
         """
         broker = self._server.broker
         broker.counters["requests"] += 1
-        slot: asyncio.Future[bytes | None] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        slot: asyncio.Future[bytes | None] = loop.create_future()
+        t0 = loop.time()
         self._pending.append(slot)
         try:
             staged = stage_produce(broker, request)
         except Exception as exc:
-            self._produce_done(slot, request, None, exc)
+            self._produce_done(slot, request, None, exc, t0)
             return
         waits = [f for f in staged.waits if not f.done()]
         if not waits:
-            self._produce_done(slot, request, staged)
+            self._produce_done(slot, request, staged, None, t0)
             return
         remaining = len(waits)
 
@@ -214,7 +233,7 @@ class _Connection(asyncio.Protocol):
             nonlocal remaining
             remaining -= 1
             if not remaining:
-                self._produce_done(slot, request, staged)
+                self._produce_done(slot, request, staged, None, t0)
 
         for f in waits:
             f.add_done_callback(one_done)
@@ -225,12 +244,16 @@ class _Connection(asyncio.Protocol):
         request: Request,
         staged: StagedProduce | None,
         exc: BaseException | None = None,
+        t0: float = 0.0,
     ) -> None:
         if slot.done():  # cancelled: the connection is gone
             return
         if exc is None and staged is not None:
             try:
                 response = staged.response()
+                broker = self._server.broker
+                broker.produce_latency.observe(asyncio.get_running_loop().time() - t0)
+                broker.count_response(PRODUCE, response)
                 slot.set_result(None if response is None else encode_response(request, response))
             except Exception as e:
                 exc = e
