@@ -51,6 +51,7 @@ class Gateway:
         self.store = await Store.open(cfg.data_path, StoreConfig.from_object(cfg))
         self._closers.append(self.store)
         self._stats_sources.append(("", self.store))
+        self.figures.seed(self.store)
         await self._start_queues_and_mqtt()
         await self._start_kafka()
         if cfg.http_port != -1:

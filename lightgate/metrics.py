@@ -75,8 +75,15 @@ class Figures:
     def __init__(self, gw: Gateway) -> None:
         self.gw = gw
         self._retained = (0, -RETAINED_EVERY_S)
-        self._samples: deque[tuple[float, dict[str, float]]] = deque()
+        # Seeded at gateway start (`seed`): message counters start at zero there, log topics
+        # at their record counts then, so the first seconds have rates too; a topic missing
+        # from an older sample did not exist then (0 records).
+        self._samples: deque[tuple[float, dict[str, float]]] = deque([(time.monotonic(), {})])
         self.rates: dict[str, Any] = {}
+
+    def seed(self, store: Any) -> None:
+        recs = {f"topic.{t}": float(n) for t, (_b, n) in store.disk_usage().items()}
+        self._samples = deque([(time.monotonic(), recs)])
 
     def _retained_count(self) -> int:
         count, at = self._retained
@@ -179,10 +186,12 @@ class Figures:
         by_kind: dict[str, dict[str, float]] = {}
         topics: dict[str, float] = {}
         for key, v in cur.items():
-            r = round(max(0.0, v - old.get(key, v)) / dt, 1) if dt > 0 else 0.0
             kind, _, name = key.partition(".")
+            base = old.get(key, 0)
+            r = round(max(0.0, v - base) / dt, 1) if dt > 0 else 0.0
             if kind == "topic":
-                topics[name] = r
+                if not name.startswith("__lightgate"):  # device events, probes: not user topics
+                    topics[name] = r
             else:
                 by_kind.setdefault(kind, {})[name] = r
         out.update(by_kind)
