@@ -29,6 +29,7 @@ from typing import Any
 from mqtt_proxy.backend import Backend, LocalBackend, RemoteBackend
 from mqtt_proxy.badclients import BadClientLog
 from mqtt_proxy.codec import EMPTY_PROPERTIES
+from mqtt_proxy.connlog import ConnLog
 from mqtt_proxy.delivery import Delivery
 from mqtt_proxy.device_events import DeviceEvents
 from mqtt_proxy.inbound import Inbound
@@ -109,6 +110,10 @@ class MqttServer:
         self.sys = SysPublisher(self)
         # Garbage, refused WebSocket handshakes, no CONNECT in time: one line each, rate-limited.
         self.bad_clients = BadClientLog(logging.getLogger("lightgate.mqtt.bad"))
+        # Connected / refused / closed: one line each with the connection id, rate-limited.
+        self.conn_log = ConnLog(
+            logging.getLogger("lightgate.mqtt.conn"), self.settings.conn_log_per_s
+        )
         self._servers: list[asyncio.AbstractServer] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._closing = False
@@ -145,6 +150,7 @@ class MqttServer:
             self.sessions.flush()
             now = time.monotonic()
             self.bad_clients.flush(now)
+            self.conn_log.flush(now)
             if s.sys_interval_s > 0 and now >= next_sys:
                 next_sys = now + s.sys_interval_s
                 self.sys.publish()

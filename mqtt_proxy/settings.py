@@ -22,6 +22,7 @@ class ProxySettings:
     sys_interval_s: int = 10
     allow_anonymous: bool = True
     recent_cache_bytes: int = 64 << 20
+    conn_log_per_s: int = 20  # connection lifecycle lines per second (connlog.py)
     # Not in the gateway config (yet): internal knobs with sensible defaults.
     max_topic_alias: int = 64
     session_flush_ms: int = 100
