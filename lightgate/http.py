@@ -20,6 +20,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from lightgate.metrics import GatewayCollector
 
 log = logging.getLogger("lightgate.http")
+# aiohttp logs a traceback for every malformed request (too long, too many headers); those are
+# answered 400 and are the client's problem: only critical errors from there.
+_aiohttp_log = logging.getLogger("lightgate.http.aiohttp")
+_aiohttp_log.setLevel(logging.CRITICAL)
 
 SnapshotFn = Callable[[], Awaitable[dict[str, Any]]]
 HealthFn = Callable[[], dict[str, Any]]
@@ -63,6 +67,7 @@ class HttpServer:
         self._runner = web.AppRunner(
             app,
             access_log=None,
+            logger=_aiohttp_log,
             keepalive_timeout=IDLE_TIMEOUT_S,
             max_line_size=MAX_LINE,
             max_field_size=MAX_LINE,

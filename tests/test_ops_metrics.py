@@ -6,6 +6,7 @@ would count too); tests/test_ops_probe.py covers them."""
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,6 +17,12 @@ from ops_helpers import get, sample, scrape, stats, wait_for
 
 N_MQTT = 40
 N_KAFKA = 15
+
+
+def _raw(port: int, request: bytes) -> int:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(request)
+        return int(s.recv(64).split(b" ")[1])
 
 
 async def _kafka_roundtrip(bootstrap: str) -> int:
@@ -93,8 +100,13 @@ def test_metrics_move_with_real_clients(gateway_factory: Callable[..., GatewayPr
     assert s["latency"]["puback"]["count"] == N_MQTT
     assert s["latency"]["puback"]["p99"] is not None
     assert s["connections"]["mqtt"] == {"5": 1, "3.1.1": 1}
-    # Unknown paths and other methods are refused.
+    # Unknown paths, other methods and oversized or too many headers are refused.
     assert get(http, "/nope")[0] == 404
+    assert _raw(http, b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n") == 405
+    assert _raw(http, b"GET /health HTTP/1.1\r\nX-Big: " + b"a" * 9000 + b"\r\n\r\n") == 400
+    many = b"".join(b"X-%d: 1\r\n" % i for i in range(40))
+    assert _raw(http, b"GET /health HTTP/1.1\r\n" + many + b"\r\n") == 400
+    assert _raw(http, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n") == 200
     sub.disconnect()
     pub.disconnect()
     wait_for(
