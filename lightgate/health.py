@@ -86,6 +86,6 @@ class HealthWatch:
             try:
                 self.sample()
                 if self.gw.endpoints.get("http"):
-                    await self.gw.figures.snapshot()  # a rate sample even when nobody looks
+                    await self.gw.figures.tick()  # a rate sample even when nobody looks
             except Exception:
                 log.exception("health watch failed")

@@ -132,22 +132,7 @@ class Figures:
             "sessions": mmetrics.get("sessions", {"live": 0, "persistent": 0, "offline": 0}),
             "subscriptions": mmetrics.get("subscriptions", 0),
             "wildcard_queues": queues.stats()["lightqueue_filters"] if queues else 0,
-            "messages_in": {
-                "mqtt": mstats.get("messages_received", 0),
-                "kafka": kstats.get("kafka_produce_records_total", 0),
-            },
-            "messages_out": {
-                "mqtt": mstats.get("messages_sent", 0),
-                "kafka": kstats.get("kafka_fetch_records_total", 0),
-            },
-            "bytes_in": {
-                "mqtt": mstats.get("bytes_received", 0),
-                "kafka": kstats.get("kafka_produce_bytes_total", 0),
-            },
-            "bytes_out": {
-                "mqtt": mstats.get("bytes_sent", 0),
-                "kafka": kstats.get("kafka_fetch_bytes_total", 0),
-            },
+            **_traffic(mstats, kstats),
             "retained": self._retained_count(),
             "kafka_responses": kmetrics.get("responses", []),
             "consumer_groups": kstats.get("kafka_groups", 0),
@@ -166,6 +151,22 @@ class Figures:
         }
         snap["rates"] = self._rates(snap)
         return snap
+
+    async def tick(self) -> None:
+        """A rate sample (the health watch, every second): counters only, no histograms, no
+        per-session walk, so an idle dashboard costs next to nothing."""
+        gw = self.gw
+        if gw.mqtt is not None:
+            mstats = gw.mqtt.stats()
+        elif gw.link is not None:
+            mstats = (await gw.link.figures(with_metrics=False))[0]
+        else:
+            mstats = {}
+        kstats = gw.kafka.stats() if gw.kafka is not None else {}
+        topics = {}
+        if gw.store is not None:
+            topics = {t: {"records": n} for t, (_b, n) in gw.store.disk_usage().items()}
+        self._rates({**_traffic(mstats, kstats), "topics": topics})
 
     def _rates(self, snap: dict[str, Any]) -> dict[str, Any]:
         """Per-second rates over the last RATE_WINDOW_S of samples (this one included)."""
@@ -199,6 +200,27 @@ class Figures:
         out["top_topics"] = [{"topic": t, "rate": r} for t, r in top]
         self.rates = out
         return out
+
+
+def _traffic(mstats: dict[str, Any], kstats: dict[str, Any]) -> dict[str, dict[str, int]]:
+    return {
+        "messages_in": {
+            "mqtt": mstats.get("messages_received", 0),
+            "kafka": kstats.get("kafka_produce_records_total", 0),
+        },
+        "messages_out": {
+            "mqtt": mstats.get("messages_sent", 0),
+            "kafka": kstats.get("kafka_fetch_records_total", 0),
+        },
+        "bytes_in": {
+            "mqtt": mstats.get("bytes_received", 0),
+            "kafka": kstats.get("kafka_produce_bytes_total", 0),
+        },
+        "bytes_out": {
+            "mqtt": mstats.get("bytes_sent", 0),
+            "kafka": kstats.get("kafka_fetch_bytes_total", 0),
+        },
+    }
 
 
 def _buckets(d: dict[str, Any]) -> list[tuple[str, float]]:

@@ -140,20 +140,25 @@ class CoreLink:
 
     async def stats(self) -> dict[str, Any]:
         """The MQTT counters of every connected proxy, summed (numbers only)."""
-        return (await self.figures())[0]
+        return (await self.figures(with_metrics=False))[0]
 
-    async def figures(self) -> tuple[dict[str, Any], dict[str, Any]]:
+    async def figures(self, with_metrics: bool = True) -> tuple[dict[str, Any], dict[str, Any]]:
         """(counters summed over the proxies, the `MqttServer.metrics()` of the first one that
         answers): what the one-process gateway reads from its own MqttServer. One proxy per
-        core today; summing labelled figures across several is left for then."""
+        core today; summing labelled figures across several is left for then. A proxy that
+        does not answer is logged once until it answers again."""
         out: dict[str, Any] = {}
         metrics: dict[str, Any] = {}
         for peer in list(self.proxies.values()):
             try:
-                stats = json.loads(await asyncio.wait_for(peer.call(STATS), 2.0))
+                body = b"m" if with_metrics else b""
+                stats = json.loads(await asyncio.wait_for(peer.call(STATS, body), 2.0))
             except Exception as exc:
-                log.warning("no stats from proxy %s: %r", peer.name, exc)
+                if not peer.state.get("stats_failing"):
+                    log.warning("no stats from proxy %s: %r", peer.name, exc)
+                peer.state["stats_failing"] = True
                 continue
+            peer.state["stats_failing"] = False
             if not metrics:
                 metrics = stats.pop("metrics", None) or {}
             for k, v in stats.items():
@@ -243,6 +248,8 @@ async def run_proxy(cfg: GatewayConfig, core: str, proxy_id: str) -> int:
     def stats(peer: RpcPeer, body: bytes) -> bytes:
         if server is None:
             return b"{}"
+        if body != b"m":  # counters only (the core's 1 s rate sample)
+            return json.dumps(server.stats()).encode()
         return json.dumps({**server.stats(), "metrics": server.metrics()}).encode()
 
     methods = {**rs.methods(), **rq.methods(), **notifier.methods(), STATS: stats}
