@@ -31,12 +31,7 @@ from io import BytesIO
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# ../shared next to the main checkout; a worktree in /work/wt/NAME finds it one level further up.
-MQTTBENCH = next(
-    (p / "shared" / "tools" / "mqttbench" / "mqttbench.py" for p in (ROOT.parent, ROOT.parents[1])
-     if (p / "shared" / "tools" / "mqttbench" / "mqttbench.py").exists()),
-    ROOT.parent / "shared" / "tools" / "mqttbench" / "mqttbench.py",
-)  # fmt: skip
+MQTTBENCH = ROOT / "bench" / "mqttbench" / "mqttbench.py"
 SCENARIOS = {
     "fanin qos0 max": ["fanin", "--publishers", "10", "--qos", "0"],
     "fanin qos1 w100": ["fanin", "--publishers", "10", "--qos", "1", "--window", "100"],
