@@ -29,7 +29,6 @@ from typing import Any
 from mqtt_proxy.backend import Backend, LocalBackend, RemoteBackend
 from mqtt_proxy.badclients import BadClientLog
 from mqtt_proxy.codec import EMPTY_PROPERTIES
-from mqtt_proxy.connlog import ConnLog
 from mqtt_proxy.delivery import Delivery
 from mqtt_proxy.device_events import DeviceEvents
 from mqtt_proxy.inbound import Inbound
@@ -37,6 +36,7 @@ from mqtt_proxy.sessions import SessionManager
 from mqtt_proxy.settings import ProxySettings
 from mqtt_proxy.sys_topics import SysPublisher
 from mqtt_proxy.websocket import WebSocketProtocol
+from store.connlog import ConnLog
 from store.latency import LatencyHistogram
 from store.mapping import MqttMessage, MqttProperties
 

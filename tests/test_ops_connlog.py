@@ -3,11 +3,13 @@ storm at most `conn_log_per_s` lines a second plus summaries that count the rest
 
 from __future__ import annotations
 
+import asyncio
 import re
 import socket
 import time
 from collections.abc import Callable
 
+from aiokafka import AIOKafkaProducer
 from gateway_process import GatewayProcess
 from mqtt_helpers import Client
 from ops_helpers import wait_for
@@ -21,6 +23,25 @@ def _connect_close(port: int, cid: str) -> None:
         s.sendall(bytes([0x10, len(body)]) + body)
         assert s.recv(4)[:1] == b"\x20"  # CONNACK
         s.sendall(b"\xe0\x00")  # DISCONNECT
+
+
+async def _kafka_client(bootstrap: str) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    await producer.start()
+    await producer.stop()
+
+
+def test_kafka_connections_logged_with_an_id(
+    gateway_factory: Callable[..., GatewayProcess],
+) -> None:
+    gw = gateway_factory()
+    asyncio.run(_kafka_client(f"127.0.0.1:{gw.port('kafka')}"))
+    wait_for(lambda: "lightgate.kafka.conn: closed" in gw.log_text(), what="kafka closed line")
+    text = gw.log_text()
+    ids = re.findall(r"lightgate\.kafka\.conn: connected (k\d+) from 127\.0\.0\.1:\d+", text)
+    assert ids, text
+    for cid in ids:
+        assert re.search(rf"lightgate\.kafka\.conn: closed {cid} ", text), (cid, text)
 
 
 def test_lifecycle_lines_then_summaries_under_a_storm(

@@ -24,6 +24,8 @@ from collections import deque
 from pathlib import Path
 from typing import Any, cast
 
+from store.connlog import ConnLog
+
 from .broker import Broker, ConnInfo
 from .config import KafkaConfig
 from .handlers_log import StagedProduce, stage_produce
@@ -63,6 +65,9 @@ class KafkaServer:
         if state_dir is None:
             state_dir = Path(store.data_dir) / "kafka"
         self.broker = Broker(store, self.config, state_dir)
+        # Connected / closed, one line each with the connection id (k1, ...), rate-limited.
+        self.conn_log = ConnLog(logging.getLogger("lightgate.kafka.conn"),
+                                self.config.conn_log_per_s, prefix="k")  # fmt: skip
         self._server: asyncio.Server | None = None
         self._connections: set[_Connection] = set()
 
@@ -123,7 +128,8 @@ class KafkaServer:
 
 class _Connection(asyncio.Protocol):
     __slots__ = ("_server", "_reader", "_transport", "_info", "_pending", "_closing",
-                 "_read_paused", "_write_paused", "_flush_scheduled", "_unstarted")  # fmt: skip
+                 "_read_paused", "_write_paused", "_flush_scheduled", "_unstarted",
+                 "_cid")  # fmt: skip
 
     def __init__(self, server: KafkaServer) -> None:
         self._server = server
@@ -138,6 +144,7 @@ class _Connection(asyncio.Protocol):
         self._write_paused = False
         self._flush_scheduled = False
         self._unstarted = 0  # tasks created whose handler has not begun (appends not done)
+        self._cid = ""
 
     # --- asyncio.Protocol ------------------------------------------------------------------
 
@@ -148,9 +155,13 @@ class _Connection(asyncio.Protocol):
         local = transport.get_extra_info("sockname") or ("", 0)
         self._info = ConnInfo(str(peer[0]), str(local[0]), int(local[1]))
         self._server._connections.add(self)
+        self._cid = self._server.conn_log.new_id()
+        self._server.conn_log.event("connected", self._cid, "from %s:%s", peer[0], peer[1])
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._server._connections.discard(self)
+        why = repr(exc) if exc else "closed by the gateway" if self._closing else "closed"
+        self._server.conn_log.event("closed", self._cid, "%s", why)
         self._closing = True
         for item in self._pending:
             if isinstance(item, asyncio.Future):
