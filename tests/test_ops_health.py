@@ -78,3 +78,47 @@ async def test_health_503_while_dispatcher_stopped(
             if c is not None:
                 await asyncio.to_thread(c.disconnect)
         await gw.close()
+
+
+async def test_health_503_while_dispatcher_stuck(tmp_path: Path) -> None:
+    """Running but not indexing: a dispatcher task that hangs (as on a LevelDB write that never
+    returns) while records wait. 503 after `dispatch_stall_ms`, 200 once it indexes again."""
+    cfg = load_config(
+        None,
+        overrides={
+            "data_dir": str(tmp_path / "data"),
+            "mqtt_port": 0,
+            "ws_port": -1,
+            "kafka_port": -1,
+            "http_port": 0,
+            "probe_interval_ms": 0,
+            "dispatch_stall_ms": 1500,
+        },
+    )
+    gw = Gateway(cfg)
+    await gw.start()
+    pub = None
+    try:
+        http, mqtt = gw.endpoints["http"][1], gw.endpoints["mqtt"][1]
+        gw.queues.dispatch_task.cancel()
+        await asyncio.sleep(0.05)
+        hung = asyncio.get_running_loop().create_task(asyncio.Event().wait())
+        gw.queues.dispatch_task = hung  # alive, never indexes
+        pub = await asyncio.to_thread(lambda: Client(mqtt, "stuck-pub").connect())
+        await asyncio.to_thread(pub.publish, "s/t", b"x", 1)
+        assert (await _health(http))[0] == 200  # behind, but not for long yet
+        await asyncio.sleep(3.2)
+        status, body = await _health(http)
+        assert status == 503
+        assert len(body["reasons"]) == 1
+        assert body["reasons"][0].startswith("dispatcher stuck: 1 records behind, nothing indexed")
+        hung.cancel()
+        await asyncio.sleep(0.05)
+        assert gw.queues.start_dispatch()
+        await asyncio.sleep(1.5)
+        status, body = await _health(http)
+        assert status == 200, body
+    finally:
+        if pub is not None:
+            await asyncio.to_thread(pub.disconnect)
+        await gw.close()
