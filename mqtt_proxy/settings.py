@@ -26,6 +26,7 @@ class ProxySettings:
     tls_require_client_cert: bool = False
     tls_identity_as_username: bool = False
     recent_cache_bytes: int = 64 << 20
+    conn_log_per_s: int = 20  # connection lifecycle lines per second (connlog.py)
     # Not in the gateway config (yet): internal knobs with sensible defaults.
     max_topic_alias: int = 64
     session_flush_ms: int = 100

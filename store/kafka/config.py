@@ -39,3 +39,5 @@ class KafkaConfig:
     failed_authentication_delay_ms: int = 100
     # How often the idempotent-producer snapshot is rewritten when it changed.
     producer_snapshot_interval_s: float = 30.0
+    # Connection lifecycle log lines per second (store/connlog.py); 0 logs none.
+    conn_log_per_s: int = 20
