@@ -29,6 +29,7 @@ from mqtt_proxy.codec import (
     Publish,
     Pubrec,
     RemoteProtocolError,
+    State,
 )
 from mqtt_proxy.codec.reason_codes import v3_connack_code
 from mqtt_proxy.outbound import ack
@@ -224,8 +225,14 @@ class MqttConnection(asyncio.Protocol):
         self.transport.write(data)
 
     def send(self, packet: Any) -> None:
-        """Encode through the codec (state table, limits) and write."""
-        if not self.closed:
+        """Encode through the codec (state table, limits) and write.
+
+        Nothing once the client's DISCONNECT is parsed: the codec reads a whole chunk before the
+        handlers act on it, so the answer to a packet that came in one chunk with the DISCONNECT
+        (CONNACK, SUBACK, ...) would break the state table; the client has closed anyway
+        [MQTT-3.14.4-1].
+        """
+        if not self.closed and self.codec.state is not State.DISCONNECTED:
             self.write(self.codec.send(packet))
 
     def send_connack(self, present: bool, reason: int, props: Any) -> None:
@@ -245,7 +252,7 @@ class MqttConnection(asyncio.Protocol):
         session = self.session
         if ptype == 5 and session is not None:
             session.qos2_pending.discard(pid)
-        if self.closed:
+        if self.closed or self.codec.state is State.DISCONNECTED:
             return b""
         if self.v5:
             return self.codec.send(Puback(pid) if ptype == 4 else Pubrec(pid))

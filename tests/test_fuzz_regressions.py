@@ -1,0 +1,105 @@
+"""Crashers the socket fuzzer found, as the exact bytes: each must leave the gateway serving,
+its log without a traceback, and the client with the answer the spec gives.
+
+One gateway for the module; after each case its new log lines are checked for crash markers and
+an MQTT publish→subscribe round trip (paho) and a Kafka produce→fetch (aiokafka) must work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from gateway_process import GatewayProcess
+from socket_fuzzer import CRASH_MARKERS, kafka_round_trip, mqtt_round_trip
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class Gw:
+    def __init__(self, proc: GatewayProcess) -> None:
+        self.proc = proc
+        self.log_pos = 0
+
+    def send(self, listener: str, data: bytes, wait: float = 3.0) -> bytes:
+        """Write `data` on a fresh connection, return what comes back until the gateway closes
+        (or is quiet for `wait` seconds)."""
+        with socket.create_connection(self.proc.endpoints[listener], timeout=wait) as s:
+            s.sendall(data)
+            out = b""
+            deadline = time.monotonic() + wait
+            while time.monotonic() < deadline:
+                try:
+                    chunk = s.recv(65536)
+                except (TimeoutError, ConnectionResetError):
+                    break
+                if not chunk:
+                    break
+                out += chunk
+            return out
+
+    def assert_healthy(self) -> None:
+        time.sleep(0.2)  # let the gateway log what the last connection did
+        text = self.proc.log_text()
+        new, self.log_pos = text[self.log_pos :], len(text)
+        crashes = [ln for ln in new.splitlines() if any(m in ln for m in CRASH_MARKERS)]
+        assert not crashes, new
+        assert self.proc.proc is not None and self.proc.proc.poll() is None
+        host, port = self.proc.endpoints["mqtt"]
+        mqtt_round_trip(host, port, v5=True)
+        asyncio.run(kafka_round_trip(*self.proc.endpoints["kafka"]))
+
+
+@pytest.fixture(scope="module")
+def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gw]:
+    proc = GatewayProcess(Path(tmp_path_factory.mktemp("fuzzreg")) / "data").start()
+    try:
+        yield Gw(proc)
+    finally:
+        try:
+            proc.stop()
+        except Exception:
+            proc.kill()
+
+
+# MQTT 3.1.1 CONNECT: client id "fz1", clean session, keep alive 60
+CONNECT_V4 = bytes.fromhex("100f00044d5154540402003c0003") + b"fz1"
+# MQTT 5 CONNECT: the same with an empty property block
+CONNECT_V5 = bytes.fromhex("101000044d5154540502003c000003") + b"fz1"
+SUBSCRIBE_V5 = bytes.fromhex("820a0001000004") + b"fz/a" + b"\x01"  # pid 1, QoS 1
+PUBLISH_V4_Q1 = bytes.fromhex("32090004") + b"fz/a" + b"\x00\x07" + b"x"  # pid 7
+DISCONNECT = bytes.fromhex("e000")
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        # seed 1 batch 0: CONNECT and DISCONNECT in one chunk; answering the CONNECT raised
+        # "server may not send CONNACK in state DISCONNECTED" out of data_received
+        CONNECT_V4 + DISCONNECT,
+        CONNECT_V5 + SUBSCRIBE_V5 + DISCONNECT,
+        CONNECT_V4 + PUBLISH_V4_Q1 + DISCONNECT,
+        # ... and with more bytes after the DISCONNECT (a protocol error on top)
+        CONNECT_V4 + DISCONNECT + bytes.fromhex("c000"),
+        CONNECT_V5 + DISCONNECT + bytes.fromhex("8203000100"),
+    ],
+    ids=["v4-connect-disconnect", "v5-subscribe", "v4-publish-q1", "v4-trailing", "v5-trailing"],
+)
+def test_packets_answered_after_the_clients_disconnect(gw: Gw, data: bytes) -> None:
+    reply = gw.send("mqtt", data)
+    # nothing is owed to a client that said DISCONNECT; whatever was sent parses as MQTT
+    assert reply[:1] in (b"", b"\x20")
+    gw.assert_healthy()
+
+
+def test_garbage_and_half_packets_on_every_listener(gw: Gw) -> None:
+    """The shapes of the fuzzer's failures, short: each listener closes, nothing is logged."""
+    gw.send("mqtt", CONNECT_V4[:7], wait=0.5)
+    gw.send("ws", b"GET /mqtt HTTP/1.1\r\n\r\n", wait=1)
+    gw.send("kafka", struct.pack(">i", 6) + struct.pack(">hhi", 18, 3, 1)[:6], wait=0.5)
+    gw.assert_healthy()
