@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from store.config import (
+    MAX_PARTITIONS,
     StoreConfig,
     StoreError,
     TopicConfig,
@@ -197,10 +198,18 @@ class TopicAdmin:
             raise UnknownTopicOrPartitionError(f"unknown topic {name!r}")
         if count <= n:
             raise StoreError(f"topic {name!r} has {n} partitions; the new count must be larger")
+        if count > MAX_PARTITIONS:
+            raise StoreError(f"topic {name!r}: at most {MAX_PARTITIONS} partitions, asked {count}")
         entry = self._topics[name]
         self._register(name, count, entry["config"], entry.get("id"))
-        for p in range(n, count):
-            self._logs[(name, p)].load(clean=False)
+        try:
+            for p in range(n, count):
+                self._logs[(name, p)].load(clean=False)
+        except OSError as exc:  # out of files or disk: back to the old count
+            for p in range(n, count):
+                self._logs.pop((name, p)).close()
+            self._register(name, n, entry["config"], entry.get("id"))
+            raise StoreError(f"cannot add partitions to {name!r}: {exc}") from exc
         self._routes.clear()
         self._save_topics()
         fsync_dir(self.log_dir)

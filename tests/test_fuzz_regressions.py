@@ -103,3 +103,35 @@ def test_garbage_and_half_packets_on_every_listener(gw: Gw) -> None:
     gw.send("ws", b"GET /mqtt HTTP/1.1\r\n\r\n", wait=1)
     gw.send("kafka", struct.pack(">i", 6) + struct.pack(">hhi", 18, 3, 1)[:6], wait=0.5)
     gw.assert_healthy()
+
+
+def _kafka_frame(body_hex: str) -> bytes:
+    body = bytes.fromhex(body_hex)
+    return struct.pack(">i", len(body)) + body
+
+
+def test_create_topics_and_partitions_beyond_the_limit_are_refused(gw: Gw) -> None:
+    """Found as an IndexError in GroupCommit.flush that left every producer of that tick
+    waiting forever: CreateTopics with 32767 partitions ran out of file descriptors half way and
+    left the topic registered with unloaded partitions; a produce to one of them broke the
+    flush. Now the count is bounded (store.config.MAX_PARTITIONS) and a create that fails
+    anyway is undone."""
+    from aiokafka.protocol.admin import CreatePartitionsResponse_v0, CreateTopicsResponse_v2
+
+    # CreateTopics v2, correlation id 1, client "fz": topic "big", 32767 partitions, factor 1
+    reply = gw.send("kafka", _kafka_frame(
+        "0013" "0002" "00000001" "0002" "667a"  # api key 19 v2, correlation id, client id
+        "00000001" "0003" "626967" "00007fff" "0001"  # [topic "big", 32767 partitions, factor 1]
+        "00000000" "00000000" "00002710" "00"  # no assignments, configs; 10 s; not validate-only
+    ), wait=1)  # fmt: skip
+    (topic, error, _msg), *_ = CreateTopicsResponse_v2.decode(reply[8:]).topic_errors
+    assert (topic, error) == ("big", 37)  # INVALID_PARTITIONS
+    # CreatePartitions v0, correlation id 2: "health" to 100000 partitions
+    reply = gw.send("kafka", _kafka_frame(
+        "0025" "0000" "00000002" "0002" "667a"
+        "00000001" "0006" "6865616c7468" "000186a0" "ffffffff"  # [health: 100000, no assignment]
+        "00002710" "00"  # timeout 10 s, validate_only false
+    ), wait=1)  # fmt: skip
+    (_name, error, _msg), *_ = CreatePartitionsResponse_v0.decode(reply[8:]).topic_errors
+    assert error in (37, 3)  # INVALID_PARTITIONS (UNKNOWN_TOPIC before the first health check)
+    gw.assert_healthy()
