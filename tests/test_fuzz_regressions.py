@@ -135,3 +135,38 @@ def test_create_topics_and_partitions_beyond_the_limit_are_refused(gw: Gw) -> No
     (_name, error, _msg), *_ = CreatePartitionsResponse_v0.decode(reply[8:]).topic_errors
     assert error in (37, 3)  # INVALID_PARTITIONS (UNKNOWN_TOPIC before the first health check)
     gw.assert_healthy()
+
+
+@pytest.mark.parametrize(
+    "body_hex",
+    [
+        # Metadata v10 naming a topic by id only (name null): v10/v11 responses have no null
+        # name, so encoding the UNKNOWN_TOPIC_ID answer raised TypeError
+        "0003"
+        "000a"
+        "00000003"
+        "0002667a"
+        "00"  # api 3 v10, correlation id 3, "fz", no tags
+        "02"
+        "00000000000000000000000000000001"
+        "00"
+        "00"  # [topic id ...01, name null]
+        "000000"
+        "00",  # no auto-create, no authorized operations; no tags
+        # DescribeLogDirs v1 asking for partition -1 of "health": UnknownTopicOrPartitionError
+        "0023"
+        "0001"
+        "00000003"
+        "0002667a"  # api 35 v1, correlation id 3, "fz"
+        "00000001"
+        "0006"
+        "6865616c7468"
+        "00000001"
+        "ffffffff",  # [health: [-1]]
+    ],
+    ids=["metadata-v10-null-name", "describe-log-dirs-partition-minus-1"],
+)
+def test_kafka_requests_answered_not_crashed(gw: Gw, body_hex: str) -> None:
+    reply = gw.send("kafka", _kafka_frame(body_hex), wait=1)
+    assert len(reply) > 8 and struct.unpack_from(">ii", reply) == (len(reply) - 4, 3)
+    gw.assert_healthy()

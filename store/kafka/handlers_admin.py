@@ -368,7 +368,7 @@ async def describe_log_dirs(b: Broker, req: Request, conn: ConnInfo) -> Any:
     if req.body.topics is None:
         wanted = {t: list(range(n)) for t, n in known.items()}
     else:
-        wanted = {t.topic: [p for p in t.partitions if p < known.get(t.topic, 0)]
+        wanted = {t.topic: [p for p in t.partitions if 0 <= p < known.get(t.topic, 0)]
                   for t in req.body.topics if t.topic in known}  # fmt: skip
     topics = tuple(
         build(mod.DescribeLogDirsTopic, name=t, partitions=tuple(

@@ -102,7 +102,7 @@ async def metadata(b: Broker, req: Request, conn: ConnInfo) -> Any:
             build(
                 mod.MetadataResponseTopic,
                 error_code=error,
-                name=name,
+                name=name if name is not None or v >= 12 else "",  # nullable from v12 only
                 topic_id=b.topic_id(name or ""),
                 is_internal=False,
                 partitions=partitions,
