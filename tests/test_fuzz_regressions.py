@@ -170,3 +170,30 @@ def test_kafka_requests_answered_not_crashed(gw: Gw, body_hex: str) -> None:
     reply = gw.send("kafka", _kafka_frame(body_hex), wait=1)
     assert len(reply) > 8 and struct.unpack_from(">ii", reply) == (len(reply) - 4, 3)
     gw.assert_healthy()
+
+
+async def test_a_cancelled_admin_request_does_not_strand_fsync_waiters(tmp_path: Path) -> None:
+    """Seed 3 batch 29: a Kafka client closed its connection while its DeleteRecords waited for
+    the store to quiesce; the cancellation went through `GroupCommit.drain`'s gather into the
+    running fsync future, `_sync_done` raised CancelledError in a callback and the producers
+    waiting on that fsync were never acknowledged. The same sequence, in-process."""
+    from kafka_helpers import make_batch
+
+    from store import Store, StoreConfig
+
+    store = await Store.open(tmp_path / "data", StoreConfig(fsync="always"))
+    failures: list[dict] = []
+    asyncio.get_running_loop().set_exception_handler(lambda _l, ctx: failures.append(ctx))
+    try:
+        store.ensure_topic("t", 1)
+        await store.append_batch("t", 0, make_batch([b"a"])).durable
+        pending = store.append_batch("t", 0, make_batch([b"b"]))  # its fsync is what is cut
+        admin = asyncio.create_task(store.delete_records("t", 0, 1))
+        for _ in range(3):  # into drain's wait for the fsync
+            await asyncio.sleep(0)
+        admin.cancel()  # what KafkaServer does to a closed connection's requests
+        await asyncio.wait_for(pending.durable, 10)
+        await asyncio.sleep(0.1)
+        assert not failures, failures
+    finally:
+        await store.close()
