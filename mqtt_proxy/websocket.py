@@ -206,7 +206,8 @@ class WebSocketProtocol(asyncio.Protocol):
                 elif isinstance(event, Request):
                     self._on_request(event)
                 elif isinstance(event, Ping):
-                    self.transport.write(self._ws.send(event.response()))
+                    if self._ws.state is ConnectionState.OPEN:  # none once our Close is sent
+                        self.transport.write(self._ws.send(event.response()))
                 elif isinstance(event, CloseConnection):
                     if self._ws.state is ConnectionState.REMOTE_CLOSING:
                         self.transport.write(self._ws.send(event.response()))

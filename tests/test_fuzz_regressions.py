@@ -26,11 +26,14 @@ class Gw:
         self.proc = proc
         self.log_pos = 0
 
-    def send(self, listener: str, data: bytes, wait: float = 3.0) -> bytes:
-        """Write `data` on a fresh connection, return what comes back until the gateway closes
-        (or is quiet for `wait` seconds)."""
+    def send(self, listener: str, data: bytes | list[bytes], wait: float = 3.0) -> bytes:
+        """Write `data` (a list: one write each, 0.1 s apart) on a fresh connection, return what
+        comes back until the gateway closes (or is quiet for `wait` seconds)."""
         with socket.create_connection(self.proc.endpoints[listener], timeout=wait) as s:
-            s.sendall(data)
+            for i, chunk in enumerate([data] if isinstance(data, bytes) else data):
+                if i:
+                    time.sleep(0.1)
+                s.sendall(chunk)
             out = b""
             deadline = time.monotonic() + wait
             while time.monotonic() < deadline:
@@ -197,3 +200,22 @@ async def test_a_cancelled_admin_request_does_not_strand_fsync_waiters(tmp_path:
         assert not failures, failures
     finally:
         await store.close()
+
+
+WS_UPGRADE = (
+    b"GET /mqtt HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+    b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+    b"Sec-WebSocket-Protocol: mqtt\r\n\r\n"
+)
+
+
+def test_websocket_ping_after_our_close(gw: Gw) -> None:
+    """Seed 3 batch 9: a ping behind a frame that made us close (a text frame: close 1003) was
+    answered with a pong in state LOCAL_CLOSING, which wsproto refuses (LocalProtocolError out
+    of data_received)."""
+    text_a = bytes.fromhex("818100000000") + b"A"  # FIN text frame "A", zero mask
+    ping = bytes.fromhex("898000000000")  # FIN ping, empty, zero mask
+    reply = gw.send("ws", [WS_UPGRADE, text_a + ping])
+    assert reply.startswith(b"HTTP/1.1 101 ")
+    assert b"\x88\x02\x03\xeb" in reply  # close frame, code 1003 (unsupported data)
+    gw.assert_healthy()
