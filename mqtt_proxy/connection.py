@@ -21,10 +21,12 @@ from typing import TYPE_CHECKING, Any
 
 from mqtt_proxy import handlers
 from mqtt_proxy.codec import (
+    EMPTY_PROPERTIES,
     PROTOCOL_MAX_PACKET_SIZE,
     SERVER,
     Connack,
     Connection,
+    LocalProtocolError,
     Puback,
     Publish,
     Pubrec,
@@ -39,6 +41,7 @@ if TYPE_CHECKING:
     from mqtt_proxy.session import Session
 
 log = logging.getLogger("lightgate.mqtt.conn")
+PACKET_TOO_LARGE = 0x95
 
 
 class MqttConnection(asyncio.Protocol):
@@ -232,8 +235,22 @@ class MqttConnection(asyncio.Protocol):
         (CONNACK, SUBACK, ...) would break the state table; the client has closed anyway
         [MQTT-3.14.4-1].
         """
-        if not self.closed and self.codec.state is not State.DISCONNECTED:
-            self.write(self.codec.send(packet))
+        if self.closed or self.codec.state is State.DISCONNECTED:
+            return
+        try:
+            data = self.codec.send(packet)
+        except LocalProtocolError as exc:
+            if exc.reason_code != PACKET_TOO_LARGE:
+                raise
+            # Over the client's Maximum Packet Size: not sent [MQTT-3.1.2-24]. A CONNACK sheds
+            # its properties (the client takes the defaults); one that still does not fit ends
+            # the connection, as nothing can follow without it.
+            if type(packet) is Connack and packet.properties != EMPTY_PROPERTIES:
+                self.send(Connack(packet.session_present, packet.reason_code))
+            elif type(packet) is Connack:
+                self.protocol_error(PACKET_TOO_LARGE, str(exc))
+            return
+        self.write(data)
 
     def send_connack(self, present: bool, reason: int, props: Any) -> None:
         if self.version != 5 and reason and v3_connack_code(reason) is None:

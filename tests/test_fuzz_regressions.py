@@ -219,3 +219,22 @@ def test_websocket_ping_after_our_close(gw: Gw) -> None:
     assert reply.startswith(b"HTTP/1.1 101 ")
     assert b"\x88\x02\x03\xeb" in reply  # close frame, code 1003 (unsupported data)
     gw.assert_healthy()
+
+
+def test_connack_over_the_clients_maximum_packet_size(gw: Gw) -> None:
+    """Seed 3 batch 33: a v5 client with Maximum Packet Size 20 and an empty client id; the
+    CONNACK with its properties (assigned client id, limits) is longer, and the codec's refusal
+    to send it escaped as LocalProtocolError. Now the CONNACK goes without properties."""
+    connect = bytes.fromhex(
+        "1012"
+        "00044d515454"
+        "05"
+        "02"
+        "003c"  # CONNECT v5, clean start, keep alive 60
+        "05"
+        "2700000014"  # properties: Maximum Packet Size 20
+        "0000"  # client id ""
+    )
+    reply = gw.send("mqtt", [connect, bytes.fromhex("c000"), DISCONNECT], wait=1)
+    assert reply == bytes.fromhex("2003000000d000")  # CONNACK (no properties), PINGRESP
+    gw.assert_healthy()
