@@ -238,3 +238,16 @@ def test_connack_over_the_clients_maximum_packet_size(gw: Gw) -> None:
     reply = gw.send("mqtt", [connect, bytes.fromhex("c000"), DISCONNECT], wait=1)
     assert reply == bytes.fromhex("2003000000d000")  # CONNACK (no properties), PINGRESP
     gw.assert_healthy()
+
+
+def test_null_for_an_array_that_is_not_nullable(gw: Gw) -> None:
+    """Seed 4 batch 4: kio reads a -1 array length as None even where the schema says the
+    array is not nullable, and AlterConfigs iterated over None (TypeError in the handler). Kafka
+    refuses such a request as invalid and closes the connection; so do we, with one log line."""
+    reply = gw.send("kafka", _kafka_frame(
+        "0021" "0000" "00000005" "0002667a"  # AlterConfigs v0, correlation id 5, "fz"
+        "ffffffff" "00"  # resources: null (-1), validate_only false
+    ), wait=1)  # fmt: skip
+    assert reply == b""
+    assert "null resources (not nullable)" in gw.proc.log_text()
+    gw.assert_healthy()
