@@ -132,7 +132,8 @@ def mqtt_session(rng: random.Random) -> list[bytes]:
                                    rng.random() < 0.2, False, pid if qos else 0,
                                    p5("publish")))  # fmt: skip
         elif r < 0.7:
-            packets.append(rng.choice([Puback, Pubrec, Pubrel, Pubcomp])(pid))
+            ack_pid = rng.randint(max(1, pid - 3), pid)  # one of the last packet ids
+            packets.append(rng.choice([Puback, Pubrec, Pubrel, Pubcomp])(ack_pid))
         elif r < 0.8:
             packets.append(Unsubscribe(pid, [rng.choice(FILTERS)]))
         elif r < 0.9:
