@@ -34,7 +34,7 @@ lint: $(STAMP)
 
 # make fuzz SECONDS=300 [SEED=n]: hypothesis properties of both codecs, then the socket fuzzer
 # against a fresh gateway (docs/security.md, "Fuzzing").
-SECONDS ?= 120
+SECONDS ?= 300
 fuzz: $(STAMP)
 	$(BIN)/python tests/fuzz_all.py --seconds $(SECONDS) $(if $(SEED),--seed $(SEED))
 

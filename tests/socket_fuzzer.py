@@ -9,7 +9,7 @@ kafka=127.0.0.1:9092 --pid 4242 --log gateway.log     # fuzz a gateway you start
 A batch is `--conns` concurrent connections, each one session (see fuzz_inputs.py): a valid one
 sent as is, a valid one mutated, or random bytes, written in random chunks and then closed,
 aborted or left to the gateway. After the batch the gateway must (1) still run, (2) carry an MQTT
-publish to a subscriber (paho, v3.1.1 and v5 in turn) and a Kafka record from producer to
+publish to a subscriber (paho: v3.1.1, v5 and v5 over WebSocket in turn) and a Kafka record from producer to
 consumer (aiokafka), (3) have no "Traceback", "Unhandled" or asyncio "Exception in callback" /
 "never retrieved" line in its log, and (4) keep its RSS under the baseline plus `--rss-growth-mb`.
 The first failure stops the run, printing the seed and batch that reproduce it; batch `b` of
@@ -155,20 +155,28 @@ async def run_batch(target: Target, sessions: list[tuple[str, list[bytes], str]]
     )
 
 
-def mqtt_round_trip(host: str, port: int, v5: bool, timeout: float = 10.0) -> None:
-    """paho: a subscriber gets what a publisher sends (QoS 1), within `timeout`."""
+def mqtt_round_trip(
+    host: str, port: int, v5: bool, timeout: float = 10.0, ws: tuple[str, int] | None = None
+) -> None:
+    """paho: a subscriber (over WebSocket when `ws` is given) gets what a publisher sends
+    (QoS 1), within `timeout`."""
     import paho.mqtt.client as mqtt
 
     proto = mqtt.MQTTv5 if v5 else mqtt.MQTTv311
     topic = f"health/{uuid.uuid4().hex[:8]}"
     got = threading.Event()
     subscribed = threading.Event()
-    sub = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, protocol=proto)
+    sub = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, protocol=proto,
+                      transport="websockets" if ws else "tcp")  # fmt: skip
     sub.on_message = lambda c, u, m: got.set() if m.payload == b"ping" else None
     sub.on_subscribe = lambda *a: subscribed.set()
     pub = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, protocol=proto)
     try:
-        sub.connect(host, port, 30)
+        if ws:
+            sub.ws_set_options(path="/mqtt")
+            sub.connect(*ws, keepalive=30)
+        else:
+            sub.connect(host, port, 30)
         sub.loop_start()
         sub.subscribe(topic, 1)
         if not subscribed.wait(timeout):
@@ -223,7 +231,10 @@ async def health_check(
             raise FuzzFailure("crash in the gateway log: " + crashes[0])
         print(f"batch {n - 1}: {len(crashes)} crash lines:\n{text}", file=sys.stderr)
     host, port = target.endpoints["mqtt"]
-    await asyncio.get_running_loop().run_in_executor(None, mqtt_round_trip, host, port, n % 2 == 1)
+    ws = target.endpoints.get("ws") if n % 3 == 2 else None  # TCP v3.1.1, TCP v5, WebSocket
+    await asyncio.get_running_loop().run_in_executor(
+        None, mqtt_round_trip, host, port, n % 3 != 0, 10.0, ws
+    )
     await kafka_round_trip(*target.endpoints["kafka"])
     rss = target.rss_kb()
     target.rss_peak_kb = max(target.rss_peak_kb, rss)
