@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench clean system-deps fuzz
+.PHONY: run test test-fast lint bench bench-mqtt clean system-deps fuzz
 
 $(BIN)/python:
 	@command -v $(PY) >/dev/null 2>&1 || PY=python3; $${PY:-$(PY)} -m venv $(VENV) || python3 -m venv $(VENV)
@@ -27,6 +27,10 @@ test: $(STAMP) system-deps
 	$(BIN)/mypy store/ lightqueue/ notify/ mqtt_proxy/codec
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile
 
+# The inner loop: lint, then every test but the `slow` and `spark` ones.
+test-fast: lint
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile -m "not slow and not spark"
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -40,6 +44,10 @@ fuzz: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/store_bench.py
+
+# MQTT: Lightgate (both shapes) vs Mosquitto vs amqtt in one run (installs Mosquitto if missing).
+bench-mqtt: $(STAMP)
+	bash bench/mqtt_baseline.sh $(ARGS)
 
 clean:
 	rm -rf $(VENV) data .pytest_cache

@@ -3,8 +3,11 @@
 # proxy in its own process: mqtt_processes=1), Mosquitto and amqtt in one run.
 # Usage: bench/mqtt_baseline.sh [extra baseline.py args, e.g. --repeat 3]
 set -eu
+# the peers: Mosquitto from Debian (scripts/system-deps.sh), amqtt from the venv (a dependency)
+bash "$(dirname "$0")/../scripts/system-deps.sh"
+command -v mosquitto >/dev/null || { echo "mosquitto is required: apt-get install mosquitto" >&2; exit 2; }
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-MB="$ROOT/../shared/tools/mqttbench"
+MB="$ROOT/bench/mqttbench"  # the load generator ships with the repo
 PY="$ROOT/.venv/bin/python"
 DAY=$(date +%F-%H%M)  # one set of files per run
 OUT="$ROOT/bench/results"

@@ -261,26 +261,61 @@ async def serve(cfg: GatewayConfig) -> int:
 
 
 async def rebuild_queues(cfg: GatewayConfig) -> int:
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TaskProgressColumn,
+        TextColumn,
+    )
+
     from lightqueue import rebuild_queues as rebuild
 
+    # One bar per pass ("count" what the old queues had, then "index" the whole log), on stderr;
+    # each bar is finished before the next log line so they never share a line.
+    current: dict[str, Any] = {}  # phase -> (Progress, task id) while its bar is open
+
     def progress(p: Any) -> None:
-        done, total = p.records_done, p.records_total
-        pct = 100.0 * done / total if total else 100.0
-        print(
-            f"\rrebuild-queues: {p.phase} {done}/{total} records ({pct:.1f}%)",
-            end="",
-            file=sys.stderr,
-        )
+        if p.phase not in current:
+            bar = Progress(
+                TextColumn(f"rebuild-queues: {p.phase}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("records"),
+                TaskProgressColumn(),
+                console=Console(stderr=True),
+                redirect_stdout=False,
+                redirect_stderr=False,
+            )
+            bar.start()
+            current[p.phase] = (bar, bar.add_task(p.phase, total=p.records_total))
+        bar, task = current[p.phase]
+        if bar is None:
+            return
+        bar.update(task, completed=p.records_done)
+        if p.records_done >= p.records_total:
+            bar.stop()
+            current[p.phase] = (None, task)
+
+    def close_bars() -> None:
+        for phase, (bar, task) in list(current.items()):
+            if bar is not None:
+                bar.stop()
+                current[phase] = (None, task)
 
     try:
         stats = await rebuild(
             cfg.data_path, progress=progress, store_config=StoreConfig.from_object(cfg)
         )
     except StoreLockedError as exc:
+        close_bars()
         print(f"lightgate: {exc}", file=sys.stderr)
         return 1
+    finally:
+        close_bars()
     print(
-        f"\nrebuild-queues: {stats.records} records, {stats.queues} queues, {stats.entries} entries"
+        f"rebuild-queues: {stats.records} records, {stats.queues} queues, {stats.entries} entries"
         f" in {stats.seconds:.1f}s",
         file=sys.stderr,
     )

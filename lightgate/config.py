@@ -156,6 +156,12 @@ class GatewayConfig:
     sys_interval_s: int = key(
         10, "`$SYS/broker/...` publish interval; `0` disables", lo=0, hi=86400
     )
+    connect_timeout_s: int = key(
+        10,
+        "a new connection must send CONNECT (or finish the WebSocket upgrade) within this",
+        lo=1,
+        hi=3600,
+    )
     allow_anonymous: bool = key(
         True, "accept CONNECT without credentials (the auth hook decides otherwise)"
     )

@@ -101,10 +101,6 @@ def offset_bytes(offset: int) -> bytes:
     return offset.to_bytes((offset.bit_length() + 7) >> 3 or 1, "big")
 
 
-def encode_entry(tid: int, partition: int, offset: int) -> bytes:
-    return uvarint(tid) + uvarint(partition) + offset_bytes(offset)
-
-
 def decode_entry(v: bytes) -> tuple[int, int, int] | None:
     """(topic id, partition, offset), or None for a void entry."""
     if not v:

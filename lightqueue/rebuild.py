@@ -105,25 +105,33 @@ def _gate_filters(qdb: QueueDB, trie: FilterTrie[Queue]) -> None:
         trie.add(rec["filter"], q)
 
 
-def _total(store: Any, limit: dict[tuple[str, int], int] | None) -> int:
-    n = 0
+def _spans(
+    store: Any, limit: dict[tuple[str, int], int] | None
+) -> dict[tuple[str, int], tuple[int, int]]:
+    """(log start, end) of every partition this pass reads."""
+    out = {}
     for t, parts in store.topics().items():
         for p in range(parts):
             end = store.high_watermark(t, p) if limit is None else limit.get((t, p), 0)
-            n += max(0, end - store.log_start_offset(t, p))
-    return n
+            start = store.log_start_offset(t, p)
+            out[(t, p)] = (start, max(start, end))
+    return out
 
 
 def _run(disp: Dispatcher, phase: str, limit: dict[tuple[str, int], int] | None,
          progress: Callable[[RebuildProgress], None] | None, counting: bool) -> int:  # fmt: skip
+    """One pass over the log. Progress counts log offsets passed, not records indexed: offsets
+    that index nothing (device events, control batches) still move it, so it ends at 100 %."""
     disp.refresh()
     disp.gated = True
-    total = _total(disp.store, limit)
+    spans = _spans(disp.store, limit)
+    total = sum(e - s for s, e in spans.values())
     start = disp.records
     while True:
         n = disp.dispatch_round(limit=limit, wb=NullBatch() if counting else None)
         if progress is not None:
-            progress(RebuildProgress(phase, disp.records - start, total))
+            done = sum(min(max(disp.position(t, p), s), e) - s for (t, p), (s, e) in spans.items())
+            progress(RebuildProgress(phase, done if n else total, total))
         if not n:
             return disp.records - start
 

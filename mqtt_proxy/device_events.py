@@ -5,8 +5,10 @@ Each event is one Kafka record: key = client id, value = JSON
 Spark see device presence next to device data. The topic is internal: its records are not MQTT
 messages (the proxy never delivers `__lightgate*` topics to MQTT subscribers; see delivery.py).
 
-Events are buffered and appended once per loop tick as one RecordBatch per partition (aiokafka's
-C builder), so a connect storm costs one append per tick, not one per connection.
+Events are buffered and appended every FLUSH_S as one RecordBatch per partition (the store's
+builder), so a connect storm costs one append per flush, not one per connection. The partition is
+Kafka's default for the key (murmur2 of the client id), so a Kafka consumer or a partitioner-aware
+tool finds a client's events where a Kafka producer would have put them.
 """
 
 from __future__ import annotations
@@ -15,26 +17,14 @@ import asyncio
 import json
 import logging
 import time
-import zlib
 from typing import Any
+
+from store.mapping import partition_for_key
+from store.record_batch import build_uncompressed
 
 log = logging.getLogger("lightgate.mqtt.events")
 
 TOPIC = "__lightgate_device_events"
-
-
-def _builder() -> Any:
-    from aiokafka.record.default_records import DefaultRecordBatchBuilder
-
-    return DefaultRecordBatchBuilder(
-        magic=2,
-        compression_type=0,
-        is_transactional=0,
-        producer_id=-1,
-        producer_epoch=-1,
-        base_sequence=-1,
-        batch_size=1 << 30,
-    )
 
 
 FLUSH_S = 0.05
@@ -83,16 +73,13 @@ class DeviceEvents:
                 if n is None:  # the in-process store (a RemoteStore learns it at start)
                     n = store.ensure_topic(TOPIC)
                 self._partitions = n
-            by_part: dict[int, list[Any]] = {}  # partition -> [builder, records so far]
+            by_part: dict[int, list[Any]] = {}  # partition -> [(ts, key, value, headers)]
             for key, value, ts in pending:
                 kb = key.encode()
-                part = zlib.crc32(kb) % self._partitions
-                slot = by_part.get(part)
-                if slot is None:
-                    slot = by_part[part] = [_builder(), 0]
-                slot[0].append(slot[1], timestamp=ts, key=kb, value=value, headers=[])
-                slot[1] += 1
-            for part, (builder, _n) in by_part.items():
-                store.append_batch(TOPIC, part, bytes(builder.build()), sync=False)
+                by_part.setdefault(partition_for_key(kb, self._partitions), []).append(
+                    (ts, kb, value, [])
+                )
+            for part, records in by_part.items():
+                store.append_batch(TOPIC, part, bytes(build_uncompressed(records)), sync=False)
         except Exception:
             log.exception("could not append %d device events", len(pending))

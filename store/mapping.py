@@ -1,6 +1,6 @@
 """MQTT ⇄ log mapping: topics, partitions, and MQTT metadata ⇄ record headers.
 
-Rules (outside contract in ../shared/INTERFACES.md, escaping in docs/topic-mapping.md):
+Rules (outside contract in docs/interfaces.md, escaping in docs/topic-mapping.md):
 - An MQTT topic maps to the log topic named by its first level; first levels that are not valid
   Kafka topic names (or that start with the escape prefix) are escaped reversibly.
 - partition = (murmur2(key) & 0x7fffffff) % partitions, Kafka's default partitioner, so a Kafka

@@ -130,10 +130,6 @@ class TimeIndex:
         i = bisect.bisect_left(self.ts, ts) - 1
         return self.rel[i] if i >= 0 else 0
 
-    def truncate_to_offset(self, rel_offset: int) -> None:
-        i = bisect.bisect_left(self.rel, rel_offset)
-        del self.ts[i:], self.rel[i:]
-
     def to_bytes(self) -> bytes:
         flat = [v for pair in zip(self.ts, self.rel, strict=True) for v in pair]
         return struct.pack(">" + "qI" * len(self.ts), *flat)

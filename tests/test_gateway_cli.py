@@ -182,7 +182,7 @@ def test_version() -> None:
 
 def test_make_run_passes_args_through() -> None:
     out = subprocess.run(
-        ["make", "-n", "run", "ARGS=--mqtt-port 1884 --set fsync=never"],
+        ["make", "--no-print-directory", "-n", "run", "ARGS=--mqtt-port 1884 --set fsync=never"],
         cwd=ROOT, capture_output=True, text=True, timeout=60, check=True,
     ).stdout  # fmt: skip
     assert (
@@ -213,3 +213,45 @@ def test_rebuild_queues_names_a_bad_data_dir(tmp_path: Path) -> None:
         )  # fmt: skip
         _one_clean_line(proc, f"data_dir {data_dir}", part)
     assert not (tmp_path / "none").exists()
+
+
+def test_rebuild_queues_progress_reaches_100_and_leaves_clean_lines(
+    gateway_factory: Callable[..., GatewayProcess], tmp_path: Path
+) -> None:
+    """Connects and disconnects write device events to the log that index nothing: the bar
+    still ends at 100 % (it counts log offsets), and the log line after it starts a line."""
+    import paho.mqtt.client as mqtt
+
+    data = tmp_path / "data"
+    gw = gateway_factory(data)
+    for i in range(5):
+        c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, f"rebuild-{i}")
+        c.connect("127.0.0.1", gw.port("mqtt"))
+        c.loop_start()
+        c.subscribe(f"plant/{i}/+", 1)
+        for j in range(20):
+            c.publish(f"plant/{i}/t", f"{j}".encode(), qos=1).wait_for_publish(5)
+        c.disconnect()
+        c.loop_stop()
+    assert gw.stop() == 0
+    proc = subprocess.run(
+        [sys.executable, "-m", "lightgate", "rebuild-queues", "--data-dir", str(data)],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "COLUMNS": "100"},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stderr.splitlines()
+    bars = [
+        ln
+        for ln in lines
+        if ln.startswith("rebuild-queues: count") or ln.startswith("rebuild-queues: index")
+    ]
+    assert [b.split()[1] for b in bars] == ["count", "index"], proc.stderr
+    totals = []
+    for bar in bars:
+        done, total = bar.split()[3].split("/")
+        assert done == total and bar.endswith("100%"), bar
+        totals.append(int(total))
+    assert totals[0] >= 100 and totals[1] > 100  # the log holds the events besides the 100 records
+    assert any(ln.startswith("{") and "rebuilt" in ln for ln in lines), proc.stderr
+    assert lines[-1].startswith("rebuild-queues: 100 records"), proc.stderr

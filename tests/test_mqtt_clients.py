@@ -135,3 +135,21 @@ def test_46_device_events_in_log(broker):
     watcher.subscribe("#")
     Client(broker.port, "dev-43").connect().disconnect()
     watcher.expect_none(0.5)  # internal topic: never delivered to MQTT wildcards
+
+
+def test_46b_device_events_use_kafkas_partitioner(broker):
+    """A client's events sit in the partition Kafka's default partitioner picks for its id."""
+    from store import segment_reader as sr
+    from store.mapping import partition_for_key
+
+    for i in range(12):
+        Client(broker.port, f"part-{i}").connect().disconnect()
+    time.sleep(0.3)
+    parts = sr.list_topics(broker.data_dir)["__lightgate_device_events"]
+    seen = set()
+    for part in range(parts):
+        for r in sr.iter_records_from(broker.data_dir, "__lightgate_device_events", part):
+            if r.key.startswith(b"part-"):
+                assert partition_for_key(r.key, parts) == part, (r.key, part)
+                seen.add(r.key)
+    assert len(seen) == 12 and parts > 1

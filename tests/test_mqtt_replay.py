@@ -154,7 +154,7 @@ def test_gateway_restart_in_the_middle_of_a_replay(broker):
     pub = Client(broker.port, "pub").connect()
     for j in range(n):
         pub.publish(f"rs/{j % 3}", b"%d" % j, 1, wait=False)
-    pub.publish("rs/0", b"%d" % n, 1)  # acknowledged after every earlier one (sent in order)
+    pub.publish("rs/0", b"%d" % n, 1, timeout=60)  # acked after every earlier one (in order)
     pub.disconnect()
     c = Client(broker.port, "rs-sub")
     c.connect(clean=False)
