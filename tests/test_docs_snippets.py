@@ -34,6 +34,10 @@ SKIP = {
     ".venv/bin/python bench/": "benchmarks take minutes; they are run by hand for bench/RESULTS.md",
     ".venv/bin/lightgate proxy --core core-host:7070": "needs a core on another host; the same "
     "proxy against a core is tests/test_mqtt_split.py",
+    "make fuzz": "minutes of fuzzing; a short run (a fixed and a random seed) is "
+    "tests/test_fuzz_socket.py",
+    ".venv/bin/python tests/socket_fuzzer.py": "placeholders for a seed and batch of a failed run; "
+    "the fuzzer itself runs in tests/test_fuzz_socket.py",
     "cd notebooks && ": "the notebook run is tests/test_spark_notebook.py (Spark, a minute); here "
     "only that jupyter-execute is installed is checked",
 }
