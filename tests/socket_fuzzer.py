@@ -9,12 +9,12 @@ kafka=127.0.0.1:9092 --pid 4242 --log gateway.log     # fuzz a gateway you start
 A batch is `--conns` concurrent connections, each one session (see fuzz_inputs.py): a valid one
 sent as is, a valid one mutated, or random bytes, written in random chunks and then closed,
 aborted or left to the gateway. After the batch the gateway must (1) still run, (2) carry an MQTT
-publish to a subscriber (paho: v3.1.1, v5 and v5 over WebSocket in turn) and a Kafka record from producer to
-consumer (aiokafka), (3) have no "Traceback", "Unhandled" or asyncio "Exception in callback" /
-"never retrieved" line in its log, and (4) keep its RSS under the baseline plus `--rss-growth-mb`.
-The first failure stops the run, printing the seed and batch that reproduce it; batch `b` of
-seed `s` is the same bytes on every run (`--seed s --batch b`), and `--dump FILE` writes them as
-JSON (hex per connection) for a regression test.
+publish to a subscriber (paho: v3.1.1, v5 and v5 over WebSocket in turn) and a Kafka record from
+producer to consumer (aiokafka), (3) have no "Traceback", "Unhandled" or asyncio "Exception in
+callback" / "never retrieved" line in its log, and (4) keep its RSS under the baseline plus
+`--rss-growth-mb`. The first failure stops the run, printing the seed and batch that reproduce
+it; batch `b` of seed `s` is the same bytes on every run (`--seed s --batch b --conns n`), and
+`--dump FILE` writes them as JSON (hex per connection) for a regression test.
 """
 
 from __future__ import annotations
