@@ -216,9 +216,9 @@ class WebSocketProtocol(asyncio.Protocol):
                     # MQTT over WebSocket is binary only (MQTT 5.0 §6.0): a text frame is a protocol error.
                     self._bad("text frame (MQTT over WebSocket is binary only)")
                     self.close_ws(1003)
-        except RemoteProtocolError as exc:
+        except (RemoteProtocolError, UnicodeError) as exc:  # wsproto reads Host as IDNA
             if self._inner is None:  # still the handshake: answer it in HTTP
-                hint = exc.event_hint
+                hint = getattr(exc, "event_hint", None)
                 status = hint.status_code if isinstance(hint, RejectConnection) else 400
                 self._refuse(status, f"bad WebSocket handshake: {exc}")
             else:

@@ -251,3 +251,11 @@ def test_null_for_an_array_that_is_not_nullable(gw: Gw) -> None:
     assert reply == b""
     assert "null resources (not nullable)" in gw.proc.log_text()
     gw.assert_healthy()
+
+
+def test_websocket_upgrade_with_a_host_that_is_not_idna(gw: Gw) -> None:
+    """Seed 9 batch 12: wsproto decodes the Host header as IDNA and raised UnicodeDecodeError
+    out of data_received for a byte over 0x7f; it is a bad handshake (400)."""
+    reply = gw.send("ws", WS_UPGRADE.replace(b"Host: 127.0.0.1", b"Host: 127.0.0.\x801"))
+    assert reply.startswith(b"HTTP/1.1 400 ")
+    gw.assert_healthy()
