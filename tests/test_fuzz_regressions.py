@@ -259,3 +259,23 @@ def test_websocket_upgrade_with_a_host_that_is_not_idna(gw: Gw) -> None:
     reply = gw.send("ws", WS_UPGRADE.replace(b"Host: 127.0.0.1", b"Host: 127.0.0.\x801"))
     assert reply.startswith(b"HTTP/1.1 400 ")
     gw.assert_healthy()
+
+
+async def test_offset_for_timestamp_inside_a_batch_cut_by_delete_records(tmp_path: Path) -> None:
+    """Seed 9 batches 82-97: after DeleteRecords moved the log start into a batch, ListOffsets
+    by timestamp found the batch's first record, below the start, and reading it raised
+    OffsetOutOfRangeError in the handler."""
+    from kafka_helpers import make_batch
+
+    from store import Store, StoreConfig
+
+    store = await Store.open(tmp_path / "data", StoreConfig(fsync="never"))
+    try:
+        store.ensure_topic("t", 1)
+        await store.append_batch("t", 0, make_batch([b"a", b"b", b"c"], timestamp=1000)).durable
+        assert store.offset_for_timestamp("t", 0, 0) == 0
+        await store.delete_records("t", 0, 1)
+        assert store.offset_for_timestamp("t", 0, 0) == 1
+        assert store.read("t", 0, 1, 1 << 20)  # readable, unlike offset 0
+    finally:
+        await store.close()
