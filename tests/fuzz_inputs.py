@@ -127,7 +127,7 @@ def mqtt_session(rng: random.Random) -> list[bytes]:
             packets.append(Subscribe(pid, subs, p5("subscribe")))
         elif r < 0.6:
             qos = rng.randint(0, 2)
-            size = rng.choice([0, 1, 10, 100, 5000])
+            size = rng.choice([0, 1, 10, 100, 5000]) if rng.random() > 0.01 else 600_000
             packets.append(Publish(rng.choice(TOPICS), rng.randbytes(size), qos,
                                    rng.random() < 0.2, False, pid if qos else 0,
                                    p5("publish")))  # fmt: skip
