@@ -155,6 +155,7 @@ class TopicAdmin:
         del self._topics[name], self._counts[name], self._tconf[name]
         for p in range(len(logs)):
             del self._logs[(name, p)]
+        self._commit.interval_dirty.difference_update(logs)  # no fsync of closed files later
         self._routes.clear()
         self._save_topics()
         tag = uuid.uuid4().hex[:8]
@@ -182,8 +183,15 @@ class TopicAdmin:
         if offset <= lg.log_start_offset:
             return lg.log_start_offset
         await self._quiesce([lg])
+        if self._logs.get((topic, partition)) is not lg:  # DeleteTopics won the race meanwhile
+            raise UnknownTopicOrPartitionError(f"topic {topic!r} was deleted")
         doomed = lg.delete_records_below(offset)
-        await asyncio.to_thread(write_text_atomic, lg.dir / LOG_START_FILE, str(lg.start_floor))
+        try:
+            await asyncio.to_thread(write_text_atomic, lg.dir / LOG_START_FILE, str(lg.start_floor))
+        except FileNotFoundError:
+            if self._logs.get((topic, partition)) is lg:
+                raise
+            raise UnknownTopicOrPartitionError(f"topic {topic!r} was deleted") from None
         for seg in doomed:
             f = self._bg.submit(delete_segment_files, seg)
             f.add_done_callback(functools.partial(log_failure, what=f"deleting in {lg.name}"))

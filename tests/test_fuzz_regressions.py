@@ -279,3 +279,26 @@ async def test_offset_for_timestamp_inside_a_batch_cut_by_delete_records(tmp_pat
         assert store.read("t", 0, 1, 1 << 20)  # readable, unlike offset 0
     finally:
         await store.close()
+
+
+async def test_delete_records_racing_delete_topic(tmp_path: Path) -> None:
+    """Seed 13 batch 67: DeleteTopics and DeleteRecords of the same topic from two connections;
+    DeleteRecords went on after the topic's directory was renamed away (FileNotFoundError in
+    the handler). Now it answers UNKNOWN_TOPIC_OR_PARTITION, as for a topic that is gone."""
+    from kafka_helpers import make_batch
+
+    from store import Store, StoreConfig
+    from store.config import UnknownTopicOrPartitionError
+
+    store = await Store.open(tmp_path / "data", StoreConfig(fsync="always"))
+    try:
+        store.ensure_topic("t", 1)
+        await store.append_batch("t", 0, make_batch([b"a", b"b", b"c"])).durable
+        store.append_batch("t", 0, make_batch([b"d"]))  # staged: both calls wait for it
+        drop = asyncio.create_task(store.delete_topic("t"))
+        cut = asyncio.create_task(store.delete_records("t", 0, 2))
+        dropped, cut_result = await asyncio.gather(drop, cut, return_exceptions=True)
+        assert dropped is None
+        assert isinstance(cut_result, UnknownTopicOrPartitionError), cut_result
+    finally:
+        await store.close()
