@@ -302,3 +302,25 @@ async def test_delete_records_racing_delete_topic(tmp_path: Path) -> None:
         assert isinstance(cut_result, UnknownTopicOrPartitionError), cut_result
     finally:
         await store.close()
+
+
+async def test_no_fsync_of_a_deleted_topics_files(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Seed 13 batch 67: unacknowledged writes (QoS 0, acks=0) leave their partition to the
+    interval fsync; after DeleteTopics closed its files that fsync ran on fd -1 and logged a
+    critical "partition offline until restart"."""
+    from kafka_helpers import make_batch
+
+    from store import Store, StoreConfig
+
+    store = await Store.open(tmp_path / "data", StoreConfig(fsync="always", fsync_interval_ms=20))
+    try:
+        store.ensure_topic("t", 1)
+        store.append_batch("t", 0, make_batch([b"a"]), sync=False)
+        await asyncio.sleep(0)  # written, its fsync left to the interval timer
+        await store.delete_topic("t")
+        await asyncio.sleep(0.3)  # several interval ticks
+        assert not [r for r in caplog.records if r.levelname == "CRITICAL"], caplog.text
+    finally:
+        await store.close()
