@@ -186,8 +186,11 @@ class TopicAdmin:
         if self._logs.get((topic, partition)) is not lg:  # DeleteTopics won the race meanwhile
             raise UnknownTopicOrPartitionError(f"topic {topic!r} was deleted")
         doomed = lg.delete_records_below(offset)
+        # On the store's single background thread: concurrent DeleteRecords of one partition
+        # write in the order they moved the floor (two threads shared the temporary file).
+        write = self._bg.submit(write_text_atomic, lg.dir / LOG_START_FILE, str(lg.start_floor))
         try:
-            await asyncio.to_thread(write_text_atomic, lg.dir / LOG_START_FILE, str(lg.start_floor))
+            await asyncio.wrap_future(write)
         except FileNotFoundError:
             if self._logs.get((topic, partition)) is lg:
                 raise

@@ -324,3 +324,28 @@ async def test_no_fsync_of_a_deleted_topics_files(
         assert not [r for r in caplog.records if r.levelname == "CRITICAL"], caplog.text
     finally:
         await store.close()
+
+
+async def test_concurrent_delete_records_of_one_partition(tmp_path: Path) -> None:
+    """Seed 14 batch 29: two DeleteRecords of one partition wrote its `log-start-offset`
+    through the same temporary file from two threads; one rename found it gone
+    (FileNotFoundError in the handler). The writes now queue in order, the last floor last."""
+    from kafka_helpers import make_batch
+
+    from store import Store, StoreConfig
+
+    store = await Store.open(tmp_path / "data", StoreConfig(fsync="never"))
+    try:
+        store.ensure_topic("t", 1)
+        await store.append_batch("t", 0, make_batch([b"x"] * 60)).durable
+        for low in range(0, 60, 3):  # a race each round: make it likely to show
+            got = await asyncio.gather(
+                store.delete_records("t", 0, low + 1),
+                store.delete_records("t", 0, low + 2),
+                store.delete_records("t", 0, low + 3),
+            )
+            assert got[-1] == low + 3
+            floor = (tmp_path / "data" / "log" / "t-0" / "log-start-offset").read_text()
+            assert floor.strip() == str(low + 3)
+    finally:
+        await store.close()
