@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-fast lint bench bench-mqtt clean system-deps
+.PHONY: run test test-fast lint bench bench-mqtt clean system-deps fuzz
 
 $(BIN)/python:
 	@command -v $(PY) >/dev/null 2>&1 || PY=python3; $${PY:-$(PY)} -m venv $(VENV) || python3 -m venv $(VENV)
@@ -35,6 +35,12 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy store/ lightqueue/ notify/ mqtt_proxy/codec
+
+# make fuzz SECONDS=300 [SEED=n]: hypothesis properties of both codecs, then the socket fuzzer
+# against a fresh gateway (docs/security.md, "Fuzzing").
+SECONDS ?= 300
+fuzz: $(STAMP)
+	$(BIN)/python tests/fuzz_all.py --seconds $(SECONDS) $(if $(SEED),--seed $(SEED))
 
 bench: $(STAMP)
 	$(BIN)/python bench/store_bench.py

@@ -21,14 +21,17 @@ from typing import TYPE_CHECKING, Any
 
 from mqtt_proxy import handlers
 from mqtt_proxy.codec import (
+    EMPTY_PROPERTIES,
     PROTOCOL_MAX_PACKET_SIZE,
     SERVER,
     Connack,
     Connection,
+    LocalProtocolError,
     Puback,
     Publish,
     Pubrec,
     RemoteProtocolError,
+    State,
 )
 from mqtt_proxy.codec.reason_codes import v3_connack_code
 from mqtt_proxy.outbound import ack
@@ -38,6 +41,7 @@ if TYPE_CHECKING:
     from mqtt_proxy.session import Session
 
 log = logging.getLogger("lightgate.mqtt.conn")
+PACKET_TOO_LARGE = 0x95
 
 
 class MqttConnection(asyncio.Protocol):
@@ -230,9 +234,29 @@ class MqttConnection(asyncio.Protocol):
         self.transport.write(data)
 
     def send(self, packet: Any) -> None:
-        """Encode through the codec (state table, limits) and write."""
-        if not self.closed:
-            self.write(self.codec.send(packet))
+        """Encode through the codec (state table, limits) and write.
+
+        Nothing once the client's DISCONNECT is parsed: the codec reads a whole chunk before the
+        handlers act on it, so the answer to a packet that came in one chunk with the DISCONNECT
+        (CONNACK, SUBACK, ...) would break the state table; the client has closed anyway
+        [MQTT-3.14.4-1].
+        """
+        if self.closed or self.codec.state is State.DISCONNECTED:
+            return
+        try:
+            data = self.codec.send(packet)
+        except LocalProtocolError as exc:
+            if exc.reason_code != PACKET_TOO_LARGE:
+                raise
+            # Over the client's Maximum Packet Size: not sent [MQTT-3.1.2-24]. A CONNACK sheds
+            # its properties (the client takes the defaults); one that still does not fit ends
+            # the connection, as nothing can follow without it.
+            if type(packet) is Connack and packet.properties != EMPTY_PROPERTIES:
+                self.send(Connack(packet.session_present, packet.reason_code))
+            elif type(packet) is Connack:
+                self.protocol_error(PACKET_TOO_LARGE, str(exc))
+            return
+        self.write(data)
 
     def send_connack(self, present: bool, reason: int, props: Any) -> None:
         if self.version != 5 and reason and v3_connack_code(reason) is None:
@@ -251,7 +275,7 @@ class MqttConnection(asyncio.Protocol):
         session = self.session
         if ptype == 5 and session is not None:
             session.qos2_pending.discard(pid)
-        if self.closed:
+        if self.closed or self.codec.state is State.DISCONNECTED:
             return b""
         if self.v5:
             return self.codec.send(Puback(pid) if ptype == 4 else Pubrec(pid))

@@ -206,7 +206,8 @@ class WebSocketProtocol(asyncio.Protocol):
                 elif isinstance(event, Request):
                     self._on_request(event)
                 elif isinstance(event, Ping):
-                    self.transport.write(self._ws.send(event.response()))
+                    if self._ws.state is ConnectionState.OPEN:  # none once our Close is sent
+                        self.transport.write(self._ws.send(event.response()))
                 elif isinstance(event, CloseConnection):
                     if self._ws.state is ConnectionState.REMOTE_CLOSING:
                         self.transport.write(self._ws.send(event.response()))
@@ -215,9 +216,9 @@ class WebSocketProtocol(asyncio.Protocol):
                     # MQTT over WebSocket is binary only (MQTT 5.0 §6.0): a text frame is a protocol error.
                     self._bad("text frame (MQTT over WebSocket is binary only)")
                     self.close_ws(1003)
-        except RemoteProtocolError as exc:
+        except (RemoteProtocolError, UnicodeError) as exc:  # wsproto reads Host as IDNA
             if self._inner is None:  # still the handshake: answer it in HTTP
-                hint = exc.event_hint
+                hint = getattr(exc, "event_hint", None)
                 status = hint.status_code if isinstance(hint, RejectConnection) else 400
                 self._refuse(status, f"bad WebSocket handshake: {exc}")
             else:

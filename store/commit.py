@@ -219,7 +219,9 @@ class GroupCommit:
         if self._dirty:
             self.flush()
         while self._syncs:
-            await asyncio.gather(*list(self._syncs), return_exceptions=True)
+            # Shielded: a caller cancelled while it waits here (a Kafka admin request whose
+            # connection closed) must not cancel the fsync that other writers wait for.
+            await asyncio.gather(*map(asyncio.shield, list(self._syncs)), return_exceptions=True)
 
     def shutdown(self) -> None:
         self._io.shutdown(wait=True)

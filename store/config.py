@@ -6,6 +6,10 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 FSYNC_POLICIES = ("always", "interval_ms", "never")
+# Partitions one topic may have: each is a directory and open segment files, so a CreateTopics
+# or CreatePartitions asking for millions (one request, from anyone) must be refused rather
+# than tried. The same bound as `default_partitions`.
+MAX_PARTITIONS = 1024
 TOPIC_KEYS = (
     "fsync", "fsync_interval_ms", "segment_bytes", "segment_ms", "retention_ms", "retention_bytes",
 )  # fmt: skip

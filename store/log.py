@@ -365,21 +365,23 @@ class Log:
         return max((s.largest_timestamp() for s in self.segments if s.size), default=-1)
 
     def offset_for_timestamp(self, ts_ms: int) -> int | None:
-        """First offset whose record timestamp ≥ ts_ms, or None if every record is older."""
+        """First offset whose record timestamp ≥ ts_ms, or None if every record is older; never
+        below the log start (a DeleteRecords floor may cut a batch in two)."""
+        start = self.log_start_offset
         for seg in self.segments:
             if seg.largest_timestamp() < ts_ms:
                 continue
             rel = seg.time_index.lookup_before(ts_ms)
             pos = seg.index.lookup(rel)
             for m in seg.batches_from(pos):
-                if m.max_timestamp < ts_ms or m.last_offset < self.log_start_offset:
+                if m.max_timestamp < ts_ms or m.last_offset < start:
                     continue
                 batch = seg.pread(m.size, m.position)
                 attrs = int.from_bytes(batch[21:23], "big")
                 if attrs & TIMESTAMP_TYPE_MASK:
-                    return m.base_offset
+                    return max(m.base_offset, start)
                 for r in iter_records(batch):
-                    if r.timestamp >= ts_ms:
+                    if r.timestamp >= ts_ms and r.offset >= start:
                         return r.offset
         return None
 

@@ -26,6 +26,7 @@ from typing import Any
 
 from store.commit import GroupCommit
 from store.config import (
+    MAX_PARTITIONS,
     StoreConfig,
     StoreError,
     StoreLockedError,
@@ -322,13 +323,19 @@ class Store(TopicAdmin, TransactionalReads):
         if not is_valid_log_topic(name):
             raise StoreError(f"invalid log topic name {name!r}")
         n = partitions if partitions is not None else self.config.default_partitions
-        if n < 1:
-            raise StoreError(f"topic {name!r}: partitions must be ≥ 1, got {n}")
+        if not 1 <= n <= MAX_PARTITIONS:
+            raise StoreError(f"topic {name!r}: partitions must be 1..{MAX_PARTITIONS}, got {n}")
         overrides = dict(config or {})
         TopicConfig.resolve(name, self.config, overrides)  # validate before anything is created
         self._register(name, n, overrides, uuid.uuid4().hex)
-        for p in range(n):
-            self._logs[(name, p)].load(clean=False)
+        try:
+            for p in range(n):
+                self._logs[(name, p)].load(clean=False)
+        except OSError as exc:  # out of files or disk: no half-made topic may stay registered
+            for p in range(n):
+                self._logs.pop((name, p)).close()
+            del self._topics[name], self._counts[name], self._tconf[name]
+            raise StoreError(f"cannot create topic {name!r}: {exc}") from exc
         self._save_topics()
         fsync_dir(self.log_dir)
         return n

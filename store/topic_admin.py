@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from store.config import (
+    MAX_PARTITIONS,
     StoreConfig,
     StoreError,
     TopicConfig,
@@ -155,6 +156,7 @@ class TopicAdmin:
         del self._topics[name], self._counts[name], self._tconf[name]
         for p in range(len(logs)):
             del self._logs[(name, p)]
+        self._commit.interval_dirty.difference_update(logs)  # no fsync of closed files later
         self._routes.clear()
         self._save_topics()
         tag = uuid.uuid4().hex[:8]
@@ -183,8 +185,18 @@ class TopicAdmin:
         if offset <= lg.log_start_offset:
             return lg.log_start_offset
         await self._quiesce([lg])
+        if self._logs.get((topic, partition)) is not lg:  # DeleteTopics won the race meanwhile
+            raise UnknownTopicOrPartitionError(f"topic {topic!r} was deleted")
         doomed = lg.delete_records_below(offset)
-        await asyncio.to_thread(write_text_atomic, lg.dir / LOG_START_FILE, str(lg.start_floor))
+        # On the store's single background thread: concurrent DeleteRecords of one partition
+        # write in the order they moved the floor (two threads shared the temporary file).
+        write = self._bg.submit(write_text_atomic, lg.dir / LOG_START_FILE, str(lg.start_floor))
+        try:
+            await asyncio.wrap_future(write)
+        except FileNotFoundError:
+            if self._logs.get((topic, partition)) is lg:
+                raise
+            raise UnknownTopicOrPartitionError(f"topic {topic!r} was deleted") from None
         for seg in doomed:
             f = self._bg.submit(delete_segment_files, seg)
             f.add_done_callback(functools.partial(log_failure, what=f"deleting in {lg.name}"))
@@ -199,10 +211,18 @@ class TopicAdmin:
             raise UnknownTopicOrPartitionError(f"unknown topic {name!r}")
         if count <= n:
             raise StoreError(f"topic {name!r} has {n} partitions; the new count must be larger")
+        if count > MAX_PARTITIONS:
+            raise StoreError(f"topic {name!r}: at most {MAX_PARTITIONS} partitions, asked {count}")
         entry = self._topics[name]
         self._register(name, count, entry["config"], entry.get("id"))
-        for p in range(n, count):
-            self._logs[(name, p)].load(clean=False)
+        try:
+            for p in range(n, count):
+                self._logs[(name, p)].load(clean=False)
+        except OSError as exc:  # out of files or disk: back to the old count
+            for p in range(n, count):
+                self._logs.pop((name, p)).close()
+            self._register(name, n, entry["config"], entry.get("id"))
+            raise StoreError(f"cannot add partitions to {name!r}: {exc}") from exc
         self._routes.clear()
         self._save_topics()
         fsync_dir(self.log_dir)

@@ -38,6 +38,10 @@ SKIP = {
     "settings run in tests/test_kafka_sasl_clients.py",
     "kill -HUP ": "needs the pid of a gateway started by hand; the SIGHUP reload (both "
     "shapes) is tests/test_mqtt_auth.py",
+    "make fuzz": "minutes of fuzzing; a short run (a fixed and a random seed) is "
+    "tests/test_fuzz_socket.py",
+    ".venv/bin/python tests/socket_fuzzer.py": "placeholders for a seed and batch of a failed run; "
+    "the fuzzer itself runs in tests/test_fuzz_socket.py",
     "cd notebooks && ": "the notebook run is tests/test_spark_notebook.py (Spark, a minute); here "
     "only that jupyter-execute is installed is checked",
     "mosquitto_sub -h gateway.example": "a gateway with users or TLS on a named host; the same "

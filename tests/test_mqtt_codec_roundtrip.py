@@ -1,13 +1,17 @@
 """Property-based round trips (every packet type, every property) and fuzzing of the MQTT codec.
 
 Fuzzing follows h11's rule: whatever bytes arrive, whole or one byte at a time, the only exception
-that may escape the parser or the connection is RemoteProtocolError.
+that may escape the parser or the connection is RemoteProtocolError. `LIGHTGATE_FUZZ_SCALE=N`
+multiplies the fuzzing examples (`make fuzz` runs rounds of these with new seeds).
 """
 
 from __future__ import annotations
 
+import os
+import random
 from typing import Any
 
+import fuzz_inputs as fi
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -38,6 +42,8 @@ from mqtt_proxy.codec import (
 )
 from mqtt_proxy.codec.properties import PROPERTY_SPECS, WILL
 from mqtt_proxy.codec.reason_codes import ALLOWED
+
+SCALE = max(1, int(os.environ.get("LIGHTGATE_FUZZ_SCALE", "1")))
 
 # Strings the strict policy accepts: no surrogates, controls or unassigned/non-characters.
 text = st.text(st.characters(exclude_categories=("Cs", "Cc", "Cn")), max_size=12)
@@ -221,7 +227,7 @@ def _feed_outcome(version: int | None, data: bytes, step: int) -> tuple[list[Any
     return out, None
 
 
-@settings(deadline=None, max_examples=1000)
+@settings(deadline=None, max_examples=1000 * SCALE)
 @given(st.sampled_from([None, 3, 4, 5]), st.binary(max_size=200))
 def test_fuzz_random_bytes(version: int | None, data: bytes) -> None:
     whole = _feed_outcome(version, data, len(data) or 1)
@@ -241,7 +247,7 @@ def mutated_stream(draw: Any) -> tuple[int, bytes]:
     return v, bytes(data)
 
 
-@settings(deadline=None, max_examples=1000, suppress_health_check=[HealthCheck.too_slow])
+@settings(deadline=None, max_examples=1000 * SCALE, suppress_health_check=[HealthCheck.too_slow])
 @given(mutated_stream())
 def test_fuzz_mutated_packets(case: tuple[int, bytes]) -> None:
     version, data = case
@@ -259,6 +265,23 @@ def test_fuzz_server_connection(version: int, tail: bytes, step: int) -> None:
     except RemoteProtocolError as e:
         reply = conn.error_bytes(e)
         assert isinstance(reply, bytes)
+
+
+@settings(deadline=None, max_examples=200 * SCALE)
+@given(st.integers(0, 2**64), st.integers(1, 64))
+def test_fuzz_mutated_sessions_through_the_server_connection(seed: int, step: int) -> None:
+    """Whole client sessions (CONNECT first, then what clients send: tests/fuzz_inputs.py) with
+    the socket fuzzer's mutations (bit flips, truncations, length fields, packets duplicated or
+    reordered), in chunks of `step` bytes: only RemoteProtocolError, and the last words for it
+    always encode."""
+    rng = random.Random(seed)
+    data = b"".join(fi.mutate(rng, fi.mqtt_session(rng), "mqtt"))
+    conn = Connection(SERVER, max_packet_size=4096)
+    try:
+        for i in range(0, len(data), step):
+            conn.receive_data(data[i : i + step])
+    except RemoteProtocolError as e:
+        assert isinstance(conn.error_bytes(e), bytes)
 
 
 def _carrier(ptype: int, props: Properties) -> Any:

@@ -383,7 +383,7 @@ async def describe_log_dirs(b: Broker, req: Request, conn: ConnInfo) -> Any:
     if req.body.topics is None:
         wanted = {t: list(range(n)) for t, n in known.items()}
     else:
-        wanted = {t.topic: [p for p in t.partitions if p < known.get(t.topic, 0)]
+        wanted = {t.topic: [p for p in t.partitions if 0 <= p < known.get(t.topic, 0)]
                   for t in req.body.topics if t.topic in known}  # fmt: skip
     # Kafka answers only for topics the user may describe (leaving the others out)
     wanted = {t: ps for t, ps in wanted.items() if b.authorized(conn, req.client_id, t,

