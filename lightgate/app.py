@@ -154,6 +154,7 @@ class Gateway:
             max_frame_bytes=cfg.kafka_max_frame_bytes,
             auto_create_topics=cfg.kafka_auto_create_topics,
             default_partitions=cfg.default_partitions,
+            produce_byte_rate=cfg.kafka_produce_byte_rate,
         )
         kafka = KafkaServer(self.store, cfg.host, cfg.kafka_port, kcfg, security=self.security)
         if tls_port != -1:  # Kafka has no answer for "certificate missing": the handshake fails

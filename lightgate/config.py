@@ -243,6 +243,13 @@ class GatewayConfig:
 
     # Kafka.
     kafka_auto_create_topics: bool = key(True, "Metadata/Produce for an unknown topic creates it")
+    kafka_produce_byte_rate: int = key(
+        0,
+        "produce quota per Kafka connection (bytes/s, burst of one second); over it the "
+        "response carries `throttle_time_ms` and the connection is not read for that long, "
+        "as Kafka does; `0`: no limit",
+        lo=0,
+    )
     kafka_max_frame_bytes: int = key(
         100 << 20,
         "largest Kafka request frame; larger closes the connection",

@@ -122,7 +122,7 @@ class Broker:
         # Prometheus-style counters, exported by KafkaServer.stats().
         self.counters = {"requests": 0, "produce_bytes": 0, "produce_records": 0,
                          "fetch_bytes": 0, "protocol_errors": 0, "auth_failures": 0,
-                         "authorization_failures": 0}  # fmt: skip
+                         "authorization_failures": 0, "produce_throttled": 0}  # fmt: skip
 
     async def start(self) -> None:
         topics = self.store.topics()
