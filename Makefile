@@ -44,4 +44,4 @@ bench-mqtt: $(STAMP)
 	bash bench/mqtt_baseline.sh $(ARGS)
 
 clean:
-	rm -rf $(VENV) data .pytest_cache
+	rm -rf $(VENV) data analytics .pytest_cache

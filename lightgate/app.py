@@ -18,7 +18,9 @@ from typing import Any
 
 from lightgate import __version__
 from lightgate.config import ConfigError, GatewayConfig
+from lightgate.health import HealthWatch
 from lightgate.http import HttpServer
+from lightgate.metrics import Figures
 from lightgate.tls import certificate_cn, check_tls_files, server_context, tls_context
 from store import Store, StoreConfig, StoreLockedError
 from store.auth import AuthFileError, Security
@@ -32,26 +34,50 @@ class Gateway:
     def __init__(self, cfg: GatewayConfig) -> None:
         self.cfg = cfg
         self.started_at = time.time()
+        self.version = __version__
         self.store: Store | None = None
+        self.queues: Any = None  # LightQueues
+        self.notifier: Any = None  # InProcessNotifier
+        self.mqtt: Any = None  # MqttServer, one-process shape
+        self.link: Any = None  # CoreLink, split shape (the proxies' figures)
+        self.kafka: Any = None  # KafkaServer
+        self.probe: Any = None  # lightgate.probe.Probe
         self.endpoints: dict[str, tuple[str, int]] = {}
         self._closers: list[Any] = []
         self._stats_sources: list[tuple[str, Any]] = []  # (metric prefix, source)
         # Users and rights, shared by the MQTT and Kafka servers, reloaded in place on SIGHUP.
         self.security: Security = build_security(cfg)
         self._proxy: Any = None  # the ProxySupervisor when MQTT runs in a child process
+        self.figures = Figures(self)
+        self.watch = HealthWatch(self)
 
     async def start(self) -> None:
         cfg = self.cfg
         self.store = await Store.open(cfg.data_path, StoreConfig.from_object(cfg))
         self._closers.append(self.store)
         self._stats_sources.append(("", self.store))
+        self.figures.seed(self.store)
         await self._start_queues_and_mqtt()
         await self._start_kafka()
         if cfg.http_port != -1:
-            http = HttpServer(cfg.host, cfg.http_port, self.metrics, self.health)
+            http = HttpServer(cfg.host, cfg.http_port, self.figures.snapshot, self.health)
             await http.start()
             self._closers.append(http)
             self.endpoints["http"] = (cfg.host, http.port)
+        await self._start_probe()
+        self.watch.start()
+        self._closers.append(self.watch)
+
+    async def _start_probe(self) -> None:
+        """Latency probes through this gateway's own MQTT listener (lightgate/probe.py)."""
+        if self.cfg.probe_interval_ms <= 0 or "mqtt" not in self.endpoints:
+            return
+        from lightgate.probe import Probe
+
+        host, port = self.endpoints["mqtt"]
+        self.probe = Probe(self.cfg, host, port, self.notifier)
+        await self.probe.start()
+        self._closers.append(self.probe)
 
     async def _start_queues_and_mqtt(self) -> None:
         """Light queues dispatching into notify, and the MQTT proxy pulling from them.
@@ -68,9 +94,9 @@ class Gateway:
         assert self.store is not None
         lq_cfg = LightQueueConfig.from_object(cfg)
         lq_cfg.filter_grace_s = cfg.filter_grace_ms / 1000
-        queues = LightQueues.open(cfg.data_path, self.store, lq_cfg)
+        queues = self.queues = LightQueues.open(cfg.data_path, self.store, lq_cfg)
         self._closers.append(queues)
-        notifier = InProcessNotifier(last_seq_of=queues.last_seq)
+        notifier = self.notifier = InProcessNotifier(last_seq_of=queues.last_seq)
         queues.set_sink(notifier.publish)
         await queues.start()
         notifier.start()
@@ -88,7 +114,7 @@ class Gateway:
         if cfg.mqtt_processes > 0:
             await self._start_proxy_process(queues, notifier)
             return
-        mqtt = MqttServer(
+        mqtt = self.mqtt = MqttServer(
             self.store, queues, notifier, ProxySettings.from_config(cfg), security=self.security
         )
         await mqtt.start()
@@ -111,7 +137,7 @@ class Gateway:
 
         assert self.store is not None
         secret, ssl_ctx = core_link_security(self.cfg, server=True)
-        link = CoreLink(self.store, queues, notifier, secret=secret, ssl_ctx=ssl_ctx)
+        link = self.link = CoreLink(self.store, queues, notifier, secret=secret, ssl_ctx=ssl_ctx)
         publish, on_round = notifier.publish, link.queue_service.on_round
 
         def sink(events: Any) -> None:
@@ -155,8 +181,11 @@ class Gateway:
             auto_create_topics=cfg.kafka_auto_create_topics,
             default_partitions=cfg.default_partitions,
             produce_byte_rate=cfg.kafka_produce_byte_rate,
+            conn_log_per_s=cfg.conn_log_per_s,
         )
-        kafka = KafkaServer(self.store, cfg.host, cfg.kafka_port, kcfg, security=self.security)
+        kafka = self.kafka = KafkaServer(
+            self.store, cfg.host, cfg.kafka_port, kcfg, security=self.security
+        )
         if tls_port != -1:  # Kafka has no answer for "certificate missing": the handshake fails
             kafka.add_tls_listener(tls_port, server_context(cfg))
         if cfg.tls_identity_as_username:  # a client certificate's CN is the SASL user
@@ -187,24 +216,47 @@ class Gateway:
         ]
         return "lightgate ready " + " ".join(parts)
 
-    async def metrics(self) -> dict[str, float | int]:
+    async def mqtt_figures(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(MqttServer.stats(), MqttServer.metrics()) of this process's proxy or, split, of the
+        proxy over the core link."""
+        if self.mqtt is not None:
+            return self.mqtt.stats(), self.mqtt.metrics()
+        if self.link is not None:
+            result: tuple[dict[str, Any], dict[str, Any]] = await self.link.figures()
+            return result
+        return {}, {}
+
+    async def flat_metrics(
+        self, mqtt_stats: dict[str, Any] | None = None
+    ) -> dict[str, float | int]:
+        """The flat figures /metrics always had (`lightgate_mqtt_*`, `lightgate_kafka_*`, ...)."""
         out: dict[str, float | int] = {"uptime_seconds": round(time.time() - self.started_at, 1)}
         for prefix, source in self._stats_sources:
-            stats = getattr(source, "stats", None)
-            if stats is None:
-                continue
-            values = stats()
-            if asyncio.iscoroutine(values):
-                values = await values
+            if prefix == "mqtt_" and mqtt_stats is not None:
+                values = mqtt_stats
+            else:
+                stats = getattr(source, "stats", None)
+                if stats is None:
+                    continue
+                values = stats()
+                if asyncio.iscoroutine(values):
+                    values = await values
             for key, value in values.items():
                 # Prometheus carries numbers only; labels such as a version string go to /health.
                 if isinstance(value, (int, float)) and not key.startswith("uptime"):
                     out[prefix + key] = value
         return out
 
+    async def metrics(self) -> dict[str, float | int]:
+        return await self.flat_metrics()
+
     def health(self) -> dict[str, Any]:
+        """200 `ok` or 503 with the reasons: starting, dispatcher stopped or stuck, probes lost."""
+        reasons = [] if self.store is not None else ["starting"]
+        reasons += self.watch.reasons()
         return {
-            "status": "ok" if self.store is not None else "starting",
+            "status": "ok" if not reasons else "unhealthy",
+            "reasons": reasons,
             "version": __version__,
             "uptime_s": round(time.time() - self.started_at, 1),
             "listeners": {k: f"{h}:{p}" for k, (h, p) in self.endpoints.items()},

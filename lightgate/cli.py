@@ -125,6 +125,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="manage a password_file like mosquitto_passwd (run `lightgate passwd --help`)",
         add_help=False,
     ).add_argument("args", nargs=argparse.REMAINDER)
+    status = sub.add_parser(
+        "status",
+        help="key figures of a running gateway (from its /api/stats) in the terminal",
+        description="Connections, message rates, sessions, dispatch lag, disk and latency "
+        "percentiles of a running gateway. Exit status 0 healthy, 1 unhealthy, 2 unreachable.",
+    )
+    status.add_argument("--config", help="TOML config file: its host and http_port give the URL")
+    status.add_argument("--url", help="the gateway's HTTP listener (default http://HOST:HTTP_PORT)")
+    status.add_argument(
+        "--watch",
+        nargs="?",
+        type=float,
+        const=2.0,
+        metavar="SECONDS",
+        help="redraw every SECONDS (default 2) until Ctrl-C",
+    )
+    status.add_argument("--count", type=int, default=0, help="with --watch: stop after N frames")
 
     analytics = sub.add_parser(
         "analytics",
@@ -190,6 +207,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             setup_logging(cfg.log_format, cfg.log_level)
         tune_gc(cfg.gc_gen0)
         return _run(run_proxy(cfg, ns.core, ns.proxy_id))
+    if ns.command == "status":
+        from lightgate.status import main as status_main
+
+        url = ns.url or f"http://{cfg.host}:{cfg.http_port}"
+        return status_main(url, ns.watch, ns.count)
     if ns.command == "rebuild-queues":
         from lightgate.app import check_data_dir, rebuild_queues
 

@@ -99,7 +99,12 @@ class GatewayConfig:
         "`tls_key` are set",
         **PORT,
     )
-    http_port: int = key(8080, "HTTP: `/metrics` (Prometheus) and `/health`", **PORT)
+    http_port: int = key(
+        8080,
+        "HTTP: `/health`, `/metrics` (Prometheus), `/api/stats` and the dashboard `/` "
+        "(docs/operations.md)",
+        **PORT,
+    )
     tls_cert: str = key(
         "",
         "PEM certificate chain of the TLS listeners (MQTT/TLS, WSS, Kafka/TLS, the core link with "
@@ -320,6 +325,35 @@ class GatewayConfig:
         "info",
         "least severe level logged",
         choices=("debug", "info", "warning", "error", "critical"),
+    )
+
+    # Operations (docs/operations.md).
+    probe_interval_ms: int = key(
+        1000,
+        "latency probes: one timestamped QoS 1 message through the whole MQTT pipeline every "
+        "this often, on `__lightgate_probe/<id>` (invisible to `#` subscribers and Spark's "
+        "default topics); `0` turns probes off",
+        lo=0,
+        hi=DAY_MS,
+    )
+    probe_timeout_ms: int = key(
+        5000,
+        "a probe not delivered within this long makes `/health` 503 (and logs one line)",
+        lo=100,
+        hi=DAY_MS,
+    )
+    dispatch_stall_ms: int = key(
+        10_000,
+        "`/health` is 503 when the dispatcher is behind and indexed nothing for this long",
+        lo=100,
+        hi=DAY_MS,
+    )
+    conn_log_per_s: int = key(
+        20,
+        "connection lifecycle log lines (connect, disconnect, with a connection id) per second; "
+        "past it, one summary line per second counts the rest; `0` logs none",
+        lo=0,
+        hi=1_000_000,
     )
 
     # Process.

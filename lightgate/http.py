@@ -1,108 +1,117 @@
-"""A small HTTP/1.1 listener for `/health` and `/metrics` (Prometheus text format).
+"""The operator's HTTP listener on aiohttp: `/health`, `/metrics`, `/api/stats`, `/` (dashboard).
 
-It answers GET only, closes after each response, and caps request heads at 8 KiB: it is an operator
-endpoint, not a web server, so a dependency on a web framework would buy nothing.
+GET only (aiohttp answers 405 for other methods), small limits (request line and each header at
+most 8 KiB, 32 headers, no bodies), idle connections closed after 10 s and every handler bounded by
+10 s: an operator endpoint, not a web server. `/metrics` is the Prometheus text exposition of the
+gateway's own `CollectorRegistry` (lightgate/metrics.py), refreshed from one snapshot per scrape.
 """
 
 from __future__ import annotations
 
 import asyncio
-import inspect
-import json
 import logging
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
-log = logging.getLogger("lightgate.http")
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-MetricsFn = Callable[[], "dict[str, float | int] | Awaitable[dict[str, float | int]]"]
+from lightgate.metrics import GatewayCollector
+
+log = logging.getLogger("lightgate.http")
+# aiohttp logs a traceback for every malformed request (too long, too many headers); those are
+# answered 400 and are the client's problem: only critical errors from there.
+_aiohttp_log = logging.getLogger("lightgate.http.aiohttp")
+_aiohttp_log.setLevel(logging.CRITICAL)
+
+SnapshotFn = Callable[[], Awaitable[dict[str, Any]]]
 HealthFn = Callable[[], dict[str, Any]]
 
-_MAX_HEAD = 8192
-
-
-def render_prometheus(metrics: dict[str, float | int]) -> bytes:
-    """Render flat `name{labels}` → value pairs; names without a prefix get `lightgate_`."""
-    lines = []
-    seen_types: set[str] = set()
-    for key in sorted(metrics):
-        base = key.split("{", 1)[0]
-        name = base if base.startswith("lightgate_") else f"lightgate_{base}"
-        full = name + key[len(base) :]
-        if name not in seen_types:
-            kind = "counter" if name.endswith("_total") else "gauge"
-            lines.append(f"# TYPE {name} {kind}")
-            seen_types.add(name)
-        lines.append(f"{full} {metrics[key]}")
-    return ("\n".join(lines) + "\n").encode()
+MAX_LINE = 8190  # request line and each header field (aiohttp's own bound, kept explicit)
+MAX_HEADERS = 32
+MAX_BODY = 1024  # GET requests carry none
+IDLE_TIMEOUT_S = 10.0
+HANDLER_TIMEOUT_S = 10.0
+DASHBOARD = Path(__file__).with_name("dashboard.html")
 
 
 class HttpServer:
-    def __init__(self, host: str, port: int, metrics: MetricsFn, health: HealthFn) -> None:
+    """One listener per gateway; `registry` is this gateway's, not prometheus_client's global."""
+
+    def __init__(self, host: str, port: int, snapshot: SnapshotFn, health: HealthFn) -> None:
         self._host = host
         self._port = port
-        self._metrics = metrics
+        self._snapshot = snapshot
         self._health = health
-        self._server: asyncio.base_events.Server | None = None
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.collector = GatewayCollector()
+        self.registry.register(self.collector)
+        self._runner: web.AppRunner | None = None
+        self._site: web.TCPSite | None = None
+        self._lock = asyncio.Lock()  # scrapes share one collector: one snapshot at a time
 
     @property
     def port(self) -> int:
-        assert self._server is not None
-        return int(self._server.sockets[0].getsockname()[1])
+        assert self._runner is not None
+        for addr in self._runner.addresses:
+            return int(addr[1])
+        raise RuntimeError("http listener not started")
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._handle, self._host, self._port)
+        app = web.Application(client_max_size=MAX_BODY, middlewares=[_errors])
+        app.router.add_get("/health", self._on_health)
+        app.router.add_get("/metrics", self._on_metrics)
+        app.router.add_get("/api/stats", self._on_stats)
+        app.router.add_get("/", self._on_dashboard)
+        self._runner = web.AppRunner(
+            app,
+            access_log=None,
+            logger=_aiohttp_log,
+            keepalive_timeout=IDLE_TIMEOUT_S,
+            max_line_size=MAX_LINE,
+            max_field_size=MAX_LINE,
+            max_headers=MAX_HEADERS,
+            lingering_time=1.0,
+            handle_signals=False,
+        )
+        await self._runner.setup()
+        self._site = web.TCPSite(self._runner, self._host, self._port, reuse_address=True)
+        await self._site.start()
 
     async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
 
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=10)
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, OSError):
-            writer.close()
-            return
-        if len(head) > _MAX_HEAD:
-            await self._reply(writer, 431, b"request head too large\n", "text/plain")
-            return
-        request_line = head.split(b"\r\n", 1)[0].decode("latin-1")
-        parts = request_line.split()
-        if len(parts) != 3 or parts[0] not in ("GET", "HEAD"):
-            await self._reply(writer, 405, b"only GET\n", "text/plain")
-            return
-        path = parts[1].split("?", 1)[0]
-        try:
-            if path == "/metrics":
-                metrics = self._metrics()
-                if inspect.isawaitable(metrics):
-                    metrics = await metrics
-                body = render_prometheus(metrics)
-                await self._reply(writer, 200, body, "text/plain; version=0.0.4")
-            elif path == "/health":
-                health = self._health()
-                status = 200 if health.get("status") == "ok" else 503
-                await self._reply(writer, status, json.dumps(health).encode(), "application/json")
-            else:
-                await self._reply(writer, 404, b"not found\n", "text/plain")
-        except Exception:
-            log.exception("http handler failed", extra={"path": path})
-            await self._reply(writer, 500, b"internal error\n", "text/plain")
+    async def _on_health(self, request: web.Request) -> web.Response:
+        health = self._health()
+        return web.json_response(health, status=200 if health.get("status") == "ok" else 503)
 
-    @staticmethod
-    async def _reply(writer: asyncio.StreamWriter, status: int, body: bytes, ctype: str) -> None:
-        reason = {200: "OK", 404: "Not Found", 405: "Method Not Allowed", 431: "Too Large"}.get(
-            status, "Error"
-        )
-        head = (
-            f"HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\n"
-            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-        ).encode()
-        try:
-            writer.write(head + body)
-            await writer.drain()
-        except OSError:
-            pass
-        finally:
-            writer.close()
+    async def _on_metrics(self, request: web.Request) -> web.Response:
+        async with self._lock:
+            self.collector.snap = await asyncio.wait_for(self._snapshot(), HANDLER_TIMEOUT_S)
+            body = generate_latest(self.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def _on_stats(self, request: web.Request) -> web.Response:
+        snap = await asyncio.wait_for(self._snapshot(), HANDLER_TIMEOUT_S)
+        snap = {k: v for k, v in snap.items() if k != "flat"}
+        return web.json_response(snap, headers={"Cache-Control": "no-store"})
+
+    async def _on_dashboard(self, request: web.Request) -> web.Response:
+        text = await asyncio.get_running_loop().run_in_executor(None, DASHBOARD.read_bytes)
+        return web.Response(body=text, content_type="text/html", charset="utf-8")
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    """A failing handler answers 500 and logs once, naming the path."""
+    try:
+        resp: web.StreamResponse = await handler(request)
+        return resp
+    except web.HTTPException:
+        raise
+    except Exception:
+        log.exception("http handler failed", extra={"path": request.path})
+        return web.Response(status=500, text="internal error\n")

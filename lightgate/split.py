@@ -199,19 +199,33 @@ class CoreLink:
 
     async def stats(self) -> dict[str, Any]:
         """The MQTT counters of every connected proxy, summed (numbers only)."""
+        return (await self.figures(with_metrics=False))[0]
+
+    async def figures(self, with_metrics: bool = True) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(counters summed over the proxies, the `MqttServer.metrics()` of the first one that
+        answers): what the one-process gateway reads from its own MqttServer. One proxy per
+        core today; summing labelled figures across several is left for then. A proxy that
+        does not answer is logged once until it answers again."""
         out: dict[str, Any] = {}
+        metrics: dict[str, Any] = {}
         for peer in list(self.proxies.values()):
             try:
-                stats = json.loads(await asyncio.wait_for(peer.call(STATS), 2.0))
+                body = b"m" if with_metrics else b""
+                stats = json.loads(await asyncio.wait_for(peer.call(STATS, body), 2.0))
             except Exception as exc:
-                log.warning("no stats from proxy %s: %r", peer.name, exc)
+                if not peer.state.get("stats_failing"):
+                    log.warning("no stats from proxy %s: %r", peer.name, exc)
+                peer.state["stats_failing"] = True
                 continue
+            peer.state["stats_failing"] = False
+            if not metrics:
+                metrics = stats.pop("metrics", None) or {}
             for k, v in stats.items():
                 if isinstance(v, (int, float)) and not isinstance(v, bool):
                     out[k] = out.get(k, 0) + v
-                else:
+                elif k != "metrics":
                     out.setdefault(k, v)
-        return out
+        return out, metrics
 
     async def close(self) -> None:
         await self.server.close()
@@ -293,7 +307,11 @@ async def run_proxy(cfg: GatewayConfig, core: str, proxy_id: str) -> int:
     server: MqttServer | None = None
 
     def stats(peer: RpcPeer, body: bytes) -> bytes:
-        return json.dumps(server.stats() if server is not None else {}).encode()
+        if server is None:
+            return b"{}"
+        if body != b"m":  # counters only (the core's 1 s rate sample)
+            return json.dumps(server.stats()).encode()
+        return json.dumps({**server.stats(), "metrics": server.metrics()}).encode()
 
     methods = {**rs.methods(), **rq.methods(), **notifier.methods(), STATS: stats}
     secret, ssl_ctx = core_link_security(cfg, server=False, address=core)

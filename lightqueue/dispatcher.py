@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -52,6 +53,7 @@ from lightqueue.keys import (
 )
 from lightqueue.topic_trie import FilterTrie
 from store import OffsetOutOfRangeError, UnknownTopicOrPartitionError
+from store.latency import LatencyHistogram
 from store.mapping import mqtt_view
 from store.record_batch import (
     COMPRESSION_MASK,
@@ -70,6 +72,9 @@ except ImportError:  # pragma: no cover
 log = logging.getLogger("lightgate.lightqueue.dispatch")
 
 SYSTEM_TOPIC_PREFIX = "__lightgate"
+# The gateway's latency probes (lightgate/probe.py): the one system topic that is dispatched, into
+# its exact-topic queues only (never a filter: `#` and `+` subscribers do not see probes).
+PROBE_TOPIC = "__lightgate_probe"
 _TARGET_CACHE_MAX = 200_000
 
 EventSink = Callable[[list[tuple[str, int]]], None]
@@ -78,7 +83,8 @@ WatchSink = Callable[[list[tuple[str, int, list[tuple[str, int, int]]]]], None]
 
 
 def is_system_topic(topic: str) -> bool:
-    return topic.startswith(SYSTEM_TOPIC_PREFIX)
+    """Not dispatched: `__lightgate*` log topics, except the probes' own."""
+    return topic.startswith(SYSTEM_TOPIC_PREFIX) and topic != PROBE_TOPIC
 
 
 def mqtt_topic_of(log_topic: str, key: bytes | None) -> str:
@@ -145,6 +151,7 @@ class Dispatcher:
         self.records = 0  # records indexed since open
         self.corrupt_batches = 0  # batches skipped because their records do not decode
         self.failed: BaseException | None = None
+        self.round_latency = LatencyHistogram()  # one observation per round that indexed
 
     # -- positions ---------------------------------------------------------------------------
     def position(self, topic: str, partition: int) -> int:
@@ -174,6 +181,13 @@ class Dispatcher:
     def behind(self) -> int:
         """Records appended but not indexed yet (lag)."""
         return sum(max(0, h - self.position(t, p)) for (t, p), h in self.hwm.items())
+
+    def behind_by_topic(self) -> dict[str, int]:
+        """Lag per log topic: log end minus checkpoint, summed over its partitions."""
+        out: dict[str, int] = {}
+        for (t, p), h in self.hwm.items():
+            out[t] = out.get(t, 0) + max(0, h - self.position(t, p))
+        return out
 
     def forget(self, topic: str) -> None:
         """A deleted log topic: nothing left to index there (checkpoints: `QueueDB.forget_topic`)."""
@@ -267,6 +281,7 @@ class Dispatcher:
                     work.append((tp, end))
         if not work:
             return 0
+        t0 = time.perf_counter()
         work.sort()
         self._stamp += 1
         stamp = self._stamp
@@ -310,6 +325,8 @@ class Dispatcher:
                 raise
         for t, p, c in advanced:
             ckpts[(t, p)] = c
+        if advanced and own_wb:
+            self.round_latency.observe(time.perf_counter() - t0)
         if grown and own_wb:
             # Watched queues get their new entries pushed first, then everyone the events, so
             # a reader woken by an event already has what it announces.
@@ -425,4 +442,6 @@ class Dispatcher:
         q = self.qdb.queues.get(topic)
         if q is None:
             q = self.qdb.new_queue(topic, KIND_EXACT, wb)
+        if t == PROBE_TOPIC:
+            return (q,)
         return (q, *(f for f in self.trie.match(topic) if f.live))

@@ -100,6 +100,7 @@ class LightQueues:
         self._filters: dict[str, Queue] = {}  # filter and replay queues that are not dropped
         self._backfills: dict[str, Backfill] = {}
         self._tasks: list[asyncio.Task[Any]] = []
+        self.dispatch_task: asyncio.Task[None] | None = None
         self._log_starts: dict[tuple[str, int], int] = {}
         self._purge: dict[int, int] = {}  # qid → entries below this sequence are garbage
         self._scrub_pos = 0
@@ -159,13 +160,30 @@ class LightQueues:
         if hasattr(self.store, "add_topic_listener"):
             self.store.add_topic_listener(self.on_topic_event)
         loop = asyncio.get_running_loop()
-        self._tasks.append(loop.create_task(d.run(), name="lightqueue-dispatch"))
-        self._tasks[-1].add_done_callback(_task_ended)
-        d._wake.set()
+        self.start_dispatch()
         self._tasks.append(loop.create_task(self._maintenance(), name="lightqueue-maintenance"))
         self._tasks[-1].add_done_callback(_task_ended)
         for bf in self._backfills.values():
             self._tasks.append(loop.create_task(bf.run(), name=f"backfill {bf.q.name}"))
+
+    def start_dispatch(self) -> bool:
+        """Start the dispatcher task unless it runs; True if started. The gateway's health says
+        503 while it is not running (`dispatch_running`)."""
+        if self.dispatch_running:
+            return False
+        task = asyncio.get_running_loop().create_task(
+            self.dispatcher.run(), name="lightqueue-dispatch"
+        )
+        task.add_done_callback(_task_ended)
+        self.dispatch_task = task
+        self._tasks.append(task)
+        self.dispatcher._wake.set()
+        return True
+
+    @property
+    def dispatch_running(self) -> bool:
+        t = self.dispatch_task
+        return t is not None and not t.done() and self.dispatcher.failed is None
 
     async def close(self) -> None:
         with contextlib.suppress(ValueError):

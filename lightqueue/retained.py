@@ -100,6 +100,10 @@ class RetainedStore:
         for k in self._db.iterator(prefix=P_RETAINED, include_value=False):
             yield retained_topic(k)
 
+    def count(self) -> int:
+        """Retained topics (a key-only scan: the gateway's metrics cache it, see metrics.py)."""
+        return sum(1 for _ in self._db.iterator(prefix=P_RETAINED, include_value=False))
+
     def match(self, filt: str, now_ms: int | None = None) -> list[StoredMessage]:
         """Retained messages whose topic matches `filt`, expired ones dropped (and deleted)."""
         validate_filter(filt)

@@ -56,6 +56,8 @@ class Backend:
         self._fifo: deque[tuple[tuple[str, int], int, int]] = deque()
         self._recent_bytes = 0
         self._recent_count = 0
+        self.cache_hits = 0  # light-queue entries resolved from the recent-append runs
+        self.cache_misses = 0  # ... and those that needed a store read (per batch, for /metrics)
         self.recent_max = recent_bytes
 
     async def start(self) -> None:
@@ -125,6 +127,8 @@ class Backend:
                         hits[key] = (bases[k], run)
                         continue
             missing.append(i)
+        self.cache_misses += len(missing)
+        self.cache_hits += len(entries) - len(missing)
         return out, missing
 
     @property

@@ -72,6 +72,7 @@ class MqttConnection(asyncio.Protocol):
         "_rate_timer",
         "opened_at",
         "over_conn_rate",
+        "conn_id",
     )
 
     def __init__(self, server: MqttServer) -> None:
@@ -110,6 +111,7 @@ class MqttConnection(asyncio.Protocol):
         # This client's compiled ACL (store.auth.ClientAcl); None when everything is allowed,
         # so the hot paths pay one `is None` test. Replaced on reload (refresh_acl).
         self.acl: Any = None
+        self.conn_id = server.conn_log.new_id()
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -288,10 +290,8 @@ class MqttConnection(asyncio.Protocol):
         if now >= deadline:
             what = "keep alive timeout" if self.connected else "no CONNECT in time"
             self.disconnect_reason = what
-            if self.connected:
-                log.info("client %r (%s): %s", self.client_id, self.remote, what)
-            else:  # never said a word of MQTT: a bad connection (scanner, wrong port)
-                self._bad(what)
+            if not self.connected:  # never said a word of MQTT: a bad connection (scanner)
+                self._bad(what)  # (a connected one: the conn log's `closed` line says why)
             self.close_with(0x8D)  # MQTT 5 §3.1.2.10: v5 clients learn why
             return
         self._timer = self._loop.call_at(deadline, self._keepalive_check)
@@ -367,7 +367,9 @@ class MqttConnection(asyncio.Protocol):
 
     def _bad(self, reason: str) -> None:
         listener = "websocket" if self.transport.get_extra_info("websocket") else "mqtt"
-        self.server.bad_clients.bad(listener, self.remote, reason, client_id=self.client_id)
+        self.server.bad_clients.bad(
+            listener, self.remote, reason, client_id=self.client_id, conn=self.conn_id
+        )
 
     def fail(self, reason: int, detail: str) -> None:
         """An internal failure affecting this connection (store down): close it, log once."""

@@ -38,10 +38,12 @@ from dataclasses import dataclass, field
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
+from lightqueue.dispatcher import PROBE_TOPIC
 from mqtt_proxy.codec import PublishTemplate, publish_qos0
 from mqtt_proxy.outbound import delivery_properties
 from mqtt_proxy.session import Inflight, Session, Subscription
 from mqtt_proxy.subscriptions import topic_matches
+from store.latency import LatencyHistogram
 
 if TYPE_CHECKING:
     from mqtt_proxy.connection import MqttConnection
@@ -49,6 +51,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("lightgate.mqtt.delivery")
 
 INTERNAL_TOPIC_PREFIX = "__lightgate"
+PROBE_PREFIX = PROBE_TOPIC + "/"  # the gateway's latency probes: delivered (exact topic only)
 PUMP_BATCHES = 64  # reads of `read_batch` entries per reader per tick before yielding the loop
 SLOW_AFTER_S = 0.1  # a subscriber whose socket stays full this long is a slow consumer
 PUSHED_MAX = 1 << 17  # pushed entries kept per queue for readers behind the head
@@ -194,6 +197,9 @@ class Delivery:
         self._batch = settings.read_batch
         self._cache_max = settings.cache_per_queue
         self._stats = stats
+        # Broker receive → PUBLISH written, per delivered copy (ms resolution: the stored
+        # timestamp); observed in the pump loops, one bisect per message per cohort.
+        self.deliver_latency = LatencyHistogram()
         self._on_interest = on_interest
         self.queues: dict[str, QueueState] = {}
         self._dirty: set[QueueState] = set()
@@ -355,7 +361,10 @@ class Delivery:
             cache = qs.cache
             seq = start
             for m in msgs:
-                if m is None or m.topic.startswith(INTERNAL_TOPIC_PREFIX):
+                if m is None or (
+                    m.topic.startswith(INTERNAL_TOPIC_PREFIX)
+                    and not m.topic.startswith(PROBE_PREFIX)
+                ):
                     cache[seq] = None
                 else:
                     cache[seq] = CachedMsg.from_stored(m)
@@ -485,6 +494,7 @@ class Delivery:
         now_ms: int,
     ) -> bool:
         sub_ids = (sid,) if (v5 and sid) else ()
+        observe = self.deliver_latency.observe_ms
         for _ in range(PUMP_BATCHES):
             start, end = self._range(qs, pos)
             if start >= end:
@@ -494,11 +504,13 @@ class Delivery:
                 return False
             chunks = []
             cache = qs.cache
+            nsubs = len(subs)
             for seq in range(start, end):
                 m = cache[seq]
                 if m is None or m.expired(now_ms):
                     continue
                 chunks.append(m.qos0(m.retain and rap, v5, sub_ids, now_ms))
+                observe(now_ms - m.ts_ms, nsubs)
             n = len(chunks)
             if n:
                 data = b"".join(chunks)
@@ -528,6 +540,7 @@ class Delivery:
         out: list[bytes] = []
         nbytes = 0
         more = False
+        observe = self.deliver_latency.observe_ms
         for _ in range(PUMP_BATCHES):
             if not conn.writable:
                 break
@@ -576,6 +589,7 @@ class Delivery:
                     data = tpl.data
                 out.append(data)
                 nbytes += len(data)
+                observe(now_ms - m.ts_ms)
                 seq += 1
             sub.pos = seq
             if blocked:
@@ -665,6 +679,7 @@ class Delivery:
             g.pending[seq] = (session, pid)
         else:
             data = tpl.data
+        self.deliver_latency.observe_ms(now_ms - m.ts_ms)
         conn.write_delivery(data, 1, len(data))
 
     # -- acks ------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from store.record_batch import build_uncompressed
 log = logging.getLogger("lightgate.mqtt.events")
 
 TOPIC = "__lightgate_device_events"
+PROBE_CLIENT_PREFIX = "__lightgate_probe"  # the gateway's own latency probe is not a device
 
 
 FLUSH_S = 0.05
@@ -47,7 +48,7 @@ class DeviceEvents:
         self._add("disconnect", client_id, reason, remote)
 
     def _add(self, event: str, client_id: str, reason: str, remote: str) -> None:
-        if not self.enabled:
+        if not self.enabled or client_id.startswith(PROBE_CLIENT_PREFIX):
             return
         ts = int(time.time() * 1000)
         value = json.dumps(

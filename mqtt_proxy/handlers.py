@@ -132,8 +132,12 @@ def handle_connect(conn: MqttConnection, c: Connect) -> None:
 
 
 def _refuse(conn: MqttConnection, c: Connect, r: Refuse) -> None:
-    conn.server.counters["connect_refused"] += 1
-    log.info("CONNECT from %s (%r) refused: 0x%02x %s", conn.remote, c.client_id, r.reason, r)
+    server = conn.server
+    server.counters["connect_refused"] += 1
+    server.conn_log.event(
+        "refused", conn.conn_id, "client %r from %s: 0x%02x %s",
+        c.client_id, conn.remote, r.reason, r,
+    )  # fmt: skip
     conn.disconnect_reason = str(r)
     conn.send_connack(False, r.reason, EMPTY_PROPERTIES)
     conn.close_with(0, send_disconnect=False)
@@ -222,6 +226,11 @@ def _connect_checked(
     conn.send_connack(present, SUCCESS, props)
     server.counters["connects"] += 1
     server.events.connect(client_id, conn.remote)
+    server.conn_log.event(
+        "connected", conn.conn_id, "client %r from %s MQTT %s keepalive=%d session_present=%d",
+        client_id, conn.remote, "5" if v5 else "3.1.1" if conn.version == 4 else "3.1",
+        keepalive, int(present),
+    )  # fmt: skip
     server.sessions.resume(session)
     if blocked:
         conn.unblock()

@@ -42,6 +42,8 @@ from mqtt_proxy.settings import ProxySettings
 from mqtt_proxy.sys_topics import SysPublisher
 from mqtt_proxy.websocket import WebSocketProtocol
 from store.auth import Security
+from store.connlog import ConnLog
+from store.latency import LatencyHistogram
 from store.mapping import MqttMessage, MqttProperties
 
 log = logging.getLogger("lightgate.mqtt")
@@ -109,6 +111,9 @@ class MqttServer:
             0,
         )
         self.started_at = time.time()
+        # Latency histograms (store/latency.py), read at scrape time: receive → PUBACK/PUBREC
+        # sent (per fsync batch), and broker receive → PUBLISH written (per pump, ms resolution).
+        self.puback_latency = LatencyHistogram()
         self.conns: dict[str, Any] = {}  # client id -> live MqttConnection
         self.delivery = Delivery(
             self.backend, self.settings, self.counters, self.backend.set_interest
@@ -121,6 +126,10 @@ class MqttServer:
         # Garbage, refused WebSocket handshakes, no CONNECT in time: one line each, rate-limited.
         self.bad_clients = BadClientLog(logging.getLogger("lightgate.mqtt.bad"))
         self.connection_rate = ConnectionRate(self.settings.max_connection_rate)
+        # Connected / refused / closed: one line each with the connection id, rate-limited.
+        self.conn_log = ConnLog(
+            logging.getLogger("lightgate.mqtt.conn"), self.settings.conn_log_per_s
+        )
         self._servers: list[asyncio.AbstractServer] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._closing = False
@@ -158,6 +167,7 @@ class MqttServer:
             self.sessions.flush()
             now = time.monotonic()
             self.bad_clients.flush(now)
+            self.conn_log.flush(now)
             if now >= next_limits:
                 next_limits = now + 1.0
                 self._check_limits()
@@ -343,3 +353,33 @@ class MqttServer:
         out["uptime_s"] = int(time.time() - self.started_at)
         out["version"] = VERSION
         return out
+
+    def metrics(self) -> dict[str, Any]:
+        """What /metrics adds to `stats()`: labelled gauges and histograms (JSON-able, so the
+        split shape ships them over the core link and the core sums them)."""
+        versions: dict[str, int] = {}
+        for conn in self.conns.values():
+            v = "5" if conn.version == 5 else "3.1.1" if conn.version == 4 else "3.1"
+            versions[v] = versions.get(v, 0) + 1
+        live = persistent = offline = 0
+        subs = 0
+        for s in self.sessions.sessions.values():
+            subs += len(s.subs)
+            if s.conn is not None:
+                live += 1
+            else:
+                offline += 1
+            if s.persistent:
+                persistent += 1
+        b = self.backend
+        return {
+            "connections": versions,
+            "sessions": {"live": live, "persistent": persistent, "offline": offline},
+            "subscriptions": subs,
+            "cache_hits": b.cache_hits,
+            "cache_misses": b.cache_misses,
+            "histograms": {
+                "puback": self.puback_latency.to_dict(),
+                "publish_deliver": self.delivery.deliver_latency.to_dict(),
+            },
+        }

@@ -182,6 +182,7 @@ class SessionManager:
             del server.conns[cid]
         server.counters["disconnects"] += 1
         server.events.disconnect(cid, reason, conn.remote)
+        server.conn_log.event("closed", conn.conn_id, "client %r: %s", cid, reason or "closed")
         if session.conn is not conn:
             return  # already taken over by a newer connection
         session.conn = None

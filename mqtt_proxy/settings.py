@@ -31,6 +31,7 @@ class ProxySettings:
     max_connection_rate: int = 0  # new connections per second per source IP; 0x9F / 0x03
     max_publish_rate: int = 0  # PUBLISH per second per client: reading pauses, then 0x97
     slow_consumer_timeout_s: int = 60  # a socket full this long is closed (0 = never)
+    conn_log_per_s: int = 20  # connection lifecycle lines per second (connlog.py)
     # Not in the gateway config (yet): internal knobs with sensible defaults.
     max_topic_alias: int = 64
     session_flush_ms: int = 100

@@ -177,6 +177,11 @@ class RouteTable:
                 self.routed += 1
         self.published += n
 
+    def counts(self) -> tuple[int, int]:
+        """(events routed into mailboxes, events handed out after coalescing) for /metrics;
+        the difference is what coalescing saved (mailboxes of gone proxies are not counted)."""
+        return self.routed, sum(b.delivered for b in self._boxes.values())
+
     def resync(self) -> int:
         """Re-announce the current last_seq of every routed queue to its proxies."""
         n = 0

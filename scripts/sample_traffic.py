@@ -6,10 +6,22 @@ producer (aiokafka), for the analytics notebook and demos.
 
 Devices `dev-NN` publish JSON telemetry `{"temp", "hum", "battery", "ts"}` on
 `sensors/dev-NN/telemetry`; `ts` (the event time) spreads the run over the last `--span-minutes`,
-so a short run still fills many analytics windows, and a few readings arrive 20 minutes late (the
-telemetry job's watermark drops them). Some devices disconnect and reconnect halfway, some drop
-their connection without DISCONNECT at the end, so device sessions have something to show. The Kafka
-producer writes to the same log topic with MQTT-topic keys (`sensors/gw-N/telemetry`) and no client id.
+so a short run still fills many analytics windows. The Kafka producer writes to the same log topic
+with MQTT-topic keys (`sensors/gw-N/telemetry`) and no client id.
+
+What an analyst will see with the defaults (docs/spark.md, "The notebook"):
+- rates (broker receive time): every device sends `--rate` msg/s for `--seconds`, so about 4 msg/s
+  per device in the one or two minutes of the run (partial windows are scaled to the seconds they
+  cover);
+- telemetry (event time): windows over the last `--span-minutes`; about 1 % of readings carry a `ts`
+  20 minutes old. A fresh telemetry run (the notebook's `fresh=True`, or a new `--out`) keeps them:
+  the whole log is one micro-batch, read before any watermark exists. Only when the job runs
+  incrementally -- once before and once after such readings arrive -- are readings more than
+  `--watermark` (10 minutes) behind the newest event time seen dropped and counted;
+- sessions: dev-00, dev-04, dev-08 (every 4th) disconnect halfway and reconnect 1 s later (the
+  other devices pause for that second too, and catch up); dev-01, dev-06,
+  dev-11 (i % 5 == 1) drop their connection without DISCONNECT at the end;
+- top talkers: `--devices` + `--gateways` devices with `--seconds * --rate` messages each.
 """
 
 from __future__ import annotations
@@ -110,9 +122,11 @@ async def run(args: argparse.Namespace) -> dict[str, int]:
     for step in range(steps):
         event_ms = start + int(span * step / steps)
         phase = 2 * math.pi * step / max(1, steps // 3)
-        if step == steps // 2:  # half the even devices reconnect: an offline gap in sessions
+        if step == steps // 2:  # every 4th device reconnects: a 1 s offline gap in sessions
             for d in devices[::4]:
                 d.disconnect()
+            await asyncio.sleep(1.0)  # long enough to see on the sessions chart
+            for d in devices[::4]:
                 d.connect()
         for d in devices:
             d.publish(event_ms, phase + hash(d.name) % 7, late=random.random() < 0.01)

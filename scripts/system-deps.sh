@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs the system tools the test-suite talks to (mosquitto and its clients, kcat, Java for Spark) when missing.
+# Installs the system tools the test-suite talks to (mosquitto and its clients, kcat, Java for Spark,
+# headless Chromium for the dashboard) when missing.
 # Where apt is unavailable, the tests that need them skip with a clear reason.
 set -u
 need=()
@@ -8,6 +9,7 @@ command -v mosquitto >/dev/null 2>&1 || need+=(mosquitto)
 command -v java >/dev/null 2>&1 || need+=(openjdk-17-jre-headless)
 command -v kcat >/dev/null 2>&1 || need+=(kcat)
 command -v openssl >/dev/null 2>&1 || need+=(openssl)
+command -v chromium >/dev/null 2>&1 || need+=(chromium)  # the dashboard test (headless)
 if [ ${#need[@]} -eq 0 ]; then exit 0; fi
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   echo "system-deps: installing ${need[*]}"

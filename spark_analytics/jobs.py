@@ -14,12 +14,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 
 import pandas as pd
@@ -30,16 +27,21 @@ from pyspark.sql import functions as F
 from pyspark.sql.window import Window
 
 from spark_analytics import charts
-from spark_analytics.logdir import LogDirError, approx_records, list_topics, log_dir
-from spark_analytics.source import INTERNAL_PREFIX
+from spark_analytics.inputs import (
+    DEVICE_EVENTS_TOPIC,
+    AnalyticsError,
+    NoRecords,
+    Selection,
+    check_device_from,
+    checkpoint_offsets,
+    select,
+    window_seconds,
+)
+from spark_analytics.inputs import parse_since as parse_since  # re-exported for callers
+from spark_analytics.inputs import topics_option as topics_option
 
-DEVICE_EVENTS_TOPIC = "__lightgate_device_events"
 Progress = Callable[[str], None]
 _NUMERIC = r"^(TINYINT|SMALLINT|INT|BIGINT|FLOAT|DOUBLE|DECIMAL)"
-
-
-class AnalyticsError(Exception):
-    """A job cannot run (missing/empty data dir, bad argument); the message says what to do."""
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,7 @@ def make_session(master: str = "local[*]", app: str = "lightgate-analytics") -> 
         SparkSession.builder.master(master)
         .appName(app)
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")  # our bars, not "[Stage 3:>  (0 + 2)]"
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.sql.session.timeZone", "UTC")
         .getOrCreate()
@@ -81,43 +84,22 @@ def make_session(master: str = "local[*]", app: str = "lightgate-analytics") -> 
     return spark
 
 
-_DURATION = re.compile(r"^-(\d+(?:\.\d+)?)([smhdw])$")
-_UNIT_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
-
-
-def parse_since(text: str, now_ms: int | None = None) -> int:
-    """Unix ms, ISO-8601 (`2026-11-22T10:00:00Z`) or `-15m`/`-2h`/`-7d` (as `$replay` accepts)."""
-    t = text.strip()
-    if t.isdigit():
-        return int(t)
-    m = _DURATION.match(t)
-    if m:
-        now = int(time.time() * 1000) if now_ms is None else now_ms
-        return now - int(float(m.group(1)) * _UNIT_MS[m.group(2)])
-    try:
-        dt = datetime.fromisoformat(t.replace("Z", "+00:00"))
-    except ValueError:
-        raise AnalyticsError(f"--since {text!r}: expected ms, ISO-8601 or -15m/-2h/-7d") from None
-    if dt.tzinfo is None:
-        raise AnalyticsError(f"--since {text!r}: give a time zone, e.g. {t}Z")
-    return int(dt.timestamp() * 1000)
-
-
 def check_data(data_dir: str | Path, topics: list[str] | None = None) -> dict[str, int]:
-    """Records per topic (from batch headers), or AnalyticsError when there is nothing to analyse."""
-    try:
-        log = log_dir(data_dir)
-    except LogDirError as exc:
-        raise AnalyticsError(f"{exc}. Point --data-dir at the gateway's data dir.") from None
-    known = list_topics(log)
-    names = topics or [t for t in known if not t.startswith(INTERNAL_PREFIX)]
-    counts = {t: sum(approx_records(log, t, p) for p in range(known.get(t, 0))) for t in names}
-    if not any(counts.values()):
-        what = ", ".join(names) if names else "no topics yet"
-        raise AnalyticsError(
-            f"no records in {data_dir} ({what}); send traffic through the gateway first"
-        )
-    return counts
+    """Records per topic (from batch headers); NoRecords saying why when there are none."""
+    return selected(data_dir, {"topics": ",".join(topics)} if topics else None).counts
+
+
+def selected(
+    data_dir: str | Path,
+    options: dict[str, str] | None = None,
+    since_ms: int | None = None,
+    until_ms: int | None = None,
+) -> Selection:
+    """`inputs.select`, raising NoRecords (with the reason) when nothing can match."""
+    sel = select(data_dir, options, since_ms, until_ms)
+    if sel.reason:
+        raise NoRecords(sel.reason)
+    return sel
 
 
 def _read(
@@ -139,13 +121,18 @@ def _read(
 
 
 def device_col(device_from: str = "client_id") -> Column:
-    """`client_id` (falling back to the MQTT topic for Kafka-produced records) or `topic:N`."""
-    if device_from == "client_id":
+    """`client_id` (falling back to the MQTT topic for Kafka-produced records) or `topic:N`.
+
+    `topic:N` is level N of the MQTT topic (0 = first). A topic with fewer levels (a Kafka record
+    keyed `sensors`) is its own device, the same fallback as `client_id` mode: every record still
+    counts and shows under a name the analyst can find, instead of failing the job (ANSI
+    out-of-bounds) or hiding behind a null.
+    """
+    level = check_device_from(device_from)
+    if level is None:
         return F.coalesce(F.col("client_id"), F.col("mqtt_topic"))
-    m = re.fullmatch(r"topic:(\d+)", device_from)
-    if not m:
-        raise AnalyticsError(f"device_from {device_from!r}: use client_id or topic:N")
-    return F.split(F.col("mqtt_topic"), "/").getItem(int(m.group(1)))
+    part = F.get(F.split(F.col("mqtt_topic"), "/"), level)  # null past the end, even under ANSI
+    return F.coalesce(F.when(part != "", part), F.col("mqtt_topic"))
 
 
 def _to_pandas(df: DataFrame) -> pd.DataFrame:
@@ -182,29 +169,62 @@ def message_rates(
 ) -> JobResult:
     """Messages, bytes and messages/s per device per time window (broker receive time)."""
     out = Path(out_dir)
-    counts = check_data(data_dir, topics_option(options))
-    progress(f"rates 1/3: reading {sum(counts.values()):,} records from {len(counts)} topic(s)")
+    sel = selected(data_dir, options, since_ms, until_ms)
+    progress(f"rates 1/3: reading {sel.describe()}")
     df = _read(spark, data_dir, since_ms, until_ms, options)
     secs = window_seconds(window)
     agg = (
         df.groupBy(device_col(device_from).alias("device"), F.window("timestamp", window))
-        .agg(F.count("*").alias("messages"), F.sum(F.length("value")).alias("bytes"))
+        .agg(
+            F.count("*").alias("messages"),
+            F.sum(F.length("value")).alias("bytes"),
+            F.min("timestamp").alias("first"),
+            F.max("timestamp").alias("last"),
+        )
         .select(
             "device",
             F.col("window.start").alias("window_start"),
             F.col("window.end").alias("window_end"),
             "messages",
             F.coalesce("bytes", F.lit(0)).alias("bytes"),
-            (F.col("messages") / F.lit(secs)).alias("msgs_per_s"),
+            "first",
+            "last",
         )
         .orderBy("window_start", "device")
     )
     progress("rates 2/3: aggregating per device and window")
     table = _to_pandas(agg)
+    if table.empty:
+        raise NoRecords(sel.empty_after_read())
+    table = _scale_partial(table, secs)
     progress(f"rates 3/3: writing {len(table):,} rows and a chart to {out}")
     _write(table, out / "rates")
     chart = charts.rates_chart(table, out / "rates.png")
     return JobResult("rates", out / "rates", chart, len(table), table, {"window_s": secs})
+
+
+def _scale_partial(table: pd.DataFrame, window_s: int) -> pd.DataFrame:
+    """msgs_per_s over the part of each window the data covers; `partial` marks the short ones.
+
+    The data covers [first record, last record + one typical gap between a device's records] of
+    the whole selection: 15 s of traffic at 4 msg/s in a 1-minute window is 4 msg/s over 15 s,
+    not 1 msg/s over 60 s. Windows inside the span divide by the full window (silence inside the
+    span is real silence). The typical gap is the median over device-windows of
+    (last - first) / (messages - 1). At least 1 s (one record).
+    """
+    t = table.copy()
+    lo, hi = t["first"].min(), t["last"].max()
+    many = t[t["messages"] > 1]
+    if not many.empty:
+        hi = hi + ((many["last"] - many["first"]) / (many["messages"] - 1)).median()
+    start = t["window_start"].where(t["window_start"] > lo, lo)
+    end = t["window_end"].where(t["window_end"] < hi, hi)
+    covered = (end - start).dt.total_seconds().clip(lower=min(1.0, window_s), upper=window_s)
+    t["covered_s"] = covered
+    t["partial"] = covered < window_s
+    t["msgs_per_s"] = t["messages"] / covered
+    cols = ["device", "window_start", "window_end", "messages", "bytes", "msgs_per_s"]
+    return t[[*cols, "covered_s", "partial"]]
 
 
 def top_talkers(
@@ -224,8 +244,8 @@ def top_talkers(
     if by not in ("messages", "bytes"):
         raise AnalyticsError(f"top-talkers --by {by!r}: use messages or bytes")
     out = Path(out_dir)
-    counts = check_data(data_dir, topics_option(options))
-    progress(f"top-talkers 1/2: scanning {sum(counts.values()):,} records")
+    sel = selected(data_dir, options, since_ms, until_ms)
+    progress(f"top-talkers 1/2: scanning {sel.describe()}")
     df = _read(spark, data_dir, since_ms, until_ms, options)
     top_df = (
         df.groupBy(device_col(device_from).alias("device"))
@@ -237,13 +257,17 @@ def top_talkers(
             F.max("timestamp").alias("last_seen"),
         )
         .orderBy(F.desc(by), "device")
-        .limit(n)
     )
-    top = _to_pandas(top_df)
+    every = _to_pandas(top_df)  # one row per device: small next to the records
+    if every.empty:
+        raise NoRecords(sel.empty_after_read())
+    top = every.head(n).reset_index(drop=True)
+    other = (len(every) - len(top), int(every[by].iloc[n:].sum()))
     progress(f"top-talkers 2/2: writing {len(top)} rows and a chart to {out}")
     _write(top, out / "top_talkers")
-    chart = charts.top_talkers_chart(top, out / "top_talkers.png", by)
-    return JobResult("top-talkers", out / "top_talkers", chart, len(top), top, {"by": by})
+    chart = charts.top_talkers_chart(top, out / "top_talkers.png", by, other)
+    info = {"by": by, "other_devices": other[0], f"other_{by}": other[1]}
+    return JobResult("top-talkers", out / "top_talkers", chart, len(top), top, info)
 
 
 def device_sessions(
@@ -264,12 +288,12 @@ def device_sessions(
     """
     out = Path(out_dir)
     try:
-        check_data(data_dir, [DEVICE_EVENTS_TOPIC])
-    except AnalyticsError as exc:
-        raise AnalyticsError(
+        sel = selected(data_dir, {"topics": DEVICE_EVENTS_TOPIC}, since_ms, until_ms)
+    except NoRecords as exc:
+        raise NoRecords(
             f"{exc}. Device events are written to {DEVICE_EVENTS_TOPIC} by the MQTT proxy."
         ) from None
-    progress(f"sessions 1/3: reading {DEVICE_EVENTS_TOPIC}")
+    progress(f"sessions 1/3: reading {sel.describe()} ({DEVICE_EVENTS_TOPIC})")
     ev = _read(spark, data_dir, since_ms, until_ms, {"topics": DEVICE_EVENTS_TOPIC})
     j = F.try_parse_json(F.col("value").cast("string"))
     events = ev.select(
@@ -306,6 +330,8 @@ def device_sessions(
     )
     progress("sessions 2/3: pairing connect/disconnect events per client")
     table = _to_pandas(iv.orderBy("client_id", "start"))
+    if table.empty:
+        raise NoRecords(f"none of the {sel.describe()} is a connect or disconnect event")
     progress(f"sessions 3/3: writing {len(table):,} intervals and a chart to {out}")
     _write(table, out / "sessions")
     chart = charts.sessions_chart(table, out / "sessions.png")
@@ -338,7 +364,7 @@ def telemetry(
     closed (the watermark has passed the window: it will not change any more).
     """
     out = Path(out_dir)
-    counts = check_data(data_dir, topics_option(options))
+    sel = selected(data_dir, options, since_ms)
     window_seconds(window)
     window_seconds(watermark)
     key = json.dumps([str(data_dir), window, watermark, time_field, since_ms, device_from, options])
@@ -350,11 +376,15 @@ def telemetry(
         shutil.rmtree(ckpt, ignore_errors=True)
         shutil.rmtree(target, ignore_errors=True)
     old = pd.read_parquet(target) if (target / "part-0.parquet").exists() else None
+    committed = checkpoint_offsets(ckpt)
     state = {"table": old, "batches": 0}
-    progress(
-        f"telemetry 1/3: streaming {sum(counts.values()):,} records (checkpoint {ckpt.name}, "
-        f"window {window}, watermark {watermark})"
-    )
+    if committed is None:
+        what = f"streaming {sel.describe()} (new checkpoint {ckpt.name}"
+    else:
+        new = sel.new_since(committed)
+        more = "" if sel.exact else "up to "
+        what = f"streaming {more}{new:,} new records (checkpoint {ckpt.name} has the rest"
+    progress(f"telemetry 1/3: {what}, window {window}, watermark {watermark})")
 
     r = spark.readStream.format("lightgate").option("startingOffsets", "earliest")
     if since_ms is not None:
@@ -430,16 +460,28 @@ def telemetry(
         raise AnalyticsError(f"telemetry query failed: {q.exception()}")
     dropped = 0
     wm = None
+    read = sum(int(p.get("numInputRows", 0)) for p in q.recentProgress)
     for p in q.recentProgress:
         for op in p.get("stateOperators", []):
             dropped += int(op.get("numRowsDroppedByWatermark", 0))
         wm = p.get("eventTime", {}).get("watermark", wm)
-    table = state["table"] if state["table"] is not None else _empty_telemetry()
-    table = _closed(table.sort_values(["device", "field", "window_start"]), wm)
+    if state["table"] is None or state["table"].empty:
+        why = sel.empty_after_read() if not read else f"no numeric JSON fields in {read:,} records"
+        raise NoRecords(why)
+    table = _closed(state["table"].sort_values(["device", "field", "window_start"]), wm)
     _write(table, target)
-    progress(f"telemetry 3/3: {len(table):,} windows, {dropped} late record field(s) dropped")
+    progress(
+        f"telemetry 3/3: read {read:,} new records; {len(table):,} windows, "
+        f"{dropped} late reading field(s) dropped this run"
+    )
     chart = charts.telemetry_chart(table, out / "telemetry.png")
-    info = {"late_dropped": dropped, "watermark": wm, "checkpoint": str(ckpt)}
+    info = {
+        "late_dropped": dropped,
+        "watermark": wm,
+        "checkpoint": str(ckpt),
+        "new_records": read,
+        "resumed": committed is not None,
+    }
     return JobResult("telemetry", target, chart, len(table), table.reset_index(drop=True), info)
 
 
@@ -452,25 +494,3 @@ def _closed(table: pd.DataFrame, watermark: str | None) -> pd.DataFrame:
         ends = pd.to_datetime(t["window_end"], utc=True)
         t["closed"] = ends <= (wm if wm.tzinfo else wm.tz_localize("UTC"))
     return t
-
-
-def _empty_telemetry() -> pd.DataFrame:
-    cols = ["device", "field", "window_start", "window_end", "count", "avg", "min", "max"]
-    return pd.DataFrame({c: [] for c in cols})
-
-
-def topics_option(options: dict[str, str] | None) -> list[str] | None:
-    raw = (options or {}).get("topics")
-    return [t.strip() for t in raw.split(",") if t.strip()] if raw else None
-
-
-_WINDOW = re.compile(r"^\s*(\d+)\s*(second|minute|hour|day|week)s?\s*$", re.IGNORECASE)
-_UNIT_S = {"second": 1, "minute": 60, "hour": 3600, "day": 86400, "week": 604800}
-
-
-def window_seconds(window: str) -> int:
-    """Seconds in a Spark window duration such as '30 seconds' or '1 hour'."""
-    m = _WINDOW.match(window)
-    if not m or int(m.group(1)) <= 0:
-        raise AnalyticsError(f"window {window!r}: expected e.g. '30 seconds', '1 minute', '1 hour'")
-    return int(m.group(1)) * _UNIT_S[m.group(2).lower()]

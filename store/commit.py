@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from store.config import StoreError
+from store.latency import LatencyHistogram
 from store.log import Log, fsync_dir
 from store.segment import LogSegment
 
@@ -82,6 +83,7 @@ class GroupCommit:
         self._syncs: set[asyncio.Future[None]] = set()
         self._io = ThreadPoolExecutor(max_workers=4, thread_name_prefix="store-fsync")
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.fsync_latency = LatencyHistogram()  # one observation per fsync round of a partition
 
     def enqueue(self, logs: dict[Log, Any], sync: bool = True) -> asyncio.Future[None]:
         """Register a waiter for an append that staged data on `logs`; schedule the tick's flush.
@@ -172,12 +174,20 @@ class GroupCommit:
         loop = self._loop or asyncio.get_running_loop()
         fut = loop.run_in_executor(self._io, _fsync_fds, [s.fd for s in segs], directory)
         self._syncs.add(fut)
-        fut.add_done_callback(lambda f: self._sync_done(lg, segs, ws, f))
+        t0 = loop.time()
+        fut.add_done_callback(lambda f: self._sync_done(lg, segs, ws, f, t0))
 
     def _sync_done(
-        self, lg: Log, segs: list[LogSegment], ws: list[_Durable], fut: asyncio.Future[None]
+        self,
+        lg: Log,
+        segs: list[LogSegment],
+        ws: list[_Durable],
+        fut: asyncio.Future[None],
+        t0: float = 0.0,
     ) -> None:
         self._syncs.discard(fut)
+        if t0:
+            self.fsync_latency.observe((self._loop or asyncio.get_running_loop()).time() - t0)
         lg.syncing = False
         for s in segs:
             s.sync_pending -= 1

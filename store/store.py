@@ -32,6 +32,7 @@ from store.config import (
     TopicConfig,
     UnknownTopicOrPartitionError,
 )
+from store.latency import LatencyHistogram
 from store.log import (
     RECOVERY_POINT_FILE,
     Log,
@@ -280,6 +281,20 @@ class Store(TopicAdmin, TransactionalReads):
     def topics(self) -> dict[str, int]:
         """Log topic name → partition count."""
         return dict(self._counts)
+
+    def disk_usage(self) -> dict[str, tuple[int, int]]:
+        """Log topic → (bytes in its segment files, records: high watermark minus log start),
+        summed over partitions. Event-loop-only; reads in-memory sizes, no syscalls."""
+        out: dict[str, tuple[int, int]] = {}
+        for (name, _p), lg in self._logs.items():
+            b, n = out.get(name, (0, 0))
+            out[name] = (b + lg.size_bytes(), n + lg.hwm - lg.log_start_offset)
+        return out
+
+    @property
+    def fsync_latency(self) -> LatencyHistogram:
+        """Duration of each partition fsync (group commit), for /metrics."""
+        return self._commit.fsync_latency
 
     def partitions(self, name: str) -> int | None:
         """Partition count of `name`, None if it does not exist."""

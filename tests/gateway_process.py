@@ -40,13 +40,25 @@ class GatewayProcess:
             "0",
             "--ws-port",
             "0",
+            # the TLS twins start only with a certificate; then on free ports too
+            "--wss-port",
+            "0",
+            "--kafka-tls-port",
+            "0",
             "--kafka-port",
             "0",
             "--http-port",
             "0",
             *self.extra_args,
         ]
-        env = {**os.environ, "LIGHTGATE_LOG_FORMAT": "text", **self.env}
+        # Latency probes off unless a test asks (`--set probe_interval_ms=...` wins over the
+        # env): their one message a second would count in the figures other tests check.
+        env = {
+            **os.environ,
+            "LIGHTGATE_LOG_FORMAT": "text",
+            "LIGHTGATE_PROBE_INTERVAL_MS": "0",
+            **self.env,
+        }
         self.log_path = self.data_dir.parent / f"{self.data_dir.name}-gateway.log"
         log_fh = open(self.log_path, "ab")  # noqa: SIM115 - the child owns it while it runs
         self.proc = subprocess.Popen(

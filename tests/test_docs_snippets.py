@@ -93,6 +93,8 @@ class Runner:
             self.stop_background()
         elif words[:2] == [".venv/bin/lightgate", "serve"] and "--help" not in words:
             self.serve(words, env, keep=background)
+        elif words[:2] == [".venv/bin/lightgate", "status"]:
+            self.status(words[2:], env)
         elif words[0] == "mosquitto_sub":
             self.mosquitto_sub(words)
         elif words[:2] == [".venv/bin/python", "scripts/sample_traffic.py"]:
@@ -129,6 +131,24 @@ class Runner:
         self.background = proc
         if not keep:
             self.stop_background()
+
+    def status(self, args: list[str], env: dict[str, str]) -> None:
+        """`lightgate status` against the running gateway's HTTP port; `--watch` redraws twice,
+        0.2 s apart, instead of until Ctrl-C."""
+        assert self.background is not None, "status needs a running gateway"
+        out: list[str] = []
+        it = iter(args)
+        for w in it:
+            if w in ("--url", "--count"):
+                next(it)
+            elif w == "--watch":
+                out += ["--watch", "0.2", "--count", "2"]
+            elif not re.fullmatch(r"[0-9.]+", w):  # drop --watch's own interval
+                out.append(w)
+        url = f"http://127.0.0.1:{self.ports['http']}"
+        text = self.check([".venv/bin/lightgate", "status", *out, "--url", url], env)
+        text = text.replace("\x1b[H\x1b[2J", "")  # --watch's clear-screen
+        assert text.startswith("lightgate ") and " OK " in text.splitlines()[0], text
 
     def stop_background(self) -> None:
         proc, self.background = self.background, None

@@ -96,3 +96,14 @@ def test_notebook_on_gateway_traffic(
 
     top = pd.read_parquet(out / "top_talkers")
     assert top.messages.sum() == 6 * 20 + 2 * 20  # 6 MQTT devices + 2 Kafka gateways, 20 each
+    # What the charts show (looked at, 2026-11-26): rates.png one hollow dot at 5.0 msg/s labelled
+    # "dev-00 = … = sensors/gw-1/telemetry, 8 equal" on a minutes:seconds axis (4 s of traffic in
+    # a 1-minute window, scaled, not 20/60 = 0.33); sessions.png six rows over ~6 s, dev-00 and
+    # dev-04 with a 1 s white gap halfway (sample_traffic.py reconnects every 4th device).
+    rates = pd.read_parquet(out / "rates")
+    long = rates[rates.covered_s >= 2]
+    assert len(long) and long.msgs_per_s.between(4.0, 6.0).all(), rates  # --rate 5
+    ses = pd.read_parquet(out / "sessions")
+    gaps = ses[(ses.state == "offline") & ses.end.notna()]
+    assert set(gaps.client_id) == {"dev-00", "dev-04"}, ses
+    assert gaps.duration_s.between(0.9, 10).all(), gaps

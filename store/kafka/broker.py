@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from store.latency import LatencyHistogram
 from store.mapping import is_valid_log_topic
 
 from . import handlers_admin, handlers_group, handlers_log, handlers_txn
@@ -121,8 +122,12 @@ class Broker:
         self.port = 0
         # Prometheus-style counters, exported by KafkaServer.stats().
         self.counters = {"requests": 0, "produce_bytes": 0, "produce_records": 0,
-                         "fetch_bytes": 0, "protocol_errors": 0, "auth_failures": 0,
-                         "authorization_failures": 0, "produce_throttled": 0}  # fmt: skip
+                         "fetch_bytes": 0, "fetch_records": 0, "protocol_errors": 0,
+                         "auth_failures": 0, "authorization_failures": 0,
+                         "produce_throttled": 0}  # fmt: skip
+        # (api key, error code) -> responses, and Produce request → response latency: /metrics
+        self.responses: dict[tuple[int, int], int] = {}
+        self.produce_latency = LatencyHistogram()
 
     async def start(self) -> None:
         topics = self.store.topics()
@@ -200,6 +205,11 @@ class Broker:
         if allowed is None:
             allowed = cache[key] = bool(acl.covers_subtree(topic, access, user, client_id))
         return allowed
+
+    def count_response(self, api_key: int, response: Any) -> None:
+        """Count one response by API and error code (the first non-zero one it carries)."""
+        key = (api_key, error_code_of(response))
+        self.responses[key] = self.responses.get(key, 0) + 1
 
     # --- topics ----------------------------------------------------------------------------
 
@@ -319,3 +329,22 @@ class Broker:
                 except OSError:  # state stays rebuildable from the log; try again next time
                     log.exception("kafka producer snapshot failed")
                     self.producers.dirty = True
+
+
+def error_code_of(response: Any) -> int:
+    """The response's top-level error code, else the first non-zero one of its topics or their
+    partitions (Produce, Fetch, ListOffsets, ...): enough to tell failing requests apart."""
+    code = getattr(response, "error_code", None)
+    if code:
+        return int(code)
+    for name in ("responses", "topics", "results"):
+        for t in getattr(response, name, None) or ():
+            code = getattr(t, "error_code", None)
+            if code:
+                return int(code)
+            for pname in ("partition_responses", "partitions"):
+                for p in getattr(t, pname, None) or ():
+                    code = getattr(p, "error_code", None)
+                    if code:
+                        return int(code)
+    return 0

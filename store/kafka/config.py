@@ -42,3 +42,5 @@ class KafkaConfig:
     produce_byte_rate: int = 0
     # How often the idempotent-producer snapshot is rewritten when it changed.
     producer_snapshot_interval_s: float = 30.0
+    # Connection lifecycle log lines per second (store/connlog.py); 0 logs none.
+    conn_log_per_s: int = 20

@@ -15,12 +15,14 @@ from kio.schema.errors import ErrorCode as E
 
 from store.record_batch import (
     CONTROL_MASK,
+    HEADER,
     HEADER_SIZE,
     MAGIC_V2,
     TRANSACTIONAL_MASK,
     InvalidRecordError,
     check_batch,
     check_records,
+    iter_batches,
     iter_records,
     parse_header,
 )
@@ -115,7 +117,9 @@ async def metadata(b: Broker, req: Request, conn: ConnInfo) -> Any:
                 error_code=error,
                 name=name,
                 topic_id=b.topic_id(name or "") if count else b.topic_id(""),
-                is_internal=False,
+                # The gateway's own topics (device events, latency probes): consumers that
+                # exclude internal topics from pattern subscriptions skip them, as Kafka's own.
+                is_internal=bool(name and name.startswith("__lightgate")),
                 partitions=partitions,
                 topic_authorized_operations=_TOPIC_OPS if want_ops else INT32_MIN,
             )  # fmt: skip
@@ -341,13 +345,22 @@ def _fetch_session_error(body: Any, v: int) -> int:
     return E.none
 
 
-def _read_all(b: Broker, body: Any, mod: Any, denied: set[str]) -> tuple[list[Any], int, bool]:
-    """One pass over the requested partitions: (topic responses, bytes, any error)."""
+def records_from(data: bytes, offset: int) -> int:
+    """Records at or after `offset` in whole batches `data` (headers only; for /metrics)."""
+    n = 0
+    for pos, _size in iter_batches(data):
+        h = HEADER.unpack_from(data, pos)
+        n += max(0, h[0] + h[6] + 1 - max(h[0], offset))
+    return n
+
+
+def _read_all(b: Broker, body: Any, mod: Any, denied: set[str]) -> tuple[list[Any], int, bool, int]:
+    """One pass over the requested partitions: (topic responses, bytes, any error, records)."""
     store = b.store
     known = store.topics()
     budget = min(body.max_bytes, b.config.fetch_max_bytes)
     committed = getattr(body, "isolation_level", 0) == 1
-    total, errors, out = 0, False, []
+    total, errors, out, nrec = 0, False, [], 0
     for t in body.topics:
         count = known.get(t.topic)
         parts = []
@@ -372,6 +385,7 @@ def _read_all(b: Broker, body: Any, mod: Any, denied: set[str]) -> tuple[list[An
                         if committed:
                             records, aborted = _committed_view(b, mod, t.topic, p, records, lso)
                         total += len(records)
+                        nrec += records_from(records, p.fetch_offset)
                         budget -= len(records)
             errors = errors or err != E.none
             parts.append(
@@ -388,7 +402,7 @@ def _read_all(b: Broker, body: Any, mod: Any, denied: set[str]) -> tuple[list[An
                 )  # fmt: skip
             )
         out.append(build(mod.FetchableTopicResponse, topic=t.topic, partitions=tuple(parts)))
-    return out, total, errors
+    return out, total, errors, nrec
 
 
 def _committed_view(
@@ -422,12 +436,13 @@ async def fetch(b: Broker, req: Request, conn: ConnInfo) -> Any:
         t.topic for t in body.topics if not b.authorized(conn, req.client_id, t.topic, "read")
     }
     while True:
-        responses, total, errors = _read_all(b, body, mod, denied)
+        responses, total, errors, nrec = _read_all(b, body, mod, denied)
         remaining = deadline - loop.time()
         if total >= body.min_bytes or errors or remaining <= 0 or not keys:
             break
         await b.wait_for_append(keys, remaining)
     b.counters["fetch_bytes"] += total
+    b.counters["fetch_records"] += nrec
     return build(mod.FetchResponse, throttle_time=0, error_code=0, session_id=0,
                  responses=tuple(responses))  # fmt: skip
 

@@ -34,6 +34,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
+from store.connlog import ConnLog
+
 from .broker import Broker, ConnInfo
 from .config import KafkaConfig
 from .handlers_log import StagedProduce, stage_produce
@@ -45,6 +47,7 @@ from .handlers_sasl import (
     raw_token,
 )
 from .protocol import (
+    API_NAMES,
     CloseConnection,
     FrameReader,
     RemoteProtocolError,
@@ -87,6 +90,9 @@ class KafkaServer:
         self.tls_port = -1
         self._tls: ssl.SSLContext | None = None
         self._servers: list[asyncio.Server] = []
+        # Connected / closed, one line each with the connection id (k1, ...), rate-limited.
+        self.conn_log = ConnLog(logging.getLogger("lightgate.kafka.conn"),
+                                self.config.conn_log_per_s, prefix="k")  # fmt: skip
         self._connections: set[_Connection] = set()
         # TLS client certificate (as `getpeercert()` gives it) -> user name, or None. Set by
         # the embedder for `tls_identity_as_username`: such a connection starts authenticated.
@@ -147,6 +153,17 @@ class KafkaServer:
         out["kafka_groups"] = len(b.groups.groups)
         return out
 
+    def metrics(self) -> dict[str, Any]:
+        """Labelled figures and histograms for the gateway's /metrics (lightgate/metrics.py)."""
+        b = self.broker
+        return {
+            "responses": [
+                {"api": API_NAMES.get(k, str(k)), "error_code": e, "count": n}
+                for (k, e), n in sorted(b.responses.items())
+            ],
+            "histograms": {"kafka_produce": b.produce_latency.to_dict()},
+        }
+
     async def __aenter__(self) -> KafkaServer:
         await self.start()
         return self
@@ -158,7 +175,7 @@ class KafkaServer:
 class _Connection(asyncio.Protocol):
     __slots__ = ("_server", "_reader", "_transport", "_info", "_pending", "_closing",
                  "_read_paused", "_write_paused", "_flush_scheduled", "_unstarted", "_sasl",
-                 "_held", "_auth_busy", "_close_delay", "_quota", "_muted")  # fmt: skip
+                 "_held", "_auth_busy", "_close_delay", "_cid", "_quota", "_muted")  # fmt: skip
 
     def __init__(self, server: KafkaServer) -> None:
         self._server = server
@@ -178,6 +195,7 @@ class _Connection(asyncio.Protocol):
         self._auth_busy = False
         # Seconds to wait before closing after a failed authentication (-1: close scheduled)
         self._close_delay = 0.0
+        self._cid = ""
         rate = server.config.produce_byte_rate  # produce quota (quota.py); None: no limit
         self._quota = ProduceQuota(rate, time.monotonic()) if rate > 0 else None
         self._muted = 0.0  # a throttled Produce: not read until this monotonic time (0: read)
@@ -198,9 +216,13 @@ class _Connection(asyncio.Protocol):
             if user is not None:
                 self._sasl.preauthenticate(user)
                 self._info = dataclasses.replace(self._info, user=user)
+        self._cid = self._server.conn_log.new_id()
+        self._server.conn_log.event("connected", self._cid, "from %s:%s", peer[0], peer[1])
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._server._connections.discard(self)
+        why = repr(exc) if exc else "closed by the gateway" if self._closing else "closed"
+        self._server.conn_log.event("closed", self._cid, "%s", why)
         self._closing = True
         for item in self._pending:
             if isinstance(item, asyncio.Future):
@@ -364,7 +386,12 @@ class _Connection(asyncio.Protocol):
 
     async def _run(self, request: Request, throttle_ms: int = 0) -> bytes | None:
         self._unstarted -= 1  # handlers append before their first await: this step does it
-        response = await self._server.broker.handle(request, self._info)
+        broker = self._server.broker
+        t0 = asyncio.get_running_loop().time()
+        response = await broker.handle(request, self._info)
+        if request.api_key == PRODUCE:
+            broker.produce_latency.observe(asyncio.get_running_loop().time() - t0)
+        broker.count_response(request.api_key, response)
         if response is None:
             return None
         return encode_response(request, with_throttle(response, throttle_ms))
@@ -376,16 +403,18 @@ class _Connection(asyncio.Protocol):
         """
         broker = self._server.broker
         broker.counters["requests"] += 1
-        slot: asyncio.Future[bytes | None] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        slot: asyncio.Future[bytes | None] = loop.create_future()
+        t0 = loop.time()
         self._pending.append(slot)
         try:
             staged = stage_produce(broker, request, self._info)
         except Exception as exc:
-            self._produce_done(slot, request, None, exc)
+            self._produce_done(slot, request, None, exc, t0)
             return
         waits = [f for f in staged.waits if not f.done()]
         if not waits:
-            self._produce_done(slot, request, staged, None, throttle_ms)
+            self._produce_done(slot, request, staged, None, t0, throttle_ms)
             return
         remaining = len(waits)
 
@@ -393,7 +422,7 @@ class _Connection(asyncio.Protocol):
             nonlocal remaining
             remaining -= 1
             if not remaining:
-                self._produce_done(slot, request, staged, None, throttle_ms)
+                self._produce_done(slot, request, staged, None, t0, throttle_ms)
 
         for f in waits:
             f.add_done_callback(one_done)
@@ -404,6 +433,7 @@ class _Connection(asyncio.Protocol):
         request: Request,
         staged: StagedProduce | None,
         exc: BaseException | None = None,
+        t0: float = 0.0,
         throttle_ms: int = 0,
     ) -> None:
         if slot.done():  # cancelled: the connection is gone
@@ -411,6 +441,9 @@ class _Connection(asyncio.Protocol):
         if exc is None and staged is not None:
             try:
                 response = staged.response()
+                broker = self._server.broker
+                broker.produce_latency.observe(asyncio.get_running_loop().time() - t0)
+                broker.count_response(PRODUCE, response)
                 if response is not None:
                     response = encode_response(request, with_throttle(response, throttle_ms))
                 slot.set_result(response)

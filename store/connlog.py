@@ -1,0 +1,67 @@
+"""One log line per connection lifecycle event (connected, refused, closed), each naming the
+connection id, rate-limited the way `mqtt_proxy.badclients.BadClientLog` is: a connect storm
+writes a summary, not a line per client. Used by the MQTT proxy (ids `c1`, `c2`, ...; also on its
+bad-connection lines) and the Kafka listener (`k1`, ...); it lives in `store`, the bottom of the
+import arrows, so both can.
+
+At most `per_s` lines per one-second window; past that, events are counted by kind and written as
+one summary line when the window ends (a timer, or `flush` from a periodic task, or the next
+event, whichever comes first). `per_s = 0` logs none. Event-loop-only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+
+class ConnLog:
+    __slots__ = ("_log", "_per_s", "_window_end", "_written", "_suppressed", "_next", "_prefix")
+
+    def __init__(self, log: logging.Logger, per_s: int = 20, prefix: str = "c") -> None:
+        self._log = log
+        self._per_s = per_s
+        self._window_end = 0.0
+        self._written = 0
+        self._suppressed: dict[str, int] = {}
+        self._next = 0
+        self._prefix = prefix
+
+    def new_id(self) -> str:
+        self._next += 1
+        return f"{self._prefix}{self._next}"
+
+    def event(self, kind: str, conn_id: str, fmt: str, *args: object) -> None:
+        """`kind` (connected / refused / closed) of `conn_id`; `fmt % args` says the rest."""
+        if self._per_s <= 0:
+            return
+        now = time.monotonic()
+        if now >= self._window_end:
+            self.flush(now)
+            self._window_end = now + 1.0
+            self._written = 0
+        if self._written < self._per_s:
+            self._written += 1
+            self._log.info(f"{kind} {conn_id} " + fmt, *args, extra={"conn": conn_id})
+        else:
+            if not self._suppressed:  # the summary is due when this window ends
+                asyncio.get_running_loop().call_later(self._window_end - now + 0.01, self.flush)
+            self._suppressed[kind] = self._suppressed.get(kind, 0) + 1
+
+    def flush(self, now: float | None = None) -> None:
+        """The summary of the events not logged one by one, once their window has ended."""
+        if not self._suppressed:
+            return
+        if now is None:
+            now = time.monotonic()
+        if now < self._window_end:
+            return
+        counts = ", ".join(f"{n} {kind}" for kind, n in sorted(self._suppressed.items()))
+        total = sum(self._suppressed.values())
+        self._log.info(
+            "connection log: %d more events in the last second not logged one by one (%s)",
+            total,
+            counts,
+        )
+        self._suppressed.clear()

@@ -1,0 +1,113 @@
+"""The dashboard at `/` in headless Chromium: loaded while paho clients publish it shows non-zero
+rates (and a screenshot lands in the test's temp dir); loaded once they stop, every figure it
+shows equals /api/stats and /metrics. The page's numbers are read from `--dump-dom` (each
+figure carries `data-k`, its path in the /api/stats JSON)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from gateway_process import GatewayProcess
+from mqtt_helpers import Client
+from ops_helpers import get, sample, scrape, stats, wait_for
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None, reason="needs Debian's chromium (scripts/system-deps.sh installs it)"
+)
+
+
+def _chromium(url: str, *args: str) -> str:
+    assert CHROMIUM is not None
+    proc = subprocess.run(
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-proxy-server",
+         "--no-first-run", "--virtual-time-budget=3000", *args, url],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout
+
+
+def _figures(url: str) -> dict[str, str]:
+    """The figures of the page's first rendered /api/stats answer. Chromium's virtual time can
+    run out before a slow answer arrives on a loaded machine: then try again."""
+    for _ in range(3):
+        dom = _chromium(url, "--dump-dom")
+        if 'data-ready="1"' in dom:
+            return dict(re.findall(r'data-k="([^"]+)"[^>]*>([^<]*)<', dom))
+    raise AssertionError("the page never rendered a /api/stats answer")
+
+
+def test_dashboard_in_chromium(
+    gateway_factory: Callable[..., GatewayProcess], tmp_path: Path
+) -> None:
+    gw = gateway_factory()
+    http = gw.port("http")
+    url = f"http://127.0.0.1:{http}/"
+    status, page = get(http, "/")
+    assert status == 200 and b"<script>" in page
+    assert b"http://" not in page and b"https://" not in page  # nothing loaded from elsewhere
+
+    sub = Client(gw.port("mqtt"), "dash-sub").connect()
+    sub.subscribe("load/#", qos=1)
+    pub = Client(gw.port("mqtt"), "dash-pub").connect()
+    stop = threading.Event()
+    sent = [0]
+
+    def load() -> None:
+        while not stop.is_set():
+            pub.publish(f"load/{'ab'[sent[0] % 2]}", b"x" * 32, qos=1)
+            sent[0] += 1
+            stop.wait(0.005)
+
+    loader = threading.Thread(target=load)
+    loader.start()
+    try:
+        wait_for(lambda: stats(http)["rates"]["messages_in"]["mqtt"] > 0, 30, what="load")
+        busy = _figures(url)
+        png = tmp_path / "dashboard.png"
+        _chromium(url, "--window-size=1280,1000", f"--screenshot={png}")
+    finally:
+        stop.set()
+        loader.join()
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    assert float(busy["rates.messages_in.mqtt"]) > 0
+    assert float(busy["rates.messages_out.mqtt"]) > 0
+    assert float(busy["top.load"]) > 0  # the top-topics table
+
+    # Quiet: everything delivered; then the page and /api/stats and /metrics agree.
+    wait_for(
+        lambda: stats(http)["messages_out"]["mqtt"] == sent[0], timeout=30, what="all delivered"
+    )
+    shown = _figures(url)
+    st = stats(http)
+    m = scrape(http)
+    n = sent[0]
+    assert shown["messages_in.mqtt"] == str(n) == str(st["messages_in"]["mqtt"])
+    assert shown["messages_out.mqtt"] == str(n)
+    assert sample(m, "lightgate_messages_in_total", protocol="mqtt") == n
+    assert shown["connections.mqtt.total"] == "2"
+    assert sample(m, "lightgate_connections", protocol="mqtt", version="3.1.1") == 2
+    assert shown["connections.kafka"] == "0"
+    for key in ("sessions.live", "subscriptions", "wildcard_queues", "dispatch_lag"):
+        value = st
+        for part in key.split("."):
+            value = value[part]
+        assert shown[key] == str(value), key
+    assert shown["topics.load.disk_bytes"] == str(st["topics"]["load"]["disk_bytes"])
+    assert float(shown["topics.load.disk_bytes"]) == sample(m, "lightgate_disk_bytes", topic="load")
+    for hop in ("puback", "publish_deliver"):
+        d = st["latency"][hop]
+        assert shown[f"latency.{hop}.count"] == str(d["count"]) == str(n)
+        for q in ("p50", "p90", "p99"):
+            assert shown[f"latency.{hop}.{q}"] == f"{d[q] * 1000:.2f}", (hop, q)
+    assert sample(m, "lightgate_puback_latency_seconds_count") == n
+    assert shown["health.status"] == "ok"
+    sub.disconnect()
+    pub.disconnect()
