@@ -180,6 +180,7 @@ class Gateway:
             max_frame_bytes=cfg.kafka_max_frame_bytes,
             auto_create_topics=cfg.kafka_auto_create_topics,
             default_partitions=cfg.default_partitions,
+            produce_byte_rate=cfg.kafka_produce_byte_rate,
             conn_log_per_s=cfg.conn_log_per_s,
         )
         kafka = self.kafka = KafkaServer(

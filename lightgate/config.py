@@ -199,6 +199,31 @@ class GatewayConfig:
         lo=1,
         hi=3600,
     )
+    max_connections: int = key(
+        0,
+        "connected MQTT clients (all MQTT listeners together; Kafka connections are not "
+        "counted); one more gets CONNACK 0x89 Server busy (v5) / 0x03 (3.1.1); `0`: no limit",
+        lo=0,
+    )
+    max_connection_rate: int = key(
+        0,
+        "new MQTT connections per second from one IP address (token bucket, burst of one "
+        "second); beyond: CONNACK 0x9F (v5) / 0x03 (3.1.1); `0`: no limit",
+        lo=0,
+    )
+    max_publish_rate: int = key(
+        0,
+        "PUBLISH per second per MQTT client (token bucket, burst of one second); beyond it the "
+        "gateway stops reading the client until tokens refill (docs/security.md); `0`: no limit",
+        lo=0,
+    )
+    slow_consumer_timeout_s: int = key(
+        60,
+        "an MQTT subscriber whose socket stays full this long is disconnected (its persistent "
+        "session keeps its position); `0`: never",
+        lo=0,
+        hi=86400,
+    )
     allow_anonymous: str = key(
         "auto",
         "accept clients without a user name (MQTT CONNECT without one); `auto`: only when "
@@ -223,6 +248,13 @@ class GatewayConfig:
 
     # Kafka.
     kafka_auto_create_topics: bool = key(True, "Metadata/Produce for an unknown topic creates it")
+    kafka_produce_byte_rate: int = key(
+        0,
+        "produce quota per Kafka connection (bytes/s, burst of one second); over it the "
+        "response carries `throttle_time_ms` and the connection is not read for that long, "
+        "as Kafka does; `0`: no limit",
+        lo=0,
+    )
     kafka_max_frame_bytes: int = key(
         100 << 20,
         "largest Kafka request frame; larger closes the connection",

@@ -34,6 +34,7 @@ from mqtt_proxy.codec import (
     State,
 )
 from mqtt_proxy.codec.reason_codes import v3_connack_code
+from mqtt_proxy.limits import TokenBucket
 from mqtt_proxy.outbound import ack
 
 if TYPE_CHECKING:
@@ -71,6 +72,10 @@ class MqttConnection(asyncio.Protocol):
         "_held",
         "paused_since",
         "acl",
+        "rate",
+        "_rate_timer",
+        "opened_at",
+        "over_conn_rate",
         "conn_id",
     )
 
@@ -101,6 +106,12 @@ class MqttConnection(asyncio.Protocol):
         self._blocked = False  # an operation of this connection waits for the core (block())
         self._held: list[Any] = []  # packets received meanwhile, handled on unblock()
         self.paused_since = 0.0  # loop time of the last pause_writing (delivery's slow check)
+        # max_publish_rate (limits.py): this client's bucket, armed at CONNECT; None = no limit.
+        # While `_rate_timer` is set the connection is blocked for lack of tokens (_rate_block).
+        self.rate: TokenBucket | None = None
+        self._rate_timer: asyncio.TimerHandle | None = None
+        self.opened_at = 0.0
+        self.over_conn_rate = False  # max_connection_rate: its CONNECT gets 0x9F / 0x03
         # This client's compiled ACL (store.auth.ClientAcl); None when everything is allowed,
         # so the hot paths pay one `is None` test. Replaced on reload (refresh_acl).
         self.acl: Any = None
@@ -111,7 +122,8 @@ class MqttConnection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
         peer = transport.get_extra_info("peername")
         self.remote = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer or "")
-        self.last_rx = self._loop.time()
+        self.last_rx = self.opened_at = self._loop.time()
+        self.over_conn_rate = not self.server.connection_allowed(peer)
         transport.set_write_buffer_limits(high=self.server.settings.write_high_water)  # type: ignore[attr-defined]
         # A client must send CONNECT promptly: the keep alive timer doubles as CONNECT timeout.
         timeout = self.server.settings.connect_timeout_s
@@ -119,10 +131,13 @@ class MqttConnection(asyncio.Protocol):
         self._timer = self._loop.call_at(self.last_rx + timeout, self._keepalive_check)
 
     def data_received(self, data: bytes) -> None:
-        self.last_rx = self._loop.time()
         self.server.counters["bytes_received"] += len(data)
         try:
             packets = self.codec.receive_data(data)
+            if packets:
+                # Keep alive counts whole packets (MQTT 5 §3.1.2.10), not bytes: a client
+                # dribbling one byte a second of a packet it never finishes is not alive.
+                self.last_rx = self._loop.time()
         except RemoteProtocolError as exc:
             # Act on the packets completed before the bad one (as a broker would have), then close.
             if self._blocked:
@@ -132,6 +147,8 @@ class MqttConnection(asyncio.Protocol):
             self.protocol_error(exc, str(exc))
             return
         if self._blocked:
+            if self._rate_timer is not None:
+                packets = self._over_quota(packets)
             self._held += packets
             return
         if self._handle(packets) and self.server.inbound.throttled and not self.closed:
@@ -144,10 +161,14 @@ class MqttConnection(asyncio.Protocol):
         dispatch = handlers.DISPATCH
         published = False
         p: Any
+        rate = self.rate
         for i, p in enumerate(packets):
             if self.closed:
                 return published
             if type(p) is _Publish:
+                if rate is not None and not rate.take(self._loop.time()):
+                    self._rate_block(packets[i:])
+                    return published
                 on_publish(self, p)
                 published = True
             else:
@@ -157,6 +178,51 @@ class MqttConnection(asyncio.Protocol):
                     self.transport.pause_reading()
                     return published
         return published
+
+    # -- max_publish_rate ---------------------------------------------------------------------
+    def _rate_block(self, rest: list[Any]) -> None:
+        """Out of publish tokens: stop reading the socket (TCP pushes back on the client), keep
+        the packets already read and handle them as tokens come back. What was read beyond one
+        second's worth (`burst`) cannot wait honestly in memory: _over_quota answers it."""
+        self._blocked = True
+        self._held = self._over_quota(rest) + self._held
+        self.transport.pause_reading()
+        self.server.counters["publish_rate_pauses"] += 1
+        self._arm_rate_timer()
+
+    def _arm_rate_timer(self) -> None:
+        rate = self.rate
+        assert rate is not None
+        n = sum(1 for p in self._held if type(p) is Publish)
+        wait = rate.wait_for(max(1, n), self._loop.time())
+        self._rate_timer = self._loop.call_later(wait, self._rate_refilled)
+
+    def _rate_refilled(self) -> None:
+        self._rate_timer = None
+        self.last_rx = self._loop.time()  # we did not read: the client was not silent
+        self.unblock()
+
+    def _over_quota(self, packets: list[Any]) -> list[Any]:
+        """Keep at most `burst` held PUBLISH; past that a v5 QoS 1/2 gets PUBACK/PUBREC 0x97
+        Quota exceeded (not stored), a QoS 0 is dropped and counted, and a 3.1.1 QoS 1/2 stays
+        held (3.1.1 has no refusal but closing; memory stays bounded by the read that brought
+        it, since reading is paused)."""
+        rate = self.rate
+        assert rate is not None
+        room = int(rate.burst) - sum(1 for p in self._held if type(p) is Publish)
+        out: list[Any] = []
+        counters = self.server.counters
+        for p in packets:
+            if type(p) is not Publish:
+                out.append(p)
+            elif room > 0 or (p.qos and not self.v5):
+                room -= 1
+                out.append(p)
+            else:
+                counters["publish_quota_exceeded"] += 1
+                if p.qos:
+                    self.send((Puback if p.qos == 1 else Pubrec)(p.packet_id, 0x97))
+        return out
 
     def block(self) -> None:
         """Handle no further packet of this connection until `unblock` (see _handle)."""
@@ -172,9 +238,14 @@ class MqttConnection(asyncio.Protocol):
             return
         published = bool(held) and self._handle(held)
         if not self._blocked and not self.closed:
-            self.transport.resume_reading()
+            self.resume_reading()
             if published and self.server.inbound.throttled:
                 self.server.inbound.throttle(self)
+
+    def resume_reading(self) -> None:
+        """Read again, unless this connection is blocked (a SUBSCRIBE, the publish rate)."""
+        if not self._blocked and not self.closed:
+            self.transport.resume_reading()
 
     def pause_writing(self) -> None:
         self.writable = False
@@ -190,6 +261,9 @@ class MqttConnection(asyncio.Protocol):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        if self._rate_timer is not None:
+            self._rate_timer.cancel()
+            self._rate_timer = None
         self.closed = True
         self.writable = False
         if self.connected:
@@ -210,8 +284,14 @@ class MqttConnection(asyncio.Protocol):
         self._timer = None
         if self.closed:
             return
-        deadline = self.last_rx + self.keepalive * 1.5
-        if self._loop.time() >= deadline:
+        now = self._loop.time()
+        if self._blocked:  # we are not reading it (publish rate, SUBSCRIBE): not its silence
+            self.last_rx = now
+        if self.connected:
+            deadline = self.last_rx + self.keepalive * 1.5
+        else:  # CONNECT must be complete this long after accept, however slowly it trickles
+            deadline = self.opened_at + self.server.settings.connect_timeout_s
+        if now >= deadline:
             what = "keep alive timeout" if self.connected else "no CONNECT in time"
             self.disconnect_reason = what
             if not self.connected:  # never said a word of MQTT: a bad connection (scanner)
@@ -323,6 +403,19 @@ class MqttConnection(asyncio.Protocol):
         log.error("client %r (%s): %s", self.client_id, self.remote, detail)
         self.close_with(reason)
 
+    def slow_consumer(self, stuck_s: float) -> None:
+        """Its socket stayed full past `slow_consumer_timeout_s`: drop it. `abort`, not `close`:
+        close would wait for a buffer it never reads. The session keeps its acked position in
+        the light queues; what was not acked is sent again when it reconnects."""
+        if self.closed:
+            return
+        self.server.counters["slow_consumers_closed"] += 1
+        self.disconnect_reason = f"slow consumer (socket full for {stuck_s:.0f} s)"
+        log.info("client %r (%s): %s", self.client_id, self.remote, self.disconnect_reason)
+        self.closed = True
+        self.writable = False
+        self.transport.abort()
+
     def shutdown(self) -> None:
         """Server going down: no will (v5 0x8B server shutting down)."""
         self.will_on_close = False
@@ -354,3 +447,6 @@ class MqttConnection(asyncio.Protocol):
         self.connected = True
         self.session_overlap = session.overlapping
         self.start_keepalive(keepalive)
+        r = self.server.settings.max_publish_rate
+        if r > 0:
+            self.rate = TokenBucket(r, r, self._loop.time())

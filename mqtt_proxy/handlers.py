@@ -52,6 +52,8 @@ BAD_AUTH_METHOD = ReasonCode.BAD_AUTHENTICATION_METHOD
 TOPIC_FILTER_INVALID = ReasonCode.TOPIC_FILTER_INVALID
 PACKET_ID_NOT_FOUND = ReasonCode.PACKET_IDENTIFIER_NOT_FOUND
 UNSPECIFIED = ReasonCode.UNSPECIFIED_ERROR
+SERVER_BUSY = ReasonCode.SERVER_BUSY
+CONNECTION_RATE_EXCEEDED = ReasonCode.CONNECTION_RATE_EXCEEDED
 
 
 class Refuse(Exception):
@@ -95,6 +97,10 @@ def handle_connect(conn: MqttConnection, c: Connect) -> None:
     conn.version = version
     conn.v5 = version == 5
     try:
+        # Overload is answered (v5 0x9F / 0x89, 3.1.1 0x03 Server unavailable), never fatal.
+        if conn.over_conn_rate:
+            server.counters["connect_rate_exceeded"] += 1
+            raise Refuse(CONNECTION_RATE_EXCEEDED, "max_connection_rate from this address")
         if c.properties.authentication_method is not None:
             raise Refuse(
                 BAD_AUTH_METHOD, f"authentication method {c.properties.authentication_method!r}"
@@ -164,6 +170,9 @@ def _connect_checked(
                 BAD_CREDENTIALS if username is not None else NOT_AUTHORIZED,
                 "authentication failed",
             )
+        if server.server_busy(client_id):  # here, not earlier: no check in flight overtakes it
+            server.counters["connect_server_busy"] += 1
+            raise Refuse(SERVER_BUSY, f"max_connections ({s.max_connections})")
         conn.username = username
         conn.client_id = client_id
         conn.refresh_acl()

@@ -184,8 +184,7 @@ class Inbound:
         self.throttled = False
         paused, self._paused = self._paused, []
         for conn in paused:
-            if not conn.closed:
-                conn.transport.resume_reading()
+            conn.resume_reading()  # unless blocked for another reason (publish rate)
 
     async def drain(self) -> None:
         """Wait for every outstanding append to be durable (graceful close)."""

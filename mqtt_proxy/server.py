@@ -36,6 +36,7 @@ from mqtt_proxy.codec import EMPTY_PROPERTIES
 from mqtt_proxy.delivery import Delivery
 from mqtt_proxy.device_events import DeviceEvents
 from mqtt_proxy.inbound import Inbound
+from mqtt_proxy.limits import ConnectionRate
 from mqtt_proxy.sessions import SessionManager
 from mqtt_proxy.settings import ProxySettings
 from mqtt_proxy.sys_topics import SysPublisher
@@ -101,6 +102,11 @@ class MqttServer:
                 "wills_published",
                 "sessions_expired",
                 "write_pauses",
+                "connect_server_busy",
+                "connect_rate_exceeded",
+                "publish_rate_pauses",
+                "publish_quota_exceeded",
+                "slow_consumers_closed",
             ),
             0,
         )
@@ -119,6 +125,7 @@ class MqttServer:
         self.sys = SysPublisher(self)
         # Garbage, refused WebSocket handshakes, no CONNECT in time: one line each, rate-limited.
         self.bad_clients = BadClientLog(logging.getLogger("lightgate.mqtt.bad"))
+        self.connection_rate = ConnectionRate(self.settings.max_connection_rate)
         # Connected / refused / closed: one line each with the connection id, rate-limited.
         self.conn_log = ConnLog(
             logging.getLogger("lightgate.mqtt.conn"), self.settings.conn_log_per_s
@@ -154,15 +161,41 @@ class MqttServer:
         s = self.settings
         flush_every = s.session_flush_ms / 1000
         next_sys = time.monotonic() + s.sys_interval_s
+        next_limits = 0.0
         while True:
             await asyncio.sleep(flush_every)
             self.sessions.flush()
             now = time.monotonic()
             self.bad_clients.flush(now)
             self.conn_log.flush(now)
+            if now >= next_limits:
+                next_limits = now + 1.0
+                self._check_limits()
             if s.sys_interval_s > 0 and now >= next_sys:
                 next_sys = now + s.sys_interval_s
                 self.sys.publish()
+
+    # -- limits (docs/security.md "Limits") ---------------------------------------------------
+    def connection_allowed(self, peer: Any) -> bool:
+        """A new connection from `peer` (its peername) is within `max_connection_rate`."""
+        ip = peer[0] if isinstance(peer, tuple) else str(peer or "")
+        return self.connection_rate.allow(ip, self.loop.time())
+
+    def server_busy(self, client_id: str) -> bool:
+        """`max_connections` reached: a new client (not one taking over its id) is refused."""
+        limit = self.settings.max_connections
+        return 0 < limit <= len(self.conns) and client_id not in self.conns
+
+    def _check_limits(self) -> None:
+        """Once a second: close slow consumers, forget idle connection-rate buckets."""
+        now = self.loop.time()
+        self.connection_rate.prune(now)
+        timeout = self.settings.slow_consumer_timeout_s
+        if timeout > 0:
+            since = now - timeout
+            for conn in [c for c in self.conns.values() if not c.writable]:
+                if not conn.closed and conn.paused_since <= since:
+                    conn.slow_consumer(now - conn.paused_since)
 
     def _make_conn(self) -> Any:
         from mqtt_proxy.connection import MqttConnection

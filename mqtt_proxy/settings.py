@@ -26,6 +26,11 @@ class ProxySettings:
     tls_require_client_cert: bool = False
     tls_identity_as_username: bool = False
     recent_cache_bytes: int = 64 << 20
+    # Limits (docs/security.md "Limits"); 0 = off.
+    max_connections: int = 0  # connected MQTT clients (all MQTT listeners); beyond: 0x89 / 0x03
+    max_connection_rate: int = 0  # new connections per second per source IP; 0x9F / 0x03
+    max_publish_rate: int = 0  # PUBLISH per second per client: reading pauses, then 0x97
+    slow_consumer_timeout_s: int = 60  # a socket full this long is closed (0 = never)
     conn_log_per_s: int = 20  # connection lifecycle lines per second (connlog.py)
     # Not in the gateway config (yet): internal knobs with sensible defaults.
     max_topic_alias: int = 64

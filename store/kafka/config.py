@@ -37,6 +37,9 @@ class KafkaConfig:
     # A connection whose authentication failed is closed this long after the answer
     # [connection.failed.authentication.delay.ms, 100].
     failed_authentication_delay_ms: int = 100
+    # Produce quota per connection, bytes a second; 0: none [quota producer_byte_rate, which
+    # Kafka keys by user / client id]. Over it: throttle_time_ms and a muted channel (quota.py).
+    produce_byte_rate: int = 0
     # How often the idempotent-producer snapshot is rewritten when it changed.
     producer_snapshot_interval_s: float = 30.0
     # Connection lifecycle log lines per second (store/connlog.py); 0 logs none.

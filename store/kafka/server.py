@@ -28,6 +28,7 @@ import asyncio
 import dataclasses
 import logging
 import ssl
+import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
@@ -55,6 +56,7 @@ from .protocol import (
     decode_request,
     encode_response,
 )
+from .quota import ProduceQuota, with_throttle
 from .sasl import SASL_AUTHENTICATE, SASL_HANDSHAKE, SaslSession, State, Verdict
 
 __all__ = ["KafkaServer"]
@@ -173,7 +175,7 @@ class KafkaServer:
 class _Connection(asyncio.Protocol):
     __slots__ = ("_server", "_reader", "_transport", "_info", "_pending", "_closing",
                  "_read_paused", "_write_paused", "_flush_scheduled", "_unstarted", "_sasl",
-                 "_held", "_auth_busy", "_close_delay", "_cid")  # fmt: skip
+                 "_held", "_auth_busy", "_close_delay", "_cid", "_quota", "_muted")  # fmt: skip
 
     def __init__(self, server: KafkaServer) -> None:
         self._server = server
@@ -194,6 +196,9 @@ class _Connection(asyncio.Protocol):
         # Seconds to wait before closing after a failed authentication (-1: close scheduled)
         self._close_delay = 0.0
         self._cid = ""
+        rate = server.config.produce_byte_rate  # produce quota (quota.py); None: no limit
+        self._quota = ProduceQuota(rate, time.monotonic()) if rate > 0 else None
+        self._muted = 0.0  # a throttled Produce: not read until this monotonic time (0: read)
 
     # --- asyncio.Protocol ------------------------------------------------------------------
 
@@ -264,7 +269,30 @@ class _Connection(asyncio.Protocol):
                 if not self._sasl_request(request):
                     return
                 continue
-            self._dispatch(request)
+            throttle_ms = 0
+            if request.api_key == PRODUCE and self._quota is not None:
+                throttle_ms = self._throttle(len(frame))
+            self._dispatch(request, throttle_ms)
+
+    def _throttle(self, nbytes: int) -> int:
+        """Charge the produce quota; over it, mute this connection for the throttle time."""
+        assert self._quota is not None
+        now = time.monotonic()
+        ms = self._quota.charge(nbytes, now)
+        if ms:
+            self._server.broker.counters["produce_throttled"] += 1
+            if not self._muted:
+                asyncio.get_running_loop().call_later(ms / 1000, self._unmute)
+            self._muted = max(self._muted, now + ms / 1000)  # the debt of every request read
+        return ms
+
+    def _unmute(self) -> None:
+        left = self._muted - time.monotonic()
+        if left > 0.001:  # requests read meanwhile added to the debt
+            asyncio.get_running_loop().call_later(left, self._unmute)
+            return
+        self._muted = 0.0
+        self._update_reading()
 
     # --- authentication ----------------------------------------------------------------------
 
@@ -343,20 +371,20 @@ class _Connection(asyncio.Protocol):
 
     # --- requests and ordered responses ------------------------------------------------------
 
-    def _dispatch(self, request: Request) -> None:
+    def _dispatch(self, request: Request, throttle_ms: int = 0) -> None:
         if request.body is None:  # ApiVersions newer than ours (KIP-511)
             self._pending.append(api_versions_error_frame(request.correlation_id))
             self._flush()
             return
         if request.api_key == PRODUCE and not self._unstarted:
-            self._produce(request)
+            self._produce(request, throttle_ms)
             return
         self._unstarted += 1
-        task = asyncio.get_running_loop().create_task(self._run(request))
+        task = asyncio.get_running_loop().create_task(self._run(request, throttle_ms))
         self._pending.append(task)
         task.add_done_callback(self._on_done)
 
-    async def _run(self, request: Request) -> bytes | None:
+    async def _run(self, request: Request, throttle_ms: int = 0) -> bytes | None:
         self._unstarted -= 1  # handlers append before their first await: this step does it
         broker = self._server.broker
         t0 = asyncio.get_running_loop().time()
@@ -364,9 +392,11 @@ class _Connection(asyncio.Protocol):
         if request.api_key == PRODUCE:
             broker.produce_latency.observe(asyncio.get_running_loop().time() - t0)
         broker.count_response(request.api_key, response)
-        return None if response is None else encode_response(request, response)
+        if response is None:
+            return None
+        return encode_response(request, with_throttle(response, throttle_ms))
 
-    def _produce(self, request: Request) -> None:
+    def _produce(self, request: Request, throttle_ms: int = 0) -> None:
         """Produce without a task: append now; respond from the last durability callback.
 
         Only when no task is waiting to start ahead of it, so appends keep request order.
@@ -384,7 +414,7 @@ class _Connection(asyncio.Protocol):
             return
         waits = [f for f in staged.waits if not f.done()]
         if not waits:
-            self._produce_done(slot, request, staged, None, t0)
+            self._produce_done(slot, request, staged, None, t0, throttle_ms)
             return
         remaining = len(waits)
 
@@ -392,7 +422,7 @@ class _Connection(asyncio.Protocol):
             nonlocal remaining
             remaining -= 1
             if not remaining:
-                self._produce_done(slot, request, staged, None, t0)
+                self._produce_done(slot, request, staged, None, t0, throttle_ms)
 
         for f in waits:
             f.add_done_callback(one_done)
@@ -404,6 +434,7 @@ class _Connection(asyncio.Protocol):
         staged: StagedProduce | None,
         exc: BaseException | None = None,
         t0: float = 0.0,
+        throttle_ms: int = 0,
     ) -> None:
         if slot.done():  # cancelled: the connection is gone
             return
@@ -413,7 +444,9 @@ class _Connection(asyncio.Protocol):
                 broker = self._server.broker
                 broker.produce_latency.observe(asyncio.get_running_loop().time() - t0)
                 broker.count_response(PRODUCE, response)
-                slot.set_result(None if response is None else encode_response(request, response))
+                if response is not None:
+                    response = encode_response(request, with_throttle(response, throttle_ms))
+                slot.set_result(response)
             except Exception as e:
                 exc = e
         if exc is not None:
@@ -491,6 +524,7 @@ class _Connection(asyncio.Protocol):
             return
         full = (
             self._write_paused
+            or bool(self._muted)
             or self._auth_busy
             or bool(self._held)
             or len(self._pending) >= self._server.config.max_inflight_requests

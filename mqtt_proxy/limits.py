@@ -1,0 +1,77 @@
+"""Overload limits: token buckets for the publish rate and the connection rate per address.
+
+Pure bookkeeping (no asyncio): callers pass the loop's monotonic time. docs/security.md
+("Limits") says what each limit answers; this module only counts.
+"""
+
+from __future__ import annotations
+
+
+class TokenBucket:
+    """`rate` tokens a second, at most `burst` saved up; a new bucket starts full.
+
+    Why a bucket and not a fixed window: a client that stays under the rate on average may
+    still send a short burst (a reconnecting device flushing its queue) without being refused.
+    """
+
+    __slots__ = ("rate", "burst", "tokens", "stamp")
+
+    def __init__(self, rate: float, burst: float, now: float) -> None:
+        self.rate = rate
+        self.burst = max(1.0, burst)
+        self.tokens = self.burst
+        self.stamp = now
+
+    def _refill(self, now: float) -> None:
+        t = self.tokens + (now - self.stamp) * self.rate
+        self.tokens = t if t < self.burst else self.burst
+        self.stamp = now
+
+    def take(self, now: float) -> bool:
+        """Spend one token if there is one."""
+        if self.tokens < 1.0:
+            self._refill(now)
+            if self.tokens < 1.0:
+                return False
+        self.tokens -= 1.0
+        return True
+
+    def wait_for(self, n: float, now: float) -> float:
+        """Seconds until `n` tokens (capped at `burst`) are available."""
+        self._refill(now)
+        need = min(n, self.burst) - self.tokens
+        return need / self.rate if need > 0 else 0.0
+
+    def full(self, now: float) -> bool:
+        self._refill(now)
+        return self.tokens >= self.burst
+
+
+class ConnectionRate:
+    """`max_connection_rate` per source address: one bucket per IP, burst of one second.
+
+    Buckets that are full again are forgotten by `prune` (the server's periodic task), so a scan
+    from many addresses costs memory only while it lasts.
+    """
+
+    __slots__ = ("rate", "_buckets")
+
+    def __init__(self, rate: float) -> None:
+        self.rate = rate
+        self._buckets: dict[str, TokenBucket] = {}
+
+    def allow(self, ip: str, now: float) -> bool:
+        """True if a new connection from `ip` is within the rate (0 = no limit)."""
+        if self.rate <= 0:
+            return True
+        b = self._buckets.get(ip)
+        if b is None:
+            b = self._buckets[ip] = TokenBucket(self.rate, self.rate, now)
+        return b.take(now)
+
+    def prune(self, now: float) -> None:
+        for ip in [ip for ip, b in self._buckets.items() if b.full(now)]:
+            del self._buckets[ip]
+
+    def __len__(self) -> int:
+        return len(self._buckets)
