@@ -166,8 +166,26 @@ def test_create_topics_and_partitions_beyond_the_limit_are_refused(gw: Gw) -> No
         "6865616c7468"
         "00000001"
         "ffffffff",  # [health: [-1]]
+        # ListOffsets v2, read_committed, a time lookup on a partition that does not exist:
+        # the LSO check ran on the error too (UnknownTopicOrPartitionError; seed 2957979978)
+        "0002"
+        "0002"
+        "00000003"
+        "0002667a"  # api 2 v2, correlation id 3, "fz"
+        "ffffffff"
+        "01"  # replica -1, isolation read_committed
+        "00000001"
+        "0006"
+        "6e6f73756368"
+        "00000001"
+        "00000003"
+        "00000000000003e8",  # [nosuch: [partition 3 at t=1000]]
     ],
-    ids=["metadata-v10-null-name", "describe-log-dirs-partition-minus-1"],
+    ids=[
+        "metadata-v10-null-name",
+        "describe-log-dirs-partition-minus-1",
+        "list-offsets-committed-unknown-partition",
+    ],
 )
 def test_kafka_requests_answered_not_crashed(gw: Gw, body_hex: str) -> None:
     reply = gw.send("kafka", _kafka_frame(body_hex), wait=1)

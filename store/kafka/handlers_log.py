@@ -500,6 +500,7 @@ async def list_offsets(b: Broker, req: Request, conn: ConnInfo) -> Any:
                 offset, ts = _offset_for_time(b, t.name, p.partition_index, p.timestamp)
             if (
                 committed
+                and err == E.none
                 and (p.timestamp >= 0 or p.timestamp == MAX_TIMESTAMP)
                 and (offset >= b.store.last_stable_offset(t.name, p.partition_index))
             ):  # as Kafka: a time lookup under read_committed finds nothing past the LSO
