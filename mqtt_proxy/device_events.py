@@ -62,6 +62,11 @@ class DeviceEvents:
             # (a connect storm of ~5k/s made one tiny batch per tick: 3.5 % of its CPU profile).
             asyncio.get_running_loop().call_later(FLUSH_S, self.flush)
 
+    def close(self) -> None:
+        """Graceful stop: append what is buffered, then take no more events."""
+        self.flush()
+        self.enabled = False
+
     def flush(self) -> None:
         self._scheduled = False
         pending, self._pending = self._pending, []

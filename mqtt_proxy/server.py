@@ -246,10 +246,11 @@ class MqttServer:
             srv.close()
         for conn in list(self.conns.values()):
             conn.shutdown()
+        await asyncio.sleep(0)  # their connection_lost runs: disconnect events are buffered
         self.inbound.flush()
         await self.inbound.drain()
         self.sessions.flush(force=True)
-        self.events.flush()
+        self.events.close()  # appended now; any later event is dropped (the store closes next)
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -255,3 +256,31 @@ def test_rebuild_queues_progress_reaches_100_and_leaves_clean_lines(
     assert totals[0] >= 100 and totals[1] > 100  # the log holds the events besides the 100 records
     assert any(ln.startswith("{") and "rebuilt" in ln for ln in lines), proc.stderr
     assert lines[-1].startswith("rebuild-queues: 100 records"), proc.stderr
+
+
+def test_graceful_stop_records_the_disconnect_of_every_connected_client(
+    gateway_factory: Callable[..., GatewayProcess], tmp_path: Path
+) -> None:
+    """Clients still connected at SIGTERM get their disconnect event in the log (it used to be
+    appended after the store had closed: lost, with an error line)."""
+    import paho.mqtt.client as mqtt
+    from mqtt_broker import read_records
+
+    data = tmp_path / "data"
+    gw = gateway_factory(data)
+    clients = []
+    for i in range(5):
+        c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, f"stop-{i}")
+        c.connect("127.0.0.1", gw.port("mqtt"))
+        c.loop_start()
+        clients.append(c)
+    time.sleep(0.5)
+    try:
+        assert gw.stop() == 0
+    finally:
+        for c in clients:
+            c.loop_stop()
+    events = [json.loads(r.value) for r in read_records(data, "__lightgate_device_events")]
+    gone = {e["client_id"] for e in events if e["event"] == "disconnect"}
+    assert gone == {f"stop-{i}" for i in range(5)}, events
+    assert "could not append" not in gw.log_text()
