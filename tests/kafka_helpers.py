@@ -126,3 +126,28 @@ def garble_records(batch: bytes | bytearray) -> bytes:
     out[-8:] = b"\xff" * 8
     struct.pack_into(">I", out, CRC_OFFSET, crc32c.crc32c(memoryview(out)[ATTRIBUTES_OFFSET:]))
     return bytes(out)
+
+
+def consume_values(
+    bootstrap: str, topic: str, isolation: str, expect: int, wait: float = 8.0
+) -> list[str]:
+    """Values read from the start of `topic` by a fresh librdkafka consumer with `isolation`
+    (read_committed / read_uncommitted); stops after `expect` values or `wait` seconds."""
+    import time
+
+    import confluent_kafka as ck
+
+    c = ck.Consumer({"bootstrap.servers": bootstrap, "group.id": f"g-{isolation}-{time.time()}",
+                     "isolation.level": isolation, "auto.offset.reset": "earliest",
+                     "enable.auto.commit": False})  # fmt: skip
+    c.subscribe([topic])
+    got: list[str] = []
+    end = time.time() + wait
+    try:
+        while time.time() < end and len(got) < expect:
+            m = c.poll(0.2)
+            if m is not None and not m.error():
+                got.append(m.value().decode())
+    finally:
+        c.close()
+    return got

@@ -14,30 +14,9 @@ import confluent_kafka as ck
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import TopicPartition
-from kafka_helpers import running_gateway
+from kafka_helpers import consume_values, running_gateway
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def _consume(
-    bootstrap: str, topic: str, isolation: str, expect: int, wait: float = 8.0
-) -> list[str]:
-    """Values read from the start of `topic` (stops after `expect` or `wait` seconds)."""
-    c = ck.Consumer({"bootstrap.servers": bootstrap, "group.id": f"g-{isolation}-{time.time()}",
-                     "isolation.level": isolation, "auto.offset.reset": "earliest",
-                     "enable.auto.commit": False})  # fmt: skip
-    c.subscribe([topic])
-    got: list[str] = []
-    end = time.time() + wait
-    try:
-        while time.time() < end and len(got) < expect:
-            m = c.poll(0.2)
-            if m is None or m.error():
-                continue
-            got.append(m.value().decode())
-    finally:
-        c.close()
-    return got
 
 
 def _producer(bootstrap: str, tid: str, **extra: object) -> ck.Producer:
@@ -64,8 +43,8 @@ def _commit_and_abort(bootstrap: str) -> dict[str, list[str]]:
     plain.produce("tx", b"plain", partition=0)
     plain.flush()
     return {
-        "committed": _consume(bootstrap, "tx", "read_committed", 7),
-        "uncommitted": _consume(bootstrap, "tx", "read_uncommitted", 10),
+        "committed": consume_values(bootstrap, "tx", "read_committed", 7),
+        "uncommitted": consume_values(bootstrap, "tx", "read_uncommitted", 10),
     }
 
 
@@ -103,8 +82,8 @@ def _open_txn_blocks(bootstrap: str) -> dict[str, object]:
     plain.produce("lso", b"after", partition=0)
     plain.flush()
     out: dict[str, object] = {
-        "committed_open": _consume(bootstrap, "lso", "read_committed", 3, wait=2),
-        "uncommitted_open": _consume(bootstrap, "lso", "read_uncommitted", 3),
+        "committed_open": consume_values(bootstrap, "lso", "read_committed", 3, wait=2),
+        "uncommitted_open": consume_values(bootstrap, "lso", "read_uncommitted", 3),
     }
     c = ck.Consumer({"bootstrap.servers": bootstrap, "group.id": "wm",
                      "isolation.level": "read_committed"})  # fmt: skip
@@ -115,7 +94,7 @@ def _open_txn_blocks(bootstrap: str) -> dict[str, object]:
     p.commit_transaction(10)
     out["by_time_done"] = c.offsets_for_times([by_time], timeout=10)[0].offset
     c.close()
-    out["committed_done"] = _consume(bootstrap, "lso", "read_committed", 3)
+    out["committed_done"] = consume_values(bootstrap, "lso", "read_committed", 3)
     return out
 
 
@@ -149,8 +128,8 @@ def _zombie(bootstrap: str) -> dict[str, object]:
     new.begin_transaction()
     new.produce("zb", b"fresh", partition=0)
     new.commit_transaction(10)
-    out["committed"] = _consume(bootstrap, "zb", "read_committed", 1)
-    out["uncommitted"] = _consume(bootstrap, "zb", "read_uncommitted", 2)
+    out["committed"] = consume_values(bootstrap, "zb", "read_committed", 1)
+    out["uncommitted"] = consume_values(bootstrap, "zb", "read_uncommitted", 2)
     return out
 
 
@@ -241,9 +220,9 @@ def _consume_transform_produce(bootstrap: str) -> dict[str, object]:
         assert isinstance(committed, list)
         committed.append(consumer.committed([tp], 10)[0].offset)
     consumer.close()
-    out["out"] = _consume(bootstrap, "ctp-out", "read_committed", 10)
+    out["out"] = consume_values(bootstrap, "ctp-out", "read_committed", 10)
     n = 10 + int(out["aborted_n"])  # type: ignore[call-overload]
-    out["out_all"] = _consume(bootstrap, "ctp-out", "read_uncommitted", n, wait=4)
+    out["out_all"] = consume_values(bootstrap, "ctp-out", "read_uncommitted", n, wait=4)
     return out
 
 
@@ -266,7 +245,9 @@ def _times_out(bootstrap: str) -> dict[str, object]:
     p.produce("slow", b"late", partition=0)
     p.flush()
     time.sleep(3.5)  # the coordinator aborts it (checked every second) and bumps the epoch
-    out: dict[str, object] = {"committed": _consume(bootstrap, "slow", "read_committed", 1, 2)}
+    out: dict[str, object] = {
+        "committed": consume_values(bootstrap, "slow", "read_committed", 1, 2)
+    }
     try:
         p.commit_transaction(10)
         out["commit"] = "ok"

@@ -7,35 +7,15 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import confluent_kafka as ck
 import pytest
 from gateway_process import GatewayProcess
-from kafka_helpers import running_gateway
+from kafka_helpers import consume_values, running_gateway
 
 pytestmark = pytest.mark.timeout(150)
-
-
-def _consume(
-    bootstrap: str, topic: str, isolation: str, expect: int, wait: float = 8.0
-) -> list[str]:
-    c = ck.Consumer({"bootstrap.servers": bootstrap, "group.id": f"g-{isolation}-{time.time()}",
-                     "isolation.level": isolation, "auto.offset.reset": "earliest",
-                     "enable.auto.commit": False})  # fmt: skip
-    c.subscribe([topic])
-    got: list[str] = []
-    end = time.time() + wait
-    try:
-        while time.time() < end and len(got) < expect:
-            m = c.poll(0.2)
-            if m is not None and not m.error():
-                got.append(m.value().decode())
-    finally:
-        c.close()
-    return got
 
 
 def _free_port() -> int:
@@ -69,8 +49,8 @@ def test_kill_9_mid_transaction_aborts_it(
     gw.kill()
 
     gateway_factory(data, "--kafka-port", str(port))
-    assert _consume(bootstrap, "crash", "read_committed", 3) == ["c0", "c1", "c2"]
-    uncommitted = _consume(bootstrap, "crash", "read_uncommitted", 6)
+    assert consume_values(bootstrap, "crash", "read_committed", 3) == ["c0", "c1", "c2"]
+    uncommitted = consume_values(bootstrap, "crash", "read_uncommitted", 6)
     assert uncommitted == ["c0", "c1", "c2", "open0", "open1", "open2"]  # aborted, still stored
     # the producer outlived the gateway: its epoch was bumped, so it cannot commit the remains
     with pytest.raises(ck.KafkaException):
@@ -81,7 +61,7 @@ def test_kill_9_mid_transaction_aborts_it(
     fresh.begin_transaction()
     fresh.produce("crash", b"after", partition=0)
     fresh.commit_transaction(10)
-    assert _consume(bootstrap, "crash", "read_committed", 4) == ["c0", "c1", "c2", "after"]
+    assert consume_values(bootstrap, "crash", "read_committed", 4) == ["c0", "c1", "c2", "after"]
     c = ck.Consumer({"bootstrap.servers": bootstrap, "group.id": "wm",
                      "isolation.level": "read_committed"})  # fmt: skip
     low, high = c.get_watermark_offsets(ck.TopicPartition("crash", 0), timeout=10, cached=False)
@@ -103,7 +83,7 @@ async def test_crash_after_prepare_commit_completes_the_commit(tmp_path: Path) -
     entry["pending"] = {"grp": [["prep", 0, 42, -1, None]]}
     path.write_text(json.dumps(doc))
     async with running_gateway(tmp_path) as gw:
-        got = await asyncio.to_thread(_consume, gw.bootstrap, "prep", "read_committed", 6)
+        got = await asyncio.to_thread(consume_values, gw.bootstrap, "prep", "read_committed", 6)
         assert got == ["c0", "c1", "c2", "open0", "open1", "open2"]
         assert gw.server.broker.offsets.get("grp", "prep", 0).offset == 42
         assert gw.store.last_stable_offset("prep", 0) == gw.store.high_watermark("prep", 0)
@@ -118,7 +98,7 @@ async def test_lost_state_file_aborts_open_data(tmp_path: Path) -> None:
     (tmp_path / "log" / "txn-index.json").unlink()  # and the index is rebuilt from the log
     async with running_gateway(tmp_path) as gw:
         assert gw.store.last_stable_offset("lost", 0) == gw.store.high_watermark("lost", 0)
-        got = await asyncio.to_thread(_consume, gw.bootstrap, "lost", "read_committed", 3)
+        got = await asyncio.to_thread(consume_values, gw.bootstrap, "lost", "read_committed", 3)
         assert got == ["c0", "c1", "c2"]
 
 
