@@ -133,7 +133,8 @@ class Gateway:
 
     async def _start_core_link(self, queues: Any, notifier: Any) -> str:
         """The core link (store, light queues, notify) for MQTT proxies in other processes."""
-        from lightgate.split import CoreLink, core_address, core_link_security
+        from lightgate.core_link import CoreLink
+        from lightgate.split import core_address, core_link_security
 
         assert self.store is not None
         secret, ssl_ctx = core_link_security(self.cfg, server=True)
@@ -156,7 +157,7 @@ class Gateway:
     async def _start_proxy_process(self, queues: Any, notifier: Any) -> None:
         """`mqtt_processes = 1`: the core link, then the proxy child (lightgate/split.py),
         whose listeners become this gateway's MQTT endpoints."""
-        from lightgate.split import ProxySupervisor
+        from lightgate.supervisor import ProxySupervisor
 
         address = await self._start_core_link(queues, notifier)
         for wildcard, loopback in (("0.0.0.0:", "127.0.0.1:"), (":::", "::1:")):
