@@ -423,7 +423,16 @@ def closest_key(name: str) -> str | None:
     return match[0] if match else None
 
 
+# Keys that existed once: naming one says what replaced it instead of "unknown key".
+REMOVED_KEYS = {
+    "notify_transport": "notifications travel over the core link; delete this line",
+    "notify_port": "notifications travel over the core link (core_listen); delete this line",
+}
+
+
 def unknown_key_error(name: str, where: str) -> ConfigError:
+    if name in REMOVED_KEYS:
+        return ConfigError(f"{where}: key {name!r} was removed: {REMOVED_KEYS[name]}")
     near = closest_key(name)
     hint = f" (did you mean {near!r}?)" if near else " (see docs/configuration.md)"
     return ConfigError(f"{where}: unknown key {name!r}{hint}")

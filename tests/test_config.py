@@ -71,6 +71,13 @@ def test_unknown_key_in_file(tmp_path: Path) -> None:
         load_config(path, env={})
 
 
+def test_removed_key_says_what_replaced_it(tmp_path: Path) -> None:
+    path = tmp_path / "lg.toml"
+    path.write_text('notify_transport = "tcp"\n')
+    with pytest.raises(ConfigError, match="notify_transport.*was removed.*core link"):
+        load_config(path, env={})
+
+
 def test_docs_table_is_the_key_table() -> None:
     """docs/configuration.md's table is written from the key table: regenerate it with
     `python -m lightgate.config_docs` after adding or changing a key."""
