@@ -14,7 +14,8 @@ import signal
 import socket
 import sys
 import time
-from typing import Any
+from collections.abc import Awaitable, Iterable
+from typing import TYPE_CHECKING, Any, Protocol
 
 from lightgate import __version__
 from lightgate.config import ConfigError, GatewayConfig
@@ -25,7 +26,21 @@ from lightgate.tls import certificate_cn, check_tls_files, server_context, tls_c
 from store import Store, StoreConfig, StoreLockedError
 from store.auth import AuthFileError, Security
 
+if TYPE_CHECKING:
+    from lightgate.probe import Probe
+    from lightgate.split import CoreLink, ProxySupervisor
+    from lightqueue import LightQueues
+    from mqtt_proxy.server import MqttServer
+    from notify import InProcessNotifier
+    from store.kafka.server import KafkaServer
+
 log = logging.getLogger("lightgate")
+
+
+class _Closer(Protocol):
+    """A component the gateway closes at stop, in reverse start order."""
+
+    def close(self) -> Awaitable[None]: ...
 
 
 class Gateway:
@@ -36,18 +51,18 @@ class Gateway:
         self.started_at = time.time()
         self.version = __version__
         self.store: Store | None = None
-        self.queues: Any = None  # LightQueues
-        self.notifier: Any = None  # InProcessNotifier
-        self.mqtt: Any = None  # MqttServer, one-process shape
-        self.link: Any = None  # CoreLink, split shape (the proxies' figures)
-        self.kafka: Any = None  # KafkaServer
-        self.probe: Any = None  # lightgate.probe.Probe
+        self.queues: LightQueues | None = None
+        self.notifier: InProcessNotifier | None = None
+        self.mqtt: MqttServer | None = None  # one-process shape
+        self.link: CoreLink | None = None  # split shape (the proxies' figures)
+        self.kafka: KafkaServer | None = None
+        self.probe: Probe | None = None
         self.endpoints: dict[str, tuple[str, int]] = {}
-        self._closers: list[Any] = []
-        self._stats_sources: list[tuple[str, Any]] = []  # (metric prefix, source)
+        self._closers: list[_Closer] = []
+        self._stats_sources: list[tuple[str, object]] = []  # (metric prefix, source with stats())
         # Users and rights, shared by the MQTT and Kafka servers, reloaded in place on SIGHUP.
         self.security: Security = build_security(cfg)
-        self._proxy: Any = None  # the ProxySupervisor when MQTT runs in a child process
+        self._proxy: ProxySupervisor | None = None  # when MQTT runs in a child process
         self.figures = Figures(self)
         self.watch = HealthWatch(self)
 
@@ -131,7 +146,7 @@ class Gateway:
         if cfg.tls_cert and cfg.wss_port != -1:
             self.endpoints["wss"] = await mqtt.start_ws(cfg.host, cfg.wss_port, tls_context(cfg))
 
-    async def _start_core_link(self, queues: Any, notifier: Any) -> str:
+    async def _start_core_link(self, queues: LightQueues, notifier: InProcessNotifier) -> str:
         """The core link (store, light queues, notify) for MQTT proxies in other processes."""
         from lightgate.split import CoreLink, core_address, core_link_security
 
@@ -140,7 +155,7 @@ class Gateway:
         link = self.link = CoreLink(self.store, queues, notifier, secret=secret, ssl_ctx=ssl_ctx)
         publish, on_round = notifier.publish, link.queue_service.on_round
 
-        def sink(events: Any) -> None:
+        def sink(events: Iterable[tuple[str, int]]) -> None:
             publish(events)
             on_round()
 
@@ -153,7 +168,7 @@ class Gateway:
             self.endpoints["core"] = (host, int(port))
         return address
 
-    async def _start_proxy_process(self, queues: Any, notifier: Any) -> None:
+    async def _start_proxy_process(self, queues: LightQueues, notifier: InProcessNotifier) -> None:
         """`mqtt_processes = 1`: the core link, then the proxy child (lightgate/split.py),
         whose listeners become this gateway's MQTT endpoints."""
         from lightgate.split import ProxySupervisor
