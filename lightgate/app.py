@@ -415,17 +415,19 @@ async def rebuild_queues(cfg: GatewayConfig) -> int:
         BarColumn,
         MofNCompleteColumn,
         Progress,
+        TaskID,
         TaskProgressColumn,
         TextColumn,
     )
 
+    from lightqueue import RebuildProgress
     from lightqueue import rebuild_queues as rebuild
 
     # One bar per pass ("count" what the old queues had, then "index" the whole log), on stderr;
     # each bar is finished before the next log line so they never share a line.
-    current: dict[str, Any] = {}  # phase -> (Progress, task id) while its bar is open
+    current: dict[str, tuple[Progress | None, TaskID]] = {}  # phase -> (bar, task id); None: done
 
-    def progress(p: Any) -> None:
+    def progress(p: RebuildProgress) -> None:
         if p.phase not in current:
             bar = Progress(
                 TextColumn(f"rebuild-queues: {p.phase}"),
@@ -439,12 +441,12 @@ async def rebuild_queues(cfg: GatewayConfig) -> int:
             )
             bar.start()
             current[p.phase] = (bar, bar.add_task(p.phase, total=p.records_total))
-        bar, task = current[p.phase]
-        if bar is None:
+        shown, task = current[p.phase]
+        if shown is None:
             return
-        bar.update(task, completed=p.records_done)
+        shown.update(task, completed=p.records_done)
         if p.records_done >= p.records_total:
-            bar.stop()
+            shown.stop()
             current[p.phase] = (None, task)
 
     def close_bars() -> None:
