@@ -4,8 +4,8 @@ Twins stand behind each seam (STYLE.md 17, as aiokafka's `record/_protocols.py` 
 record implementations): the in-process `Store` and the core link's `RemoteStore`; the
 in-process `InProcessNotifier` and the link's `LinkNotifier`; `LocalBackend` and
 `RemoteBackend` in front of the light queues. The proxy code names the `Protocol` here, never
-one twin, and mypy checks that every twin satisfies it (the `_check_*` functions at the end of
-backend.py and of the wiring).
+one twin, and mypy checks that every twin satisfies it (`_twins` at the end of backend.py;
+`_is_a_peer` at the end of connection.py).
 
 `PeerPort` is what delivery and the session code use of a client connection, so they type it
 without importing `connection.py` (which imports the handlers, which import the sessions...).
@@ -19,7 +19,7 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from typing import Any, Protocol, TypeAlias
 
-from lightqueue.model import Entry, ReadResult, StoredMessage
+from lightqueue.model import Position, ReadResult, StoredMessage
 from mqtt_proxy.subscriptions import FilterSpec
 from store.auth import ClientAcl
 from store.mapping import MqttMessage
@@ -27,8 +27,8 @@ from store.store import AppendResult, Run
 
 # A message delivery reads: one this proxy appended (kept by `remember`), or a stored one.
 Message: TypeAlias = MqttMessage | StoredMessage
-# A light-queue entry: where the message is in the log, None for a void one.
-Entries: TypeAlias = list[Entry | None]
+# Light-queue entries: where each message is in the log, None for a void one.
+Entries: TypeAlias = Sequence[Position | None]
 # load(..., done): (the read, its messages aligned with its entries), or (None, None) on failure.
 LoadDone: TypeAlias = Callable[[ReadResult | None, list[Message | None] | None], None]
 Acquired: TypeAlias = tuple[str, int] | str  # (queue, start sequence) or the reason it was refused

@@ -38,6 +38,8 @@ from mqtt_proxy.device_events import DeviceEvents
 from mqtt_proxy.inbound import Inbound
 from mqtt_proxy.limits import ConnectionRate
 from mqtt_proxy.ports import LogPort, NotifierPort, QueuesPort
+from mqtt_proxy.remote_queues import RemoteLightQueues
+from mqtt_proxy.remote_store import RemoteStore
 from mqtt_proxy.sessions import SessionManager
 from mqtt_proxy.settings import ProxySettings
 from mqtt_proxy.sys_topics import SysPublisher
@@ -48,6 +50,7 @@ from store.latency import LatencyHistogram
 from store.mapping import MqttMessage, MqttProperties
 
 if TYPE_CHECKING:
+    from lightqueue.queues import LightQueues
     from mqtt_proxy.connection import MqttConnection
 
 log = logging.getLogger("lightgate.mqtt")
@@ -64,7 +67,7 @@ class MqttServer:
     def __init__(
         self,
         store: LogPort,
-        queues: Any,
+        queues: LightQueues | RemoteLightQueues,
         notifier: NotifierPort,
         settings: ProxySettings | None = None,
         *,
@@ -79,10 +82,14 @@ class MqttServer:
         self.settings = settings or ProxySettings()
         self.proxy_id = proxy_id
         self.store = store
-        backend_cls = RemoteBackend if remote else LocalBackend
-        self.backend: QueuesPort = backend_cls(
-            store, queues, notifier, proxy_id, self.settings.recent_cache_bytes
-        )
+        size = self.settings.recent_cache_bytes
+        self.backend: QueuesPort
+        if remote:
+            assert isinstance(store, RemoteStore) and isinstance(queues, RemoteLightQueues)
+            self.backend = RemoteBackend(store, queues, notifier, proxy_id, size)
+        else:
+            assert not isinstance(queues, RemoteLightQueues)
+            self.backend = LocalBackend(store, queues, notifier, proxy_id, size)
         # Users and rights (docs/security.md); with none given, anyone may do anything.
         self.security = security if security is not None else Security.open()
         self.security.on_reload(self._security_reloaded)
