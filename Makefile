@@ -24,7 +24,7 @@ run: $(STAMP)
 test: $(STAMP) system-deps
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy store/ lightqueue/ notify/ mqtt_proxy/codec
+	$(BIN)/mypy store/ lightqueue/ notify/ mqtt_proxy/ lightgate/ spark_analytics/
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile
 
 # The inner loop: lint, then every test but the `slow` and `spark` ones.
@@ -34,7 +34,7 @@ test-fast: lint
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy store/ lightqueue/ notify/ mqtt_proxy/codec
+	$(BIN)/mypy store/ lightqueue/ notify/ mqtt_proxy/ lightgate/ spark_analytics/
 
 # make fuzz SECONDS=300 [SEED=n]: hypothesis properties of both codecs, then the socket fuzzer
 # against a fresh gateway (docs/security.md, "Fuzzing").

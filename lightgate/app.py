@@ -14,7 +14,8 @@ import signal
 import socket
 import sys
 import time
-from typing import Any
+from collections.abc import Awaitable, Iterable
+from typing import TYPE_CHECKING, Any, Protocol
 
 from lightgate import __version__
 from lightgate.config import ConfigError, GatewayConfig
@@ -25,7 +26,22 @@ from lightgate.tls import certificate_cn, check_tls_files, server_context, tls_c
 from store import Store, StoreConfig, StoreLockedError
 from store.auth import AuthFileError, Security
 
+if TYPE_CHECKING:
+    from lightgate.core_link import CoreLink
+    from lightgate.probe import Probe
+    from lightgate.supervisor import ProxySupervisor
+    from lightqueue import LightQueues
+    from mqtt_proxy.server import MqttServer
+    from notify import InProcessNotifier
+    from store.kafka.server import KafkaServer
+
 log = logging.getLogger("lightgate")
+
+
+class _Closer(Protocol):
+    """A component the gateway closes at stop, in reverse start order."""
+
+    def close(self) -> Awaitable[None]: ...
 
 
 class Gateway:
@@ -36,18 +52,18 @@ class Gateway:
         self.started_at = time.time()
         self.version = __version__
         self.store: Store | None = None
-        self.queues: Any = None  # LightQueues
-        self.notifier: Any = None  # InProcessNotifier
-        self.mqtt: Any = None  # MqttServer, one-process shape
-        self.link: Any = None  # CoreLink, split shape (the proxies' figures)
-        self.kafka: Any = None  # KafkaServer
-        self.probe: Any = None  # lightgate.probe.Probe
+        self.queues: LightQueues | None = None
+        self.notifier: InProcessNotifier | None = None
+        self.mqtt: MqttServer | None = None  # one-process shape
+        self.link: CoreLink | None = None  # split shape (the proxies' figures)
+        self.kafka: KafkaServer | None = None
+        self.probe: Probe | None = None
         self.endpoints: dict[str, tuple[str, int]] = {}
-        self._closers: list[Any] = []
-        self._stats_sources: list[tuple[str, Any]] = []  # (metric prefix, source)
+        self._closers: list[_Closer] = []
+        self._stats_sources: list[tuple[str, object]] = []  # (metric prefix, source with stats())
         # Users and rights, shared by the MQTT and Kafka servers, reloaded in place on SIGHUP.
         self.security: Security = build_security(cfg)
-        self._proxy: Any = None  # the ProxySupervisor when MQTT runs in a child process
+        self._proxy: ProxySupervisor | None = None  # when MQTT runs in a child process
         self.figures = Figures(self)
         self.watch = HealthWatch(self)
 
@@ -126,7 +142,7 @@ class Gateway:
         if cfg.tls_cert and cfg.wss_port != -1:
             self.endpoints["wss"] = await mqtt.start_ws(cfg.host, cfg.wss_port, tls_context(cfg))
 
-    async def _start_core_link(self, queues: Any, notifier: Any) -> str:
+    async def _start_core_link(self, queues: LightQueues, notifier: InProcessNotifier) -> str:
         """The core link (store, light queues, notify) for MQTT proxies in other processes."""
         from lightgate.core_link import CoreLink
         from lightgate.split import core_address, core_link_security
@@ -136,7 +152,7 @@ class Gateway:
         link = self.link = CoreLink(self.store, queues, notifier, secret=secret, ssl_ctx=ssl_ctx)
         publish, on_round = notifier.publish, link.queue_service.on_round
 
-        def sink(events: Any) -> None:
+        def sink(events: Iterable[tuple[str, int]]) -> None:
             publish(events)
             on_round()
 
@@ -149,7 +165,7 @@ class Gateway:
             self.endpoints["core"] = (host, int(port))
         return address
 
-    async def _start_proxy_process(self, queues: Any, notifier: Any) -> None:
+    async def _start_proxy_process(self, queues: LightQueues, notifier: InProcessNotifier) -> None:
         """`mqtt_processes = 1`: the core link, then the proxy child (lightgate/split.py),
         whose listeners become this gateway's MQTT endpoints."""
         from lightgate.supervisor import ProxySupervisor
@@ -396,17 +412,19 @@ async def rebuild_queues(cfg: GatewayConfig) -> int:
         BarColumn,
         MofNCompleteColumn,
         Progress,
+        TaskID,
         TaskProgressColumn,
         TextColumn,
     )
 
+    from lightqueue import RebuildProgress
     from lightqueue import rebuild_queues as rebuild
 
     # One bar per pass ("count" what the old queues had, then "index" the whole log), on stderr;
     # each bar is finished before the next log line so they never share a line.
-    current: dict[str, Any] = {}  # phase -> (Progress, task id) while its bar is open
+    current: dict[str, tuple[Progress | None, TaskID]] = {}  # phase -> (bar, task id); None: done
 
-    def progress(p: Any) -> None:
+    def progress(p: RebuildProgress) -> None:
         if p.phase not in current:
             bar = Progress(
                 TextColumn(f"rebuild-queues: {p.phase}"),
@@ -420,12 +438,12 @@ async def rebuild_queues(cfg: GatewayConfig) -> int:
             )
             bar.start()
             current[p.phase] = (bar, bar.add_task(p.phase, total=p.records_total))
-        bar, task = current[p.phase]
-        if bar is None:
+        shown, task = current[p.phase]
+        if shown is None:
             return
-        bar.update(task, completed=p.records_done)
+        shown.update(task, completed=p.records_done)
         if p.records_done >= p.records_total:
-            bar.stop()
+            shown.stop()
             current[p.phase] = (None, task)
 
     def close_bars() -> None:

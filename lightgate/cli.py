@@ -7,7 +7,8 @@ import asyncio
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
 
 from lightgate.config import (
     KEYS,
@@ -248,7 +249,8 @@ def tune_gc(gen0: int = 50_000) -> None:
         gc.set_threshold(gen0, 20, 100)
 
 
-def _run(coro: object) -> int:
+def _run(coro: Coroutine[Any, Any, int]) -> int:
+    runner: Callable[[Coroutine[Any, Any, int]], int]
     try:
         import uvloop
 
@@ -256,7 +258,7 @@ def _run(coro: object) -> int:
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
         runner = asyncio.run
     try:
-        return int(runner(coro))  # type: ignore[arg-type]
+        return int(runner(coro))
     except ConfigError as exc:  # found while starting (e.g. a TLS file `proxy` cannot load)
         print(f"lightgate: {exc}", file=sys.stderr)
         return 2

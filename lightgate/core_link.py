@@ -12,11 +12,16 @@ import asyncio
 import json
 import logging
 import ssl
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lightgate.link_registry import HELLO, STATS, MethodRegistry
 from lightgate.link_services import LightQueueService, NotifyService, StoreService
 from notify.link import RpcPeer, RpcServer
+
+if TYPE_CHECKING:
+    from lightqueue import LightQueues
+    from notify import InProcessNotifier
+    from store import Store
 
 log = logging.getLogger("lightgate.split")
 
@@ -30,9 +35,9 @@ class CoreLink:
 
     def __init__(
         self,
-        store: Any,
-        queues: Any,
-        notifier: Any,
+        store: Store,
+        queues: LightQueues,
+        notifier: InProcessNotifier,
         *,
         secret: bytes | None = None,
         ssl_ctx: ssl.SSLContext | None = None,

@@ -105,7 +105,9 @@ class HttpServer:
 
 
 @web.middleware
-async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
+async def _errors(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
     """A failing handler answers 500 and logs once, naming the path."""
     try:
         resp: web.StreamResponse = await handler(request)

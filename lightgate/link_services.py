@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING
 
 from lightqueue import wire as lw
 from notify import RouteTable
@@ -24,13 +24,17 @@ from notify.link import Handler, RpcError, RpcPeer
 from store import wire as sw
 from store.config import UnknownTopicOrPartitionError
 
+if TYPE_CHECKING:
+    from lightqueue import LightQueues
+    from store import Store
+
 log = logging.getLogger("lightgate.store.remote")
 
 
 class StoreService:
     """The core side: serves one `Store` to every link."""
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: Store) -> None:
         self.store = store
         self.peers: set[RpcPeer] = set()
         if hasattr(store, "add_topic_listener"):
@@ -84,6 +88,7 @@ class StoreService:
                 log.warning("append from %s to %s-%d refused: %s", peer.name, topic, part, exc)
                 sw.append_failed(out, str(exc) or type(exc).__name__)
                 continue
+            assert res.runs is not None  # in-process: known within the call
             sw.append_ok(out, res.runs[0][2])
             if sync:
                 waits.append(res.durable)
@@ -95,7 +100,7 @@ class StoreService:
                 peer.send(sw.DURABLE, sw.encode_durable(token))
         return b"".join(out)
 
-    def _durable(self, peer: RpcPeer, token: int, fut: asyncio.Future[Any]) -> None:
+    def _durable(self, peer: RpcPeer, token: int, fut: asyncio.Future[list[None]]) -> None:
         err = ""
         if fut.cancelled():
             err = "not durable: cancelled"
@@ -123,7 +128,7 @@ class StoreService:
 class LightQueueService:
     """Serves one `LightQueues` to every link; call `on_round` after each dispatch round."""
 
-    def __init__(self, queues: Any) -> None:
+    def __init__(self, queues: LightQueues) -> None:
         self.queues = queues
         self.peers: set[RpcPeer] = set()
         self._push_scheduled = False
@@ -183,9 +188,9 @@ class LightQueueService:
             if not peers:
                 del self._watchers[queue]
 
-    def on_entries(self, pushed: list[tuple[str, int, list[Any]]]) -> None:
+    def on_entries(self, pushed: list[tuple[str, int, list[tuple[str, int, int]]]]) -> None:
         """The dispatcher's watch sink: one ENTRIES frame per watching link."""
-        frames: dict[RpcPeer, list[tuple[str, int, list[Any]]]] = {}
+        frames: dict[RpcPeer, list[tuple[str, int, list[tuple[str, int, int]]]]] = {}
         for item in pushed:
             for peer in self._watchers.get(item[0], ()):
                 if peer.paused:

@@ -28,6 +28,7 @@ from store.mapping import is_system_topic
 
 if TYPE_CHECKING:
     from lightgate.app import Gateway
+    from store import Store
 
 # snapshot key -> (Prometheus name, help)
 HISTOGRAMS: dict[str, tuple[str, str]] = {
@@ -82,7 +83,7 @@ class Figures:
         self._samples: deque[tuple[float, dict[str, float]]] = deque([(time.monotonic(), {})])
         self.rates: dict[str, Any] = {}
 
-    def seed(self, store: Any) -> None:
+    def seed(self, store: Store) -> None:
         recs = {f"topic.{t}": float(n) for t, (_b, n) in store.disk_usage().items()}
         self._samples = deque([(time.monotonic(), recs)])
 

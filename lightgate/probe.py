@@ -27,10 +27,14 @@ import os
 import struct
 import time
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING
 
 from store.latency import LatencyHistogram
 from store.mapping import PROBE_CLIENT_PREFIX, PROBE_TOPIC
+
+if TYPE_CHECKING:
+    from lightgate.config import GatewayConfig
+    from notify import InProcessNotifier
 
 log = logging.getLogger("lightgate.probe")
 
@@ -56,7 +60,9 @@ def _packet(first: int, body: bytes) -> bytes:
 class Probe:
     """The probe client plus its notify mailbox. Event-loop-only."""
 
-    def __init__(self, cfg: Any, host: str, port: int, notifier: Any) -> None:
+    def __init__(
+        self, cfg: GatewayConfig, host: str, port: int, notifier: InProcessNotifier | None
+    ) -> None:
         self.interval = cfg.probe_interval_ms / 1000
         self.timeout = cfg.probe_timeout_ms / 1000
         self.host, self.port = host, port
@@ -95,7 +101,9 @@ class Probe:
         self._started = loop.time()
         if self.notifier is not None:
             self.notifier.register(_MAILBOX, [self.topic], announce=False)
-            self._tasks.append(loop.create_task(self._watch_events(), name="probe-events"))
+            self._tasks.append(
+                loop.create_task(self._watch_events(self.notifier), name="probe-events")
+            )
         self._tasks.append(loop.create_task(self._run(), name="probe"))
 
     async def close(self) -> None:
@@ -110,9 +118,9 @@ class Probe:
             self._writer.close()
 
     # -- the notify hop --------------------------------------------------------------------
-    async def _watch_events(self) -> None:
+    async def _watch_events(self, notifier: InProcessNotifier) -> None:
         loop = asyncio.get_running_loop()
-        async for ev in self.notifier.events(_MAILBOX):
+        async for ev in notifier.events(_MAILBOX):
             now = loop.time()
             last = self._qseq
             self._qseq = ev.last_seq

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeAlias
 
 from store.mapping import MqttProperties
 
@@ -16,6 +17,10 @@ class Entry(NamedTuple):
     offset: int
 
 
+# (log topic, partition, offset): an `Entry`, or a plain tuple as the dispatcher pushes entries.
+Position: TypeAlias = tuple[str, int, int]
+
+
 class ReadResult(NamedTuple):
     """`entries[i]` has sequence `first_seq + i` (None: a void entry, its record was lost).
 
@@ -23,7 +28,7 @@ class ReadResult(NamedTuple):
     was asked for); `next_seq` is the sequence the next entry will get.
     """
 
-    entries: list[Entry | None]
+    entries: Sequence[Position | None]
     start_seq: int
     next_seq: int
     first_seq: int

@@ -21,6 +21,7 @@ import contextlib
 import hashlib
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -40,7 +41,7 @@ from lightqueue.keys import (
     entry_key_seq,
     entry_prefix,
 )
-from lightqueue.model import Entry, ReadResult, StoredMessage
+from lightqueue.model import Entry, Position, ReadResult, StoredMessage
 from lightqueue.rebuild import recover_dirs
 from lightqueue.resolver import Resolver
 from lightqueue.retained import RetainedStore
@@ -390,7 +391,7 @@ class LightQueues:
         except UnknownTopicOrPartitionError:
             return 1 << 62
 
-    def resolve(self, entries: list[Entry | None]) -> list[StoredMessage | None]:
+    def resolve(self, entries: Sequence[Position | None]) -> list[StoredMessage | None]:
         """Messages for `entries` (aligned; None for void or deleted records)."""
         return self.resolver.resolve(entries)
 

@@ -11,10 +11,11 @@ read through its topic queue and a filter queue is decoded once.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 from typing import Any
 
 from lightqueue.dispatcher import mqtt_topic_of
-from lightqueue.model import Entry, StoredMessage
+from lightqueue.model import Position, StoredMessage
 from store import OffsetOutOfRangeError, UnknownTopicOrPartitionError
 from store.mapping import H_CLIENT_ID, H_QOS, mqtt_view
 from store.record_batch import (
@@ -55,7 +56,7 @@ class Resolver:
         for tp in [tp for tp in self._avg if tp[0] == topic]:
             del self._avg[tp]
 
-    def resolve(self, entries: list[Entry | None]) -> list[StoredMessage | None]:
+    def resolve(self, entries: Sequence[Position | None]) -> list[StoredMessage | None]:
         """One message per entry (None: void entry, or its record is gone from the log)."""
         groups: dict[tuple[str, int], list[int]] = {}
         for e in entries:

@@ -34,10 +34,12 @@ A malformed body raises `store.wire.WireError` (the link answers BAD_REQUEST).
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from typing import Any
 
 from lightqueue import codec
-from lightqueue.model import ReadResult, StoredMessage, props_from_obj, props_to_obj
+from lightqueue.model import Position, ReadResult, StoredMessage, props_from_obj, props_to_obj
+from store.mapping import MqttProperties
 from store.wire import WireError, get_str, put_str
 from store.wire import decode_str_body as decode_str_body  # the one-str bodies (RELEASE,
 from store.wire import str_body as str_body  # WATCH, UNWATCH, RETAINED, DEL_SESSION)
@@ -58,7 +60,7 @@ _VOID = 0xFFFF
 
 
 # -- entries and messages ------------------------------------------------------------------------
-def encode_entries(out: list[bytes], entries: list[Any]) -> None:
+def encode_entries(out: list[bytes], entries: Sequence[Position | None]) -> None:
     """Append `topics | entries` for `entries` (Entry-like tuples or None)."""
     index: dict[str, int] = {}
     packed = []
@@ -78,7 +80,7 @@ def encode_entries(out: list[bytes], entries: list[Any]) -> None:
     out += packed
 
 
-def decode_entries(body: bytes, pos: int) -> tuple[list[Any], int]:
+def decode_entries(body: bytes, pos: int) -> tuple[list[Position | None], int]:
     (nt,) = _U16.unpack_from(body, pos)
     pos += 2
     names = []
@@ -91,7 +93,7 @@ def decode_entries(body: bytes, pos: int) -> tuple[list[Any], int]:
     if end > len(body):
         raise WireError("truncated entries")
     # Plain tuples: they compare and hash as Entry does, at half the cost to build.
-    out: list[Any] = [
+    out: list[Position | None] = [
         None if t == _VOID else (names[t], p, o) for t, p, o in _ENTRY.iter_unpack(body[pos:end])
     ]
     return out, end
@@ -134,7 +136,7 @@ def decode_message(body: bytes, pos: int) -> tuple[StoredMessage | None, int]:
     return StoredMessage(topic, payload, qos, cid, bool(flags & 2), props, ts, lt, part, off), pos
 
 
-def encode_messages(msgs: list[StoredMessage | None]) -> bytes:
+def encode_messages(msgs: Sequence[StoredMessage | None]) -> bytes:
     out = [_U32.pack(len(msgs))]
     for m in msgs:
         encode_message(out, m)
@@ -175,13 +177,13 @@ def decode_read_reply(body: bytes) -> ReadResult:
     return ReadResult(entries, start, nxt, first)
 
 
-def encode_resolve(entries: list[Any]) -> bytes:
+def encode_resolve(entries: Sequence[Position | None]) -> bytes:
     out: list[bytes] = []
     encode_entries(out, entries)
     return b"".join(out)
 
 
-def decode_resolve(body: bytes) -> list[Any]:
+def decode_resolve(body: bytes) -> list[Position | None]:
     return decode_entries(body, 0)[0]
 
 
@@ -209,7 +211,7 @@ def encode_retain(
     payload: bytes,
     qos: int,
     client_id: str,
-    properties: Any,
+    properties: MqttProperties | None,
     timestamp_ms: int,
     position: tuple[str, int, int],
 ) -> bytes:
@@ -219,13 +221,15 @@ def encode_retain(
     )  # fmt: skip
 
 
-def decode_retain(body: bytes) -> tuple[str, bytes, int, str, Any, int, tuple[str, int, int]]:
+def decode_retain(
+    body: bytes,
+) -> tuple[str, bytes, int, str, MqttProperties | None, int, Position]:
     """(topic, payload, qos, client id, MqttProperties or None, timestamp ms, log position)."""
     topic, payload, qos, cid, props, ts, position = codec.decode(body)
     return topic, payload, qos, cid, props_from_obj(props), ts, tuple(position)
 
 
-def encode_sessions(states: list[Any]) -> bytes:
+def encode_sessions(states: list[dict[str, Any]]) -> bytes:
     return codec.encode(states)
 
 
@@ -237,7 +241,7 @@ def encode_put_sessions(items: list[tuple[str, dict[str, Any]]]) -> bytes:
     return codec.encode([[cid, state] for cid, state in items])
 
 
-def decode_put_sessions(body: bytes) -> list[tuple[str, Any]]:
+def decode_put_sessions(body: bytes) -> list[tuple[str, dict[str, Any]]]:
     return [(cid, state) for cid, state in codec.decode(body)]
 
 
@@ -250,7 +254,7 @@ def decode_indexed(body: bytes) -> int:
     return int(_I64.unpack_from(body, 0)[0])
 
 
-def encode_pushed(pushed: list[tuple[str, int, list[Any]]]) -> bytes:
+def encode_pushed(pushed: Sequence[tuple[str, int, Sequence[Position | None]]]) -> bytes:
     """An ENTRIES body: (queue, first sequence, entries) per watched queue that grew."""
     out = [_U16.pack(len(pushed))]
     for queue, first, entries in pushed:
@@ -260,7 +264,7 @@ def encode_pushed(pushed: list[tuple[str, int, list[Any]]]) -> bytes:
     return b"".join(out)
 
 
-def decode_pushed(body: bytes) -> list[tuple[str, int, list[Any]]]:
+def decode_pushed(body: bytes) -> list[tuple[str, int, list[Position | None]]]:
     (n,) = _U16.unpack_from(body, 0)
     pos = 2
     out = []

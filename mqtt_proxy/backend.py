@@ -27,12 +27,33 @@ import logging
 import time
 from bisect import bisect_right
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING
 
-from lightqueue.model import ReadResult
+from lightqueue.model import ReadResult, StoredMessage
+from mqtt_proxy.ports import (
+    Acquired,
+    Entries,
+    EntriesSink,
+    LoadDone,
+    LogPort,
+    Message,
+    NotifierPort,
+    QueuesPort,
+    SessionState,
+)
 from mqtt_proxy.subscriptions import FilterSpec
+from store.mapping import MqttMessage
+from store.store import Run
+
+if TYPE_CHECKING:
+    from lightqueue.queues import LightQueues
+    from mqtt_proxy.remote_notify import LinkNotifier
+    from mqtt_proxy.remote_queues import RemoteLightQueues
+    from mqtt_proxy.remote_store import RemoteStore
+    from notify import InProcessNotifier
+    from store import Store
 
 log = logging.getLogger("lightgate.mqtt.backend")
 
@@ -41,19 +62,18 @@ log = logging.getLogger("lightgate.mqtt.backend")
 # run slots) and its record takes ~130, so 130 + 240 counted errs on the safe side.
 RECENT_OVERHEAD = 240
 
-LoadDone = Callable[[Any, list[Any] | None], None]  # (ReadResult or None on failure, messages)
-Acquired = tuple[str, int] | str  # (queue, start sequence) or the reason it was refused
-
 
 class Backend:
     """What both backends share: the recent-append cache and the notify side."""
 
-    def __init__(self, store: Any, notifier: Any, proxy_id: str, recent_bytes: int) -> None:
+    def __init__(
+        self, store: LogPort, notifier: NotifierPort, proxy_id: str, recent_bytes: int
+    ) -> None:
         self.store = store
         self.notifier = notifier
         self.proxy_id = proxy_id
         # (log topic, partition) -> (base offsets, runs of messages); fifo: every run, oldest first
-        self._parts: dict[tuple[str, int], tuple[list[int], list[list[Any]]]] = {}
+        self._parts: dict[tuple[str, int], tuple[list[int], list[list[MqttMessage]]]] = {}
         self._fifo: deque[tuple[tuple[str, int], int, int]] = deque()
         self._recent_bytes = 0
         self._recent_count = 0
@@ -65,7 +85,7 @@ class Backend:
         """Anything to learn from the layers below before serving clients."""
 
     # -- the recent-append cache -----------------------------------------------------------
-    def remember(self, msgs: list[Any], runs: list[Any]) -> None:
+    def remember(self, msgs: list[MqttMessage], runs: list[Run]) -> None:
         """Keep what this proxy just appended, for `_from_recent`. The MqttMessage itself
         serves: it has every field delivery reads (timestamp set at receipt).
 
@@ -99,12 +119,14 @@ class Backend:
                 self._recent_bytes -= cost
                 self._recent_count -= n
 
-    def _from_recent(self, entries: list[Any]) -> tuple[list[Any], list[int]]:
+    def _from_recent(self, entries: Entries) -> tuple[list[Message | None], list[int]]:
         """Messages found in the recent runs, and the indexes of the entries that were not."""
         parts = self._parts
-        out: list[Any] = [None] * len(entries)
+        out: list[Message | None] = [None] * len(entries)
         missing: list[int] = []
-        hits: dict[tuple[str, int], tuple[int, list[Any]]] = {}  # last run hit per partition
+        hits: dict[
+            tuple[str, int], tuple[int, list[MqttMessage]]
+        ] = {}  # last run hit per partition
         for i, e in enumerate(entries):
             if e is None:
                 continue
@@ -154,7 +176,7 @@ class Backend:
         raise NotImplementedError
 
     # Delivery.on_entries: (queue, first sequence, entries) of a watched queue after a round.
-    entries_sink: Callable[[str, int, list[Any]], None] | None = None
+    entries_sink: EntriesSink | None = None
 
     async def batches(self) -> AsyncIterator[dict[str, int]]:
         """Coalesced notify events, one dict queue -> last sequence per wake-up."""
@@ -177,11 +199,11 @@ class Backend:
         """Entries of `queue` from `from_seq` and their messages: `done(read result, msgs)`."""
         raise NotImplementedError
 
-    def load_entries(self, queue: str, from_seq: int, entries: list[Any], done: LoadDone) -> None:
+    def load_entries(self, queue: str, from_seq: int, entries: Entries, done: LoadDone) -> None:
         """`load` for entries already known (pushed): only their messages are looked up."""
         self._resolve(queue, ReadResult(entries, 0, from_seq + len(entries), from_seq), done)
 
-    def _resolve(self, queue: str, res: Any, done: LoadDone) -> None:
+    def _resolve(self, queue: str, res: ReadResult, done: LoadDone) -> None:
         """done(res, messages of res.entries): the recent runs first, the store for the rest."""
         raise NotImplementedError
 
@@ -196,20 +218,22 @@ class Backend:
         """Records the dispatcher has indexed since it opened (a monotonic counter)."""
         raise NotImplementedError
 
-    def retain(self, msg: Any, offset: tuple[str, int, int]) -> asyncio.Future[Any] | None:
+    def retain(
+        self, msg: MqttMessage, offset: tuple[str, int, int]
+    ) -> asyncio.Future[bytes] | None:
         """Set (or, with an empty payload, clear) the retained message of `msg.topic`; None
         when done at once, else the future of the core's answer (written when it resolves)."""
         raise NotImplementedError
 
-    def retained_for(self, filt: str, done: Callable[[list[Any]], None]) -> None:
+    def retained_for(self, filt: str, done: Callable[[list[StoredMessage]], None]) -> None:
         """Unexpired retained messages matching `filt` (a tree walk, not a scan)."""
         raise NotImplementedError
 
-    async def load_sessions(self) -> list[dict[str, Any]]:
+    async def load_sessions(self) -> list[SessionState]:
         raise NotImplementedError
 
     def save_sessions(
-        self, items: list[tuple[str, dict[str, Any]]], done: Callable[[], None] | None = None
+        self, items: list[tuple[str, SessionState]], done: Callable[[], None] | None = None
     ) -> None:
         """Write session states; `done` runs once they are written (SUBACK waits for it)."""
         raise NotImplementedError
@@ -228,7 +252,12 @@ class LocalBackend(Backend):
     """Store, light queues and notifier in this process: every call answers at once."""
 
     def __init__(
-        self, store: Any, queues: Any, notifier: Any, proxy_id: str, recent_bytes: int
+        self,
+        store: LogPort,
+        queues: LightQueues,
+        notifier: NotifierPort,
+        proxy_id: str,
+        recent_bytes: int,
     ) -> None:
         super().__init__(store, notifier, proxy_id, recent_bytes)
         self.queues = queues
@@ -240,7 +269,7 @@ class LocalBackend(Backend):
         else:
             self.queues.unwatch(queue)
 
-    def _pushed(self, pushed: list[tuple[str, int, list[Any]]]) -> None:
+    def _pushed(self, pushed: Sequence[tuple[str, int, Entries]]) -> None:
         sink = self.entries_sink
         if sink is not None:
             for queue, first, entries in pushed:
@@ -249,7 +278,7 @@ class LocalBackend(Backend):
     def load(self, queue: str, from_seq: int, max_n: int, done: LoadDone) -> None:
         self._resolve(queue, self.queues.read(queue, from_seq, max_n), done)
 
-    def _resolve(self, queue: str, res: Any, done: LoadDone) -> None:
+    def _resolve(self, queue: str, res: ReadResult, done: LoadDone) -> None:
         msgs, missing = self._from_recent(res.entries)
         if missing:
             entries = res.entries
@@ -276,20 +305,22 @@ class LocalBackend(Backend):
     def indexed(self) -> int:
         return int(self.queues.dispatcher.records)
 
-    def retain(self, msg: Any, offset: tuple[str, int, int]) -> asyncio.Future[Any] | None:
+    def retain(
+        self, msg: MqttMessage, offset: tuple[str, int, int]
+    ) -> asyncio.Future[bytes] | None:
         self.queues.retained.set(
             msg.topic, msg.payload, msg.qos, msg.client_id, msg.properties, msg.timestamp_ms, offset
         )
         return None
 
-    def retained_for(self, filt: str, done: Callable[[list[Any]], None]) -> None:
+    def retained_for(self, filt: str, done: Callable[[list[StoredMessage]], None]) -> None:
         done(self.queues.retained.match(filt))
 
-    async def load_sessions(self) -> list[dict[str, Any]]:
+    async def load_sessions(self) -> list[SessionState]:
         return list(self.queues.sessions.load_all())
 
     def save_sessions(
-        self, items: list[tuple[str, dict[str, Any]]], done: Callable[[], None] | None = None
+        self, items: list[tuple[str, SessionState]], done: Callable[[], None] | None = None
     ) -> None:
         if items:
             self.queues.sessions.put_many(items)
@@ -306,9 +337,15 @@ class RemoteBackend(Backend):
     link going away ends the proxy (the wiring watches `link_lost`)."""
 
     def __init__(
-        self, store: Any, queues: Any, notifier: Any, proxy_id: str, recent_bytes: int
+        self,
+        store: RemoteStore,
+        queues: RemoteLightQueues,
+        notifier: NotifierPort,
+        proxy_id: str,
+        recent_bytes: int,
     ) -> None:
         super().__init__(store, notifier, proxy_id, recent_bytes)
+        self.remote_store = store
         self.queues = queues
         self._loop = asyncio.get_running_loop()
         queues.entries_sink = self._pushed
@@ -316,35 +353,35 @@ class RemoteBackend(Backend):
     def _watch(self, queue: str, on: bool) -> None:
         self.queues.watch(queue, on)
 
-    def _pushed(self, queue: str, first: int, entries: list[Any]) -> None:
+    def _pushed(self, queue: str, first: int, entries: Entries) -> None:
         if self.entries_sink is not None:
             self.entries_sink(queue, first, entries)
 
     async def start(self) -> None:
         from mqtt_proxy.device_events import TOPIC
 
-        await self.store.ensure_topic(TOPIC, force=True)
+        await self.remote_store.ensure_topic(TOPIC, force=True)
 
     def load(self, queue: str, from_seq: int, max_n: int, done: LoadDone) -> None:
         self.queues.read(queue, from_seq, max_n).add_done_callback(
             lambda f: self._read_done(f, queue, done)
         )
 
-    def _read_done(self, fut: asyncio.Future[Any], queue: str, done: LoadDone) -> None:
+    def _read_done(self, fut: asyncio.Future[ReadResult], queue: str, done: LoadDone) -> None:
         if fut.cancelled() or fut.exception() is not None:
             log.warning("light-queue read of %s failed: %r", queue, fut.exception())
             done(None, None)
             return
         self._resolve(queue, fut.result(), done)
 
-    def _resolve(self, queue: str, res: Any, done: LoadDone) -> None:
+    def _resolve(self, queue: str, res: ReadResult, done: LoadDone) -> None:
         msgs, missing = self._from_recent(res.entries)
         if not missing:
             done(res, msgs)
             return
         entries = res.entries
 
-        def resolved(f: asyncio.Future[Any]) -> None:
+        def resolved(f: asyncio.Future[list[StoredMessage | None]]) -> None:
             if f.cancelled() or f.exception() is not None:
                 log.warning("resolving %d entries of %s failed: %r", len(missing), queue,
                             f.exception())  # fmt: skip
@@ -361,7 +398,7 @@ class RemoteBackend(Backend):
             done([])
             return
 
-        def answered(f: asyncio.Future[Any]) -> None:
+        def answered(f: asyncio.Future[list[Acquired]]) -> None:
             if f.cancelled() or f.exception() is not None:
                 err = f"core link: {f.exception()!r}"
                 done([err] * len(specs))
@@ -377,15 +414,17 @@ class RemoteBackend(Backend):
     def indexed(self) -> int:
         return int(self.queues.indexed)
 
-    def retain(self, msg: Any, offset: tuple[str, int, int]) -> asyncio.Future[Any] | None:
+    def retain(
+        self, msg: MqttMessage, offset: tuple[str, int, int]
+    ) -> asyncio.Future[bytes] | None:
         fut = self.queues.retain(
             msg.topic, msg.payload, msg.qos, msg.client_id, msg.properties, msg.timestamp_ms, offset
         )
         fut.add_done_callback(_log_retain_failure)
         return fut
 
-    def retained_for(self, filt: str, done: Callable[[list[Any]], None]) -> None:
-        def answered(f: asyncio.Future[Any]) -> None:
+    def retained_for(self, filt: str, done: Callable[[list[StoredMessage]], None]) -> None:
+        def answered(f: asyncio.Future[list[StoredMessage | None]]) -> None:
             if f.cancelled() or f.exception() is not None:
                 log.warning("retained lookup for %r failed: %r", filt, f.exception())
                 done([])
@@ -394,19 +433,20 @@ class RemoteBackend(Backend):
 
         self.queues.retained_match(filt).add_done_callback(answered)
 
-    async def load_sessions(self) -> list[dict[str, Any]]:
+    async def load_sessions(self) -> list[SessionState]:
         return list(await self.queues.load_sessions())
 
     def save_sessions(
-        self, items: list[tuple[str, dict[str, Any]]], done: Callable[[], None] | None = None
+        self, items: list[tuple[str, SessionState]], done: Callable[[], None] | None = None
     ) -> None:
         if done is None:
             if items:
                 self.queues.put_sessions(items)
             return
         fut = self.queues.put_sessions(items, wait=True)
+        assert fut is not None  # wait=True: the core answers once they are written
 
-        def written(f: asyncio.Future[Any]) -> None:
+        def written(f: asyncio.Future[bytes]) -> None:
             if f.cancelled() or f.exception() is not None:
                 log.error("writing %d sessions failed: %r", len(items), f.exception())
             done()
@@ -417,6 +457,19 @@ class RemoteBackend(Backend):
         self.queues.delete_session(client_id)
 
 
-def _log_retain_failure(fut: asyncio.Future[Any]) -> None:
+def _log_retain_failure(fut: asyncio.Future[bytes]) -> None:
     if not fut.cancelled() and fut.exception() is not None:
         log.error("setting a retained message in the core failed: %r", fut.exception())
+
+
+if TYPE_CHECKING:
+    # The twins behind each seam satisfy the proxy's ports (mqtt_proxy/ports.py); mypy checks it.
+    def _twins(
+        local: LocalBackend,
+        remote: RemoteBackend,
+        store: Store,
+        remote_store: RemoteStore,
+        notifier: InProcessNotifier,
+        link_notifier: LinkNotifier,
+    ) -> tuple[QueuesPort, QueuesPort, LogPort, LogPort, NotifierPort, NotifierPort]:
+        return local, remote, store, remote_store, notifier, link_notifier

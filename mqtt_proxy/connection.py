@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from mqtt_proxy import handlers
 from mqtt_proxy.codec import (
@@ -27,6 +27,7 @@ from mqtt_proxy.codec import (
     Connack,
     Connection,
     LocalProtocolError,
+    Packet,
     Puback,
     Publish,
     Pubrec,
@@ -38,8 +39,11 @@ from mqtt_proxy.limits import TokenBucket
 from mqtt_proxy.outbound import ack
 
 if TYPE_CHECKING:
+    from mqtt_proxy.codec import Properties
+    from mqtt_proxy.ports import PeerPort
     from mqtt_proxy.server import MqttServer
     from mqtt_proxy.session import Session
+    from store.auth import ClientAcl
 
 log = logging.getLogger("lightgate.mqtt.conn")
 PACKET_TOO_LARGE = 0x95
@@ -104,7 +108,7 @@ class MqttConnection(asyncio.Protocol):
         self.connected = False
         self._loop = server.loop
         self._blocked = False  # an operation of this connection waits for the core (block())
-        self._held: list[Any] = []  # packets received meanwhile, handled on unblock()
+        self._held: list[Packet] = []  # packets received meanwhile, handled on unblock()
         self.paused_since = 0.0  # loop time of the last pause_writing (delivery's slow check)
         # max_publish_rate (limits.py): this client's bucket, armed at CONNECT; None = no limit.
         # While `_rate_timer` is set the connection is blocked for lack of tokens (_rate_block).
@@ -114,7 +118,7 @@ class MqttConnection(asyncio.Protocol):
         self.over_conn_rate = False  # max_connection_rate: its CONNECT gets 0x9F / 0x03
         # This client's compiled ACL (store.auth.ClientAcl); None when everything is allowed,
         # so the hot paths pay one `is None` test. Replaced on reload (refresh_acl).
-        self.acl: Any = None
+        self.acl: ClientAcl | None = None
         self.conn_id = server.conn_log.new_id()
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
@@ -155,12 +159,11 @@ class MqttConnection(asyncio.Protocol):
             # Only publishers are held back: a subscriber's PUBACKs are what frees delivery.
             self.server.inbound.throttle(self)
 
-    def _handle(self, packets: list[Any], _Publish: type = Publish) -> bool:
+    def _handle(self, packets: list[Packet], _Publish: type[Publish] = Publish) -> bool:
         """Act on `packets` in order; True if one was a PUBLISH."""
         on_publish = handlers.handle_publish
         dispatch = handlers.DISPATCH
         published = False
-        p: Any
         rate = self.rate
         for i, p in enumerate(packets):
             if self.closed:
@@ -180,7 +183,7 @@ class MqttConnection(asyncio.Protocol):
         return published
 
     # -- max_publish_rate ---------------------------------------------------------------------
-    def _rate_block(self, rest: list[Any]) -> None:
+    def _rate_block(self, rest: list[Packet]) -> None:
         """Out of publish tokens: stop reading the socket (TCP pushes back on the client), keep
         the packets already read and handle them as tokens come back. What was read beyond one
         second's worth (`burst`) cannot wait honestly in memory: _over_quota answers it."""
@@ -202,7 +205,7 @@ class MqttConnection(asyncio.Protocol):
         self.last_rx = self._loop.time()  # we did not read: the client was not silent
         self.unblock()
 
-    def _over_quota(self, packets: list[Any]) -> list[Any]:
+    def _over_quota(self, packets: list[Packet]) -> list[Packet]:
         """Keep at most `burst` held PUBLISH; past that a v5 QoS 1/2 gets PUBACK/PUBREC 0x97
         Quota exceeded (not stored), a QoS 0 is dropped and counted, and a 3.1.1 QoS 1/2 stays
         held (3.1.1 has no refusal but closing; memory stays bounded by the read that brought
@@ -210,7 +213,7 @@ class MqttConnection(asyncio.Protocol):
         rate = self.rate
         assert rate is not None
         room = int(rate.burst) - sum(1 for p in self._held if type(p) is Publish)
-        out: list[Any] = []
+        out: list[Packet] = []
         counters = self.server.counters
         for p in packets:
             if type(p) is not Publish:
@@ -313,7 +316,7 @@ class MqttConnection(asyncio.Protocol):
         c["bytes_sent"] += nbytes
         self.transport.write(data)
 
-    def send(self, packet: Any) -> None:
+    def send(self, packet: Packet) -> None:
         """Encode through the codec (state table, limits) and write.
 
         Nothing once the client's DISCONNECT is parsed: the codec reads a whole chunk before the
@@ -338,7 +341,7 @@ class MqttConnection(asyncio.Protocol):
             return
         self.write(data)
 
-    def send_connack(self, present: bool, reason: int, props: Any) -> None:
+    def send_connack(self, present: bool, reason: int, props: Properties) -> None:
         if self.version != 5 and reason and v3_connack_code(reason) is None:
             reason = 0x87  # v3 has no such code: "not authorized" is the closest refusal
         self.send(Connack(present, reason, props))
@@ -450,3 +453,9 @@ class MqttConnection(asyncio.Protocol):
         r = self.server.settings.max_publish_rate
         if r > 0:
             self.rate = TokenBucket(r, r, self._loop.time())
+
+
+if TYPE_CHECKING:
+
+    def _is_a_peer(conn: MqttConnection) -> PeerPort:
+        return conn  # mypy: a connection is what delivery and the sessions take it for

@@ -30,23 +30,24 @@ sequence in `sub.pending` until the ack, and the stored position is the acked pr
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import TYPE_CHECKING, Any
+from typing import Final
 
+from lightqueue.model import ReadResult
 from mqtt_proxy.codec import PublishTemplate, publish_qos0
 from mqtt_proxy.outbound import delivery_properties
+from mqtt_proxy.ports import Entries, Message, PeerPort, QueuesPort
 from mqtt_proxy.session import Inflight, Session, Subscription
+from mqtt_proxy.settings import ProxySettings
 from mqtt_proxy.subscriptions import topic_matches
 from store.latency import LatencyHistogram
-from store.mapping import PROBE_TOPIC, SYSTEM_TOPIC_PREFIX
-
-if TYPE_CHECKING:
-    from mqtt_proxy.connection import MqttConnection
+from store.mapping import PROBE_TOPIC, SYSTEM_TOPIC_PREFIX, MqttProperties
 
 log = logging.getLogger("lightgate.mqtt.delivery")
 
@@ -55,7 +56,13 @@ PROBE_PREFIX = PROBE_TOPIC + "/"  # the gateway's latency probes: delivered (exa
 PUMP_BATCHES = 64  # reads of `read_batch` entries per reader per tick before yielding the loop
 SLOW_AFTER_S = 0.1  # a subscriber whose socket stays full this long is a slow consumer
 PUSHED_MAX = 1 << 17  # pushed entries kept per queue for readers behind the head
-_UNREADABLE: Any = ("unreadable",)  # _pick_member: no member of the group may read the message
+
+
+class _Pick(enum.Enum):
+    UNREADABLE = 0  # _pick_member: no member of the group may read the message
+
+
+_UNREADABLE: Final = _Pick.UNREADABLE
 
 
 class CachedMsg:
@@ -81,7 +88,7 @@ class CachedMsg:
         qos: int,
         retain: bool,
         client_id: str,
-        props: Any,
+        props: MqttProperties | None,
         ts_ms: int,
     ) -> None:
         self.topic = topic
@@ -93,11 +100,11 @@ class CachedMsg:
         self.ts_ms = ts_ms
         expiry = props.message_expiry if props is not None else None
         self.expire_at_ms = ts_ms + expiry * 1000 if expiry is not None else None
-        self.templates: dict[tuple[Any, ...], PublishTemplate] | None = None
+        self.templates: dict[tuple[int, bool, bool, tuple[int, ...]], PublishTemplate] | None = None
         self.data0: bytes | None = None  # QoS 0, 3.1.1, no retain: the common packet, cached
 
     @classmethod
-    def from_stored(cls, m: Any) -> CachedMsg:
+    def from_stored(cls, m: Message) -> CachedMsg:
         return cls(m.topic, m.payload, m.qos, m.retain, m.client_id, m.properties, m.timestamp_ms)
 
     def expired(self, now_ms: int) -> bool:
@@ -179,7 +186,7 @@ class QueueState:
         self.retry: asyncio.TimerHandle | None = None  # a failed load is retried later
         # Entries the dispatcher pushed for this watched queue: (first sequence, entries) runs
         # not yet delivered to every reader; a load finds them here instead of reading.
-        self.pushed: deque[tuple[int, list[Any]]] = deque()
+        self.pushed: deque[tuple[int, Entries]] = deque()
         self.pushed_n = 0
 
 
@@ -188,8 +195,8 @@ class Delivery:
 
     def __init__(
         self,
-        reader: Any,
-        settings: Any,
+        reader: QueuesPort,
+        settings: ProxySettings,
         stats: dict[str, int],
         on_interest: Callable[[str, bool], None],
     ) -> None:
@@ -277,7 +284,7 @@ class Delivery:
             self.mark(qs)
 
     # -- scheduling ------------------------------------------------------------------------
-    def on_entries(self, queue: str, first: int, entries: list[Any]) -> None:
+    def on_entries(self, queue: str, first: int, entries: Entries) -> None:
         """A dispatch round's new entries of a queue read here (pushed, see LightQueues.watch)."""
         qs = self.queues.get(queue)
         if qs is None or not entries:
@@ -344,7 +351,13 @@ class Delivery:
         qs.loading = 2
         return None
 
-    def _loaded(self, qs: QueueState, from_seq: int, res: Any, msgs: list[Any] | None) -> None:
+    def _loaded(
+        self,
+        qs: QueueState,
+        from_seq: int,
+        res: ReadResult | None,
+        msgs: list[Message | None] | None,
+    ) -> None:
         was_waiting = qs.loading == 2
         qs.loading = 0
         qs.loaded_start = from_seq
@@ -412,7 +425,7 @@ class Delivery:
         loop (ingest, dispatch and other queues get their turn in between)."""
         now_ms = int(time.time() * 1000)
         more = False
-        cohorts: dict[tuple[Any, ...], list[Subscription]] = {}
+        cohorts: dict[tuple[int, bool, bool, int | None], list[Subscription]] = {}
         for sub in qs.subs:
             conn = sub.session.conn
             if conn is None or not conn.writable or sub.held:
@@ -518,6 +531,7 @@ class Delivery:
                 still = []
                 for sub in subs:
                     conn = sub.session.conn
+                    assert conn is not None  # a cohort holds connected subscribers only
                     conn.write_delivery(data, n, nbytes)
                     sub.pos = end
                     if conn.writable:
@@ -531,9 +545,7 @@ class Delivery:
                 return False
         return True
 
-    def _pump_one(
-        self, qs: QueueState, sub: Subscription, conn: MqttConnection, now_ms: int
-    ) -> bool:
+    def _pump_one(self, qs: QueueState, sub: Subscription, conn: PeerPort, now_ms: int) -> bool:
         session = sub.session
         v5 = conn.v5
         check = sub.acl_check if conn.acl is not None else None
@@ -630,7 +642,9 @@ class Delivery:
                 g.pos = seq + 1
         return True
 
-    def _pick_member(self, g: SharedGroup, m: CachedMsg) -> tuple[Subscription, Any] | None:
+    def _pick_member(
+        self, g: SharedGroup, m: CachedMsg
+    ) -> tuple[Subscription, PeerPort] | _Pick | None:
         """The next member with room that may read `m`; None when none has room now;
         `_UNREADABLE` when no connected member may read it (the group passes over it rather
         than hold every later message back)."""
@@ -660,7 +674,7 @@ class Delivery:
         qs: QueueState,
         g: SharedGroup,
         sub: Subscription,
-        conn: Any,
+        conn: PeerPort,
         seq: int,
         m: CachedMsg,
         now_ms: int,

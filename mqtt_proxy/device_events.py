@@ -17,8 +17,8 @@ import asyncio
 import json
 import logging
 import time
-from typing import Any
 
+from mqtt_proxy.ports import LogPort
 from store.mapping import DEVICE_EVENTS_TOPIC, PROBE_CLIENT_PREFIX, partition_for_key
 from store.record_batch import build_uncompressed
 
@@ -34,7 +34,7 @@ FLUSH_S = 0.05
 class DeviceEvents:
     __slots__ = ("_store", "_pending", "_scheduled", "_partitions", "enabled")
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: LogPort) -> None:
         self._store = store
         self._pending: list[tuple[str, bytes, int]] = []
         self._scheduled = False
@@ -77,9 +77,12 @@ class DeviceEvents:
             if not self._partitions:
                 n = store.partitions(TOPIC)
                 if n is None:  # the in-process store (a RemoteStore learns it at start)
-                    n = store.ensure_topic(TOPIC)
+                    got = store.ensure_topic(TOPIC)
+                    assert isinstance(got, int)  # in-process: created within the call
+                    n = got
                 self._partitions = n
-            by_part: dict[int, list[Any]] = {}  # partition -> [(ts, key, value, headers)]
+            # partition -> [(ts, key, value, headers)]
+            by_part: dict[int, list[tuple[int, bytes, bytes, list[tuple[str, bytes | None]]]]] = {}
             for key, value, ts in pending:
                 kb = key.encode()
                 by_part.setdefault(partition_for_key(kb, self._partitions), []).append(

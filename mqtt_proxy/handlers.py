@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from mqtt_proxy.codec import (
@@ -19,6 +20,7 @@ from mqtt_proxy.codec import (
     Connack,
     Connect,
     Disconnect,
+    Packet,
     Pingreq,
     Pingresp,
     Properties,
@@ -33,6 +35,7 @@ from mqtt_proxy.codec import (
     Unsuback,
     Unsubscribe,
 )
+from mqtt_proxy.ports import Acquired
 from mqtt_proxy.session import Will
 from mqtt_proxy.subscriptions import FilterError, FilterSpec, parse_filter
 from store.auth import ConnectVerdict
@@ -372,13 +375,13 @@ def handle_subscribe(conn: MqttConnection, p: Subscribe) -> None:
             need.setdefault(spec.raw, spec)
     conn.block()
 
-    def acquired(got: list[Any]) -> None:
+    def acquired(got: list[Acquired]) -> None:
         if sessions.sessions.get(session.client_id) is not session:
             # The session ended while the core answered (a clean session whose connection
             # closed): nothing to subscribe, give back what was held for it.
-            for a in got:
-                if not isinstance(a, str):
-                    server.backend.release(a[0])
+            for x in got:
+                if not isinstance(x, str):
+                    server.backend.release(x[0])
             return
         held = dict(zip(need, got, strict=True))
         initial = []
@@ -451,12 +454,13 @@ def _on_auth(conn: MqttConnection, p: Auth) -> None:
     conn.protocol_error(PROTOCOL_ERROR, "AUTH without enhanced authentication")
 
 
-def _unexpected(conn: MqttConnection, p: Any) -> None:
+def _unexpected(conn: MqttConnection, p: Packet) -> None:
     conn.protocol_error(PROTOCOL_ERROR, f"{type(p).__name__} is not sent to a server")
 
 
 # The codec's state table already refused anything out of order, so handlers need no state check.
-DISPATCH: dict[type, Any] = {
+# Keyed by packet type, each handler taking that type: Any is the one honest parameter type here.
+DISPATCH: dict[type, Callable[[MqttConnection, Any], None]] = {
     Connect: handle_connect,
     Publish: handle_publish,
     Puback: _on_puback,

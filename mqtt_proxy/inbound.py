@@ -22,10 +22,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from store.mapping import MqttMessage
+from store.store import AppendResult
 
 if TYPE_CHECKING:
+    from mqtt_proxy.connection import MqttConnection
     from mqtt_proxy.server import MqttServer
+
+Ack = tuple["MqttConnection", int, int]  # (connection, packet id, ack packet type)
 
 log = logging.getLogger("lightgate.mqtt.inbound")
 
@@ -53,19 +59,21 @@ class Inbound:
 
     def __init__(self, server: MqttServer) -> None:
         self._server = server
-        self._msgs: list[Any] = []
-        self._acks: list[tuple[Any, int, int]] = []  # (conn, packet id, ack packet type)
+        self._msgs: list[MqttMessage] = []
+        self._acks: list[Ack] = []
         self._retained: list[int] = []  # indexes into _msgs of retain=1 publishes
         self._scheduled = False
         self.inflight = 0  # appended batches whose `durable` has not resolved yet
         self._futs: set[asyncio.Future[None]] = set()
         self._loop = asyncio.get_running_loop()
         self.throttled = False  # dispatcher lag above LAG_HIGH: publishers are being paused
-        self._paused: list[Any] = []
+        self._paused: list[MqttConnection] = []
         self.appended = 0  # records this proxy appended
         self._indexed0 = server.backend.indexed()
 
-    def add(self, msg: Any, conn: Any = None, pid: int = 0, qos: int = 0) -> None:
+    def add(
+        self, msg: MqttMessage, conn: MqttConnection | None = None, pid: int = 0, qos: int = 0
+    ) -> None:
         """Queue one message for this tick's append; `conn`/`pid` get the ack when durable."""
         msgs = self._msgs
         if msg.retain:
@@ -77,6 +85,7 @@ class Inbound:
             self.throttled = True
             self._loop.call_later(0.001, self._check_lag)
         if qos:
+            assert conn is not None  # only the broker's own messages (wills) have none: QoS 0
             self._acks.append((conn, pid, PUBACK if qos == 1 else PUBREC))
         if not self._scheduled:
             self._scheduled = True
@@ -103,22 +112,27 @@ class Inbound:
             self._loop.call_later(0.001, self._check_lag)
         # In-process at once; through the core link the moment its reply is read, before any
         # pushed entry that refers to these messages.
-        writes: list[asyncio.Future[Any]] = []  # retained-message writes the acks wait for
+        writes: list[asyncio.Future[bytes]] = []  # retained-message writes the acks wait for
         res.when_staged(lambda: self._staged(msgs, retained, res, writes))
         fut = res.durable
         if acks:
             self.inflight += 1
             self._futs.add(fut)
             t0 = self._loop.time()  # this tick parsed them: receive → durable, per batch
-            fut.add_done_callback(lambda f, acks=acks: self._durable(f, acks, writes, t0))
+            fut.add_done_callback(lambda f: self._durable(f, acks, writes, t0))
 
     def _staged(
-        self, msgs: list[Any], retained: list[int], res: Any, writes: list[asyncio.Future[Any]]
+        self,
+        msgs: list[MqttMessage],
+        retained: list[int],
+        res: AppendResult,
+        writes: list[asyncio.Future[bytes]],
     ) -> None:
         backend = self._server.backend
-        backend.remember(msgs, res.runs)
-        if retained:
-            offsets = res.offsets
+        runs, offsets = res.runs, res.offsets if retained else None
+        assert runs is not None  # staged: the runs are known
+        backend.remember(msgs, runs)
+        if offsets is not None:
             for i in retained:
                 w = backend.retain(msgs[i], offsets[i])
                 if w is not None:  # the core's answer: the ack of a retained PUBLISH waits
@@ -127,8 +141,8 @@ class Inbound:
     def _durable(
         self,
         fut: asyncio.Future[None],
-        acks: list[tuple[Any, int, int]],
-        writes: list[asyncio.Future[Any]] | None = None,
+        acks: list[Ack],
+        writes: list[asyncio.Future[bytes]] | None = None,
         t0: float = 0.0,
     ) -> None:
         if writes and not all(w.done() for w in writes):
@@ -151,7 +165,7 @@ class Inbound:
             self._server.puback_latency.observe(self._loop.time() - t0, len(acks))
         # One write per connection for all its acks of this fsync (was one syscall per ack:
         # 11 % of the loop in a QoS 1 fan-in profile).
-        out: dict[Any, list[bytes]] = {}
+        out: dict[MqttConnection, list[bytes]] = {}
         for conn, pid, ack in acks:
             data = conn.ack_bytes(pid, ack)
             if data:
@@ -163,7 +177,7 @@ class Inbound:
         for conn, parts in out.items():
             conn.write(parts[0] if len(parts) == 1 else b"".join(parts))
 
-    def throttle(self, conn: Any) -> None:
+    def throttle(self, conn: MqttConnection) -> None:
         """Called by a connection that just fed us while throttled: stop reading it for now."""
         conn.transport.pause_reading()
         self._paused.append(conn)

@@ -8,12 +8,13 @@ they are on the QoS 1/2 hot path.
 
 from __future__ import annotations
 
-from typing import Any
-
 from mqtt_proxy.codec import EMPTY_PROPERTIES, Properties
+from store.mapping import MqttProperties
 
 
-def delivery_properties(mp: Any, expiry: int | None, sub_ids: tuple[int, ...]) -> Properties:
+def delivery_properties(
+    mp: MqttProperties | None, expiry: int | None, sub_ids: tuple[int, ...]
+) -> Properties:
     """Codec properties for a PUBLISH to a v5 subscriber."""
     if mp is None:
         if not sub_ids:

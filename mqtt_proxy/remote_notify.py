@@ -6,7 +6,7 @@ service half is `lightgate.link_services.NotifyService`). Event-loop-only.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import AsyncIterator, Iterable
 
 from notify import Mailbox, wire
 from notify.link import Handler, RpcPeer
@@ -35,14 +35,14 @@ class LinkNotifier:
             if q in interest:
                 box.put(q, seq)
 
-    def register(self, proxy_id: str, queues: Any, announce: bool = True) -> None:
+    def register(self, proxy_id: str, queues: Iterable[str], announce: bool = True) -> None:
         """Add interest; the core answers each new queue with its current last sequence."""
         new = [q for q in queues if q not in self._interest]
         if new and self.peer is not None:
             self._interest.update(new)
             self.peer.send(wire.REGISTER, wire.encode_queues(new))
 
-    def unregister(self, proxy_id: str, queues: Any) -> None:
+    def unregister(self, proxy_id: str, queues: Iterable[str]) -> None:
         gone = [q for q in queues if q in self._interest]
         self._interest.difference_update(gone)
         for q in gone:
@@ -53,7 +53,7 @@ class LinkNotifier:
     def drop(self, proxy_id: str) -> None:
         self.unregister(proxy_id, list(self._interest))
 
-    async def batches(self, proxy_id: str) -> Any:
+    async def batches(self, proxy_id: str) -> AsyncIterator[dict[str, int]]:
         box = self._box
         while True:
             await box.wait()

@@ -9,11 +9,18 @@ always belongs to an append whose reply this proxy already has. Event-loop-only.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
 
 from lightqueue import wire
 from lightqueue.model import ReadResult, StoredMessage
 from notify.link import Handler, RpcPeer
+from store.mapping import MqttProperties
+
+if TYPE_CHECKING:
+    from mqtt_proxy.ports import Entries, EntriesSink, SessionState
+
+T = TypeVar("T")
 
 
 class RemoteLightQueues:
@@ -26,7 +33,7 @@ class RemoteLightQueues:
         self.peer: RpcPeer | None = None
         self.indexed = 0  # the core dispatcher's record count, pushed after its rounds
         # Where pushed entries of watched queues go: (queue, first sequence, entries).
-        self.entries_sink: Any = None
+        self.entries_sink: EntriesSink | None = None
 
     def methods(self) -> dict[int, Handler]:
         return {wire.INDEXED: self._on_indexed, wire.ENTRIES: self._on_entries}
@@ -56,7 +63,7 @@ class RemoteLightQueues:
         body = wire.encode_read(queue, from_seq, max_n)
         return _then(self._call(wire.READ, body), wire.decode_read_reply)
 
-    def resolve(self, entries: list[Any]) -> asyncio.Future[list[StoredMessage | None]]:
+    def resolve(self, entries: Entries) -> asyncio.Future[list[StoredMessage | None]]:
         body = wire.encode_resolve(entries)
         return _then(self._call(wire.RESOLVE, body), wire.decode_messages)
 
@@ -77,7 +84,7 @@ class RemoteLightQueues:
         payload: bytes,
         qos: int,
         client_id: str,
-        properties: Any,
+        properties: MqttProperties | None,
         timestamp_ms: int,
         position: tuple[str, int, int],
     ) -> asyncio.Future[bytes]:
@@ -91,11 +98,11 @@ class RemoteLightQueues:
     def retained_match(self, filt: str) -> asyncio.Future[list[StoredMessage | None]]:
         return _then(self._call(wire.RETAINED, wire.str_body(filt)), wire.decode_messages)
 
-    async def load_sessions(self) -> list[dict[str, Any]]:
+    async def load_sessions(self) -> list[SessionState]:
         return wire.decode_sessions(await self._call(wire.SESSIONS, b""))
 
     def put_sessions(
-        self, items: list[tuple[str, dict[str, Any]]], wait: bool = False
+        self, items: list[tuple[str, SessionState]], wait: bool = False
     ) -> asyncio.Future[bytes] | None:
         """Write sessions in the core; with `wait`, a future that resolves once written."""
         assert self.peer is not None
@@ -110,17 +117,17 @@ class RemoteLightQueues:
         self.peer.send(wire.DEL_SESSION, wire.str_body(client_id))
 
 
-def _then(fut: asyncio.Future[bytes], decode: Any) -> asyncio.Future[Any]:
+def _then(fut: asyncio.Future[bytes], decode: Callable[[bytes], T]) -> asyncio.Future[T]:
     """A future of `decode(reply)` (decoding errors and RpcErrors land in it)."""
-    out: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    out: asyncio.Future[T] = asyncio.get_running_loop().create_future()
 
     def done(f: asyncio.Future[bytes]) -> None:
         if out.done():
             return
         if f.cancelled():
             out.cancel()
-        elif f.exception() is not None:
-            out.set_exception(f.exception())  # type: ignore[arg-type]
+        elif (failed := f.exception()) is not None:
+            out.set_exception(failed)
         else:
             try:
                 out.set_result(decode(f.result()))

@@ -13,7 +13,6 @@ import asyncio
 import logging
 from collections.abc import Sequence
 from time import time
-from typing import Any
 
 from notify.link import Handler, RpcError, RpcPeer
 from store import wire
@@ -263,6 +262,6 @@ def _fail(res: AppendResult, exc: BaseException) -> None:
             f.exception()  # retrieved here: a QoS 0 caller may never look
 
 
-def _log_task_failure(task: asyncio.Task[Any]) -> None:
+def _log_task_failure(task: asyncio.Task[None]) -> None:
     if not task.cancelled() and task.exception() is not None:
         log.error("remote append failed: %r", task.exception())

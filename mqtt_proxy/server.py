@@ -28,15 +28,18 @@ import ssl
 import time
 from collections.abc import Callable
 from time import time as _time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from mqtt_proxy.backend import Backend, LocalBackend, RemoteBackend
+from mqtt_proxy.backend import LocalBackend, RemoteBackend
 from mqtt_proxy.badclients import BadClientLog
-from mqtt_proxy.codec import EMPTY_PROPERTIES
+from mqtt_proxy.codec import EMPTY_PROPERTIES, Properties
 from mqtt_proxy.delivery import Delivery
 from mqtt_proxy.device_events import DeviceEvents
 from mqtt_proxy.inbound import Inbound
 from mqtt_proxy.limits import ConnectionRate
+from mqtt_proxy.ports import LogPort, NotifierPort, QueuesPort
+from mqtt_proxy.remote_queues import RemoteLightQueues
+from mqtt_proxy.remote_store import RemoteStore
 from mqtt_proxy.sessions import SessionManager
 from mqtt_proxy.settings import ProxySettings
 from mqtt_proxy.sys_topics import SysPublisher
@@ -45,6 +48,10 @@ from store.auth import Security
 from store.connlog import ConnLog
 from store.latency import LatencyHistogram
 from store.mapping import MqttMessage, MqttProperties
+
+if TYPE_CHECKING:
+    from lightqueue.queues import LightQueues
+    from mqtt_proxy.connection import MqttConnection
 
 log = logging.getLogger("lightgate.mqtt")
 
@@ -59,9 +66,9 @@ class MqttServer:
 
     def __init__(
         self,
-        store: Any,
-        queues: Any,
-        notifier: Any,
+        store: LogPort,
+        queues: LightQueues | RemoteLightQueues,
+        notifier: NotifierPort,
         settings: ProxySettings | None = None,
         *,
         proxy_id: str = "mqtt-0",
@@ -75,10 +82,14 @@ class MqttServer:
         self.settings = settings or ProxySettings()
         self.proxy_id = proxy_id
         self.store = store
-        backend_cls = RemoteBackend if remote else LocalBackend
-        self.backend: Backend = backend_cls(
-            store, queues, notifier, proxy_id, self.settings.recent_cache_bytes
-        )
+        size = self.settings.recent_cache_bytes
+        self.backend: QueuesPort
+        if remote:
+            assert isinstance(store, RemoteStore) and isinstance(queues, RemoteLightQueues)
+            self.backend = RemoteBackend(store, queues, notifier, proxy_id, size)
+        else:
+            assert not isinstance(queues, RemoteLightQueues)
+            self.backend = LocalBackend(store, queues, notifier, proxy_id, size)
         # Users and rights (docs/security.md); with none given, anyone may do anything.
         self.security = security if security is not None else Security.open()
         self.security.on_reload(self._security_reloaded)
@@ -114,7 +125,7 @@ class MqttServer:
         # Latency histograms (store/latency.py), read at scrape time: receive → PUBACK/PUBREC
         # sent (per fsync batch), and broker receive → PUBLISH written (per pump, ms resolution).
         self.puback_latency = LatencyHistogram()
-        self.conns: dict[str, Any] = {}  # client id -> live MqttConnection
+        self.conns: dict[str, MqttConnection] = {}  # client id -> live connection
         self.delivery = Delivery(
             self.backend, self.settings, self.counters, self.backend.set_interest
         )
@@ -176,7 +187,7 @@ class MqttServer:
                 self.sys.publish()
 
     # -- limits (docs/security.md "Limits") ---------------------------------------------------
-    def connection_allowed(self, peer: Any) -> bool:
+    def connection_allowed(self, peer: object) -> bool:
         """A new connection from `peer` (its peername) is within `max_connection_rate`."""
         ip = peer[0] if isinstance(peer, tuple) else str(peer or "")
         return self.connection_rate.allow(ip, self.loop.time())
@@ -197,7 +208,7 @@ class MqttServer:
                 if not conn.closed and conn.paused_since <= since:
                     conn.slow_consumer(now - conn.paused_since)
 
-    def _make_conn(self) -> Any:
+    def _make_conn(self) -> MqttConnection:
         from mqtt_proxy.connection import MqttConnection
 
         return MqttConnection(self)
@@ -267,7 +278,7 @@ class MqttServer:
 
     # -- messages --------------------------------------------------------------------------
     @staticmethod
-    def message_properties(p: Any) -> MqttProperties | None:
+    def message_properties(p: Properties) -> MqttProperties | None:
         """The v5 properties a stored message carries (INTERFACES.md headers), or None."""
         if p is EMPTY_PROPERTIES:
             return None
@@ -290,7 +301,7 @@ class MqttServer:
         )
 
     def make_message(
-        self, topic: str, payload: bytes, qos: int, retain: bool, props: Any, client_id: str
+        self, topic: str, payload: bytes, qos: int, retain: bool, props: Properties, client_id: str
     ) -> MqttMessage:
         mp = None if props is EMPTY_PROPERTIES else self.message_properties(props)
         # The receive time is set here (not left 0 for the store to fill) so the message kept
@@ -318,14 +329,14 @@ class MqttServer:
             return bool(self.authenticate(client_id, username, password))
         return True
 
-    def may_subscribe(self, conn: Any, filt: str) -> bool:
+    def may_subscribe(self, conn: MqttConnection, filt: str) -> bool:
         acl = conn.acl
         if acl is not None and not acl.can_subscribe(filt):
             return False
         hook = self.authorize_subscribe
         return True if hook is None else bool(hook(conn.client_id, filt))
 
-    def may_publish(self, conn: Any, topic: str) -> bool:
+    def may_publish(self, conn: MqttConnection, topic: str) -> bool:
         acl = conn.acl
         if acl is not None and not acl.can_write(topic):
             return False

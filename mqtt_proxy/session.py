@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from mqtt_proxy.ports import PeerPort, SessionState
 from mqtt_proxy.subscriptions import FilterSpec
+from store.auth import ClientAcl
 from store.mapping import MqttProperties
-
-if TYPE_CHECKING:
-    from mqtt_proxy.connection import MqttConnection
 
 
 @dataclass(slots=True, eq=False)
@@ -42,8 +41,8 @@ class Subscription:
     held: bool = False  # delivery waits: its retained messages are still to be sent
     # Delivery's ACL cache: the connection's ClientAcl it was computed for, and that ACL when
     # this filter reaches topics the client may not read (each message is then checked), else None.
-    acl_of: Any = None
-    acl_check: Any = None
+    acl_of: ClientAcl | None = None
+    acl_check: ClientAcl | None = None
 
     def acked_pos(self) -> int:
         return min(self.pending) if self.pending else self.pos
@@ -82,7 +81,7 @@ class Session:
     qos2_in: set[int] = field(default_factory=set)  # inbound QoS 2 ids stored, awaiting PUBREL
     qos2_pending: set[int] = field(default_factory=set)  # of those, not yet durable (no PUBREC)
     will: Will | None = None
-    conn: MqttConnection | None = None
+    conn: PeerPort | None = None
     next_pid: int = 1
     disconnected_at: float = 0.0
     expiry_timer: asyncio.TimerHandle | None = None
@@ -112,7 +111,7 @@ class Session:
         return n > 1
 
     # -- persistence -------------------------------------------------------------------------
-    def to_state(self) -> dict[str, Any]:
+    def to_state(self) -> SessionState:
         return {
             "client_id": self.client_id,
             "expiry": self.expiry,
@@ -154,7 +153,7 @@ class Session:
         }
 
     @classmethod
-    def from_state(cls, state: dict[str, Any]) -> Session:
+    def from_state(cls, state: SessionState) -> Session:
         s = cls(
             client_id=state["client_id"],
             persistent=True,

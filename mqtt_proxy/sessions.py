@@ -26,9 +26,11 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from lightqueue.model import StoredMessage
 from mqtt_proxy.delivery import CachedMsg
+from mqtt_proxy.ports import SessionState
 from mqtt_proxy.session import Inflight, Session, Subscription, Will
 from mqtt_proxy.subscriptions import FilterSpec
 
@@ -100,7 +102,7 @@ class SessionManager:
         ]
         self.server.backend.save_sessions(items)
 
-    def _state(self, s: Session) -> tuple[str, dict[str, Any]]:
+    def _state(self, s: Session) -> tuple[str, SessionState]:
         """(client id, state to store); the session is clean afterwards."""
         s.dirty = False
         group_of = self.server.delivery.group_of
@@ -373,14 +375,14 @@ class SessionManager:
                 done(sub)
             return
 
-        def found(msgs: list[Any]) -> None:
+        def found(msgs: list[StoredMessage]) -> None:
             self._write_retained(sub, msgs)
             if done is not None:
                 done(sub)
 
         self.server.backend.retained_for(sub.spec.filter, found)
 
-    def _write_retained(self, sub: Subscription, msgs: list[Any]) -> None:
+    def _write_retained(self, sub: Subscription, msgs: list[StoredMessage]) -> None:
         conn = sub.session.conn
         if not msgs or conn is None or conn.closed:
             return

@@ -11,7 +11,6 @@ builds it from `GatewayConfig` with `ProxySettings.from_mapping(vars-like object
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any
 
 
 @dataclass(slots=True)
@@ -44,7 +43,7 @@ class ProxySettings:
     connect_timeout_s: float = 10.0
 
     @classmethod
-    def from_config(cls, cfg: Any) -> ProxySettings:
+    def from_config(cls, cfg: object) -> ProxySettings:
         """Copy the fields this class knows from any object with those attributes (GatewayConfig)."""
         values = {f.name: getattr(cfg, f.name) for f in fields(cls) if hasattr(cfg, f.name)}
         return cls(**values)

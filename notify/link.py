@@ -238,7 +238,9 @@ class RpcPeer(asyncio.Protocol):
                 self._dispatch(kind, call_id, method, body)
 
     # -- the handshake (notify.link_auth) ------------------------------------------------------
-    def _handshake(self, frames: list[tuple[int, int, int, bytes]]) -> list[Any]:
+    def _handshake(
+        self, frames: list[tuple[int, int, int, bytes]]
+    ) -> list[tuple[int, int, int, bytes]]:
         """Feed the leading frames to the handshake; the rest once it is done, else []."""
         auth = self._auth
         assert auth is not None

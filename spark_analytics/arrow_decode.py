@@ -80,7 +80,7 @@ _XERIAL = b"\x82SNAPPY\x00"
 _PID = struct.Struct(">q")
 
 
-def decompress(codec: int, payload: memoryview) -> bytes | memoryview:
+def decompress(codec: int, payload: bytes | memoryview) -> bytes | memoryview:
     """Records of a compressed batch (Kafka codecs 1-4), via cramjam."""
     if codec == 1:
         return memoryview(cramjam.gzip.decompress(payload))

@@ -54,6 +54,14 @@ class JobResult:
     info: dict[str, object]
 
 
+@dataclass
+class _Merged:
+    """The telemetry job's table across its micro-batches (`merge` replaces it)."""
+
+    table: pd.DataFrame | None
+    batches: int = 0
+
+
 def stderr_progress(msg: str) -> None:
     print(f"lightgate analytics: {msg}", file=sys.stderr, flush=True)
 
@@ -138,7 +146,7 @@ def device_col(device_from: str = "client_id") -> Column:
 def _to_pandas(df: DataFrame) -> pd.DataFrame:
     """toPandas with timestamps marked UTC (Spark hands them over naive, in session time)."""
     tz = df.sparkSession.conf.get("spark.sql.session.timeZone") or "UTC"
-    out = df.toPandas()
+    out: pd.DataFrame = df.toPandas()
     for c in out.columns:
         if pd.api.types.is_datetime64_dtype(out[c]) and getattr(out[c].dt, "tz", None) is None:
             out[c] = out[c].dt.tz_localize(tz).dt.tz_convert("UTC")
@@ -336,7 +344,7 @@ def device_sessions(
     _write(table, out / "sessions")
     chart = charts.sessions_chart(table, out / "sessions.png")
     online = table[table["state"] == "online"]
-    info = {
+    info: dict[str, object] = {
         "clients": int(table["client_id"].nunique()),
         "online_now": int(online["end"].isna().sum()),
     }
@@ -377,7 +385,7 @@ def telemetry(
         shutil.rmtree(target, ignore_errors=True)
     old = pd.read_parquet(target) if (target / "part-0.parquet").exists() else None
     committed = checkpoint_offsets(ckpt)
-    state = {"table": old, "batches": 0}
+    state = _Merged(old)
     if committed is None:
         what = f"streaming {sel.describe()} (new checkpoint {ckpt.name}"
     else:
@@ -435,16 +443,16 @@ def telemetry(
 
     def merge(batch: DataFrame, batch_id: int) -> None:
         upd = _to_pandas(batch)
-        state["batches"] = int(state["batches"]) + 1
+        state.batches += 1
         if upd.empty:
             return
-        cur = state["table"]
+        cur = state.table
         if cur is not None and not cur.empty:
             keys = ["device", "field", "window_start"]
             cur = cur.drop(columns=["closed"], errors="ignore")
             both = pd.concat([cur, upd], ignore_index=True)
             upd = both.drop_duplicates(subset=keys, keep="last")
-        state["table"] = upd
+        state.table = upd
         _write(_closed(upd, None), target)
         progress(f"telemetry 2/3: micro-batch {batch_id} done, {len(upd):,} windows so far")
 
@@ -465,10 +473,10 @@ def telemetry(
         for op in p.get("stateOperators", []):
             dropped += int(op.get("numRowsDroppedByWatermark", 0))
         wm = p.get("eventTime", {}).get("watermark", wm)
-    if state["table"] is None or state["table"].empty:
+    if state.table is None or state.table.empty:
         why = sel.empty_after_read() if not read else f"no numeric JSON fields in {read:,} records"
         raise NoRecords(why)
-    table = _closed(state["table"].sort_values(["device", "field", "window_start"]), wm)
+    table = _closed(state.table.sort_values(["device", "field", "window_start"]), wm)
     _write(table, target)
     progress(
         f"telemetry 3/3: read {read:,} new records; {len(table):,} windows, "

@@ -1,4 +1,5 @@
-"""The `broker` fixture of the MQTT end-to-end tests.
+"""The gateway under test in the MQTT end-to-end tests (the `broker` and `embedded` fixtures in
+conftest.py run it).
 
 Two ways to run the gateway under test, same interface (`port`, `ws_port`, `tls_port`,
 `restart()`; `ProcessBroker` also has `crash_restart()`, SIGKILL then start):
@@ -16,15 +17,11 @@ Tests are written with blocking paho clients (tests/mqtt_helpers.py) either way.
 from __future__ import annotations
 
 import asyncio
-import os
 import ssl
 import threading
-from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -216,34 +213,3 @@ async def open_queues(store: Any, data_dir: Path) -> tuple[Any, Any, list[Any]]:
     await queues.start()
     notifier.start()
     return queues, notifier, [queues.close, notifier.close]
-
-
-@pytest.fixture(params=["serve", "split"])
-def broker(
-    tmp_path: Path, request: pytest.FixtureRequest
-) -> Iterator[InProcessBroker | ProcessBroker]:
-    """Every MQTT end-to-end test runs twice: against `lightgate serve` as one process, and with
-    `mqtt_processes=1` (the proxy in its own process, over the core link)."""
-    b: InProcessBroker | ProcessBroker
-    if os.environ.get("LIGHTGATE_TEST_INPROCESS") == "1" or not serve_has_mqtt():
-        if request.param == "split":
-            pytest.skip("the in-process broker has no split mode")
-        b = InProcessBroker(tmp_path / "data", {}).start()
-    elif request.param == "split":
-        b = ProcessBroker(tmp_path / "data", split=True).start()
-    else:
-        b = ProcessBroker(tmp_path / "data").start()
-    try:
-        yield b
-    finally:
-        b.stop()
-
-
-@pytest.fixture
-def embedded(tmp_path: Path) -> Iterator[InProcessBroker]:
-    """An in-process broker, for tests that set embedder hooks or read server internals."""
-    b = InProcessBroker(tmp_path / "embedded", {}).start()
-    try:
-        yield b
-    finally:
-        b.stop()

@@ -1,4 +1,4 @@
-"""Spark test support: one local SparkSession per test process, and a segment-file writer.
+"""Spark test support: a segment-file writer (the `spark` session fixture is in conftest.py).
 
 `LogWriter` produces data dirs in the gateway's layout (docs/architecture.md) with standard Kafka
 RecordBatch v2 bytes from aiokafka's builder, so the reader is tested against the format itself,
@@ -8,46 +8,14 @@ not against our own encoder.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import struct
-import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pytest
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 JAVA_MISSING = "Java 17 is required for the Spark tests: apt-get install openjdk-17-jre-headless"
-
-
-@pytest.fixture(scope="session")
-def spark() -> Iterator[object]:
-    """Shared local SparkSession: 2 cores, UI off, 2 shuffle partitions, the venv's python."""
-    if shutil.which("java") is None:
-        pytest.skip(JAVA_MISSING)
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from pyspark.sql import SparkSession
-
-    import spark_analytics
-
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("lightgate-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    spark_analytics.register(session)
-    yield session
-    session.stop()
 
 
 @dataclass

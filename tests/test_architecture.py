@@ -52,6 +52,27 @@ def test_the_check_sees_an_upward_import(tmp_path: Path) -> None:
     ]
 
 
+# Inside mqtt_proxy: the pull side and the session data name a connection through ports.PeerPort,
+# so they stay out of the connection -> handlers -> server -> sessions import cycle.
+BELOW_THE_CONNECTION = {
+    "mqtt_proxy/ports.py",
+    "mqtt_proxy/delivery.py",
+    "mqtt_proxy/session.py",
+    "mqtt_proxy/backend.py",
+}
+ABOVE = {"mqtt_proxy.connection", "mqtt_proxy.handlers", "mqtt_proxy.server", "mqtt_proxy.sessions"}
+
+
+def test_delivery_and_session_type_the_connection_through_ports() -> None:
+    wrong = [
+        f"{rel}:{line} imports {module}"
+        for rel in sorted(BELOW_THE_CONNECTION)
+        for line, module in _imports(ROOT / rel)
+        if module in ABOVE
+    ]
+    assert not wrong, "use mqtt_proxy.ports instead:\n" + "\n".join(wrong)
+
+
 # The core link's layers (docs/architecture.md, "The core link"): bodies pure, transport blind.
 LINK_BODIES = ("store/wire.py", "lightqueue/wire.py", "notify/wire.py")
 IO_MODULES = {"asyncio", "socket", "ssl", "selectors", "notify.link"}

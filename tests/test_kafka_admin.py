@@ -1,4 +1,3 @@
-# ruff: noqa: F811  (the `broker` fixture is imported, then named as a test argument)
 """Kafka admin APIs with stock admin clients: kafka-python's KafkaAdminClient, confluent-kafka's
 AdminClient (librdkafka), aiokafka's AIOKafkaAdminClient and kcat, against a running gateway."""
 
@@ -22,7 +21,6 @@ from kafka.admin import (
 )
 from kafka.structs import TopicPartition
 from kafka_helpers import make_batch, running_gateway
-from mqtt_broker import broker  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.timeout(120)
 

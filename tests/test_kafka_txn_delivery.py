@@ -15,8 +15,6 @@ from gateway_process import GatewayProcess
 from kafka_helpers import running_gateway
 from mqtt_helpers import V5, Client
 
-from tests.spark_helpers import spark  # noqa: F401
-
 pytestmark = pytest.mark.timeout(150)
 
 
@@ -82,7 +80,7 @@ def test_mqtt_subscribers_get_committed_records_only(
 @pytest.mark.spark
 @pytest.mark.slow
 @pytest.mark.timeout(400)  # one Spark read; slow only on a loaded machine
-def test_spark_reads_committed_records_only(spark, tmp_path: Path) -> None:  # noqa: F811
+def test_spark_reads_committed_records_only(spark, tmp_path: Path) -> None:
     data = tmp_path / "data"
 
     async def fill() -> None:

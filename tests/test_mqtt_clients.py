@@ -1,4 +1,3 @@
-# ruff: noqa: F811  (the `broker` fixture is imported, then named as a test argument)
 """Other real clients against the gateway: Debian's mosquitto_pub/mosquitto_sub and amqtt's
 client (3.1.1), plus `$SYS` statistics, replay from the log and the device-events log topic."""
 
@@ -11,7 +10,6 @@ import subprocess
 import time
 
 import pytest
-from mqtt_broker import broker  # noqa: F401 - the fixture
 from mqtt_helpers import SUBSCRIBE, V5, Client, props
 
 MOSQ = shutil.which("mosquitto_sub") and shutil.which("mosquitto_pub")

@@ -1,4 +1,3 @@
-# ruff: noqa: F811  (the `broker` fixture is imported, then named as a test argument)
 """MQTT connection handling over real sockets: CONNECT negotiation, transports (TCP, TLS,
 WebSocket), auth hook, keep alive, takeover, inbound PUBLISH to the store, and bad input."""
 
@@ -9,7 +8,6 @@ import ssl
 import time
 
 import pytest
-from mqtt_broker import broker, embedded  # noqa: F401 - the fixtures
 from mqtt_helpers import CONNECT, V5, V311, Client, props
 
 

@@ -1,4 +1,3 @@
-# ruff: noqa: F811  (the `broker` fixture is imported, then named as a test argument)
 """MQTT publish/subscribe end to end over real sockets (paho v3.1.1 and v5).
 
 Area names follow the issue: qos, wildcards, `$` rules, overlap, v5 options, shared, alias,
@@ -11,7 +10,6 @@ import socket
 import time
 
 import pytest
-from mqtt_broker import broker, embedded  # noqa: F401 - the fixtures
 from mqtt_helpers import (
     CONNECT,
     PUBLISH,

@@ -1,4 +1,3 @@
-# ruff: noqa: F811  (the `broker` fixture is imported, then named as a test argument)
 """Replay from the log with real clients: history then live on one subscription, beside plain
 subscriptions and other replays of the same filter, across a restart, within `max_replay_depth_ms`.
 """
@@ -12,7 +11,6 @@ from typing import Any
 
 import paho.mqtt.client as mqtt
 import pytest
-from mqtt_broker import broker  # noqa: F401 - the fixture
 from mqtt_helpers import Client, Received
 
 

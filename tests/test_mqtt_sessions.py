@@ -1,4 +1,3 @@
-# ruff: noqa: F811  (the `broker` fixture is imported, then named as a test argument)
 """MQTT sessions end to end: persistence, offline delivery, QoS 2 de-duplication, expiry,
 takeover, wills, retained messages, and a gateway restart between publish and reconnect."""
 
@@ -8,7 +7,6 @@ import socket
 import time
 
 import pytest
-from mqtt_broker import broker  # noqa: F401 - the fixture
 from mqtt_helpers import CONNECT, DISCONNECT, V5, WILLMESSAGE, Client, props
 
 

@@ -10,7 +10,6 @@ import pytest
 
 from store import Store, StoreConfig
 from store.record_batch import build_batch
-from tests.spark_helpers import spark  # noqa: F401
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -25,7 +24,7 @@ async def _fill_and_delete(data_dir: Path) -> None:
     await store.close()
 
 
-def test_spark_reads_from_the_moved_log_start(spark, tmp_path: Path) -> None:  # noqa: F811
+def test_spark_reads_from_the_moved_log_start(spark, tmp_path: Path) -> None:
     asyncio.run(_fill_and_delete(tmp_path))
     df = spark.read.format("lightgate").option("topics", "dr").load(str(tmp_path))
     offsets = sorted(r.offset for r in df.select("offset").collect())

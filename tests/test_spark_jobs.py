@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from spark_analytics import charts, cli, jobs
-from tests.spark_helpers import LogWriter, Rec, mqtt_rec, spark  # noqa: F401
+from tests.spark_helpers import LogWriter, Rec, mqtt_rec
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 MIN = 60_000
@@ -33,7 +33,7 @@ def _traffic(data: Path) -> LogWriter:
     return w
 
 
-def test_rates_and_top_talkers(spark, tmp_path: Path) -> None:  # noqa: F811
+def test_rates_and_top_talkers(spark, tmp_path: Path) -> None:
     data, out = tmp_path / "data", tmp_path / "out"
     _traffic(data)
     quiet = lambda _m: None  # noqa: E731
@@ -62,7 +62,7 @@ def test_rates_and_top_talkers(spark, tmp_path: Path) -> None:  # noqa: F811
     assert (out / "top_talkers.png").exists()
 
 
-def test_rates_chart_plots_the_parquet_numbers(spark, tmp_path: Path) -> None:  # noqa: F811
+def test_rates_chart_plots_the_parquet_numbers(spark, tmp_path: Path) -> None:
     """Ten devices d0..d9 send i+1 msg/s from 00:45 to 01:00 and again 03:00 to 03:05 (broker
     time), 1-minute windows. The Parquet scales both partial windows to the seconds they cover
     (d9: ~10 msg/s, not 150/60 = 2.5), and the chart draws exactly those numbers.
@@ -103,7 +103,7 @@ def test_rates_chart_plots_the_parquet_numbers(spark, tmp_path: Path) -> None:  
     assert r.chart.stat().st_size > 10_000
 
 
-def test_device_from_topic_level_with_short_topics(spark, tmp_path: Path) -> None:  # noqa: F811
+def test_device_from_topic_level_with_short_topics(spark, tmp_path: Path) -> None:
     """`--device-from topic:1` on records whose topic has no level 1 (issue #18): no crash
     (it was SparkArrayIndexOutOfBoundsException); such a record is its own device, by topic."""
     data, out = tmp_path / "data", tmp_path / "out"
@@ -120,7 +120,7 @@ def test_device_from_topic_level_with_short_topics(spark, tmp_path: Path) -> Non
     }
 
 
-def test_telemetry_watermark_drops_late_data(spark, tmp_path: Path) -> None:  # noqa: F811
+def test_telemetry_watermark_drops_late_data(spark, tmp_path: Path) -> None:
     data, out = tmp_path / "data", tmp_path / "out"
     w = LogWriter(data, {"sensors": 1})
 
@@ -170,7 +170,7 @@ def test_telemetry_watermark_drops_late_data(spark, tmp_path: Path) -> None:  # 
     assert t.loc[("temp", ts(0)), ["count", "max"]].tolist() == [4, 1000.0]
 
 
-def test_device_sessions(spark, tmp_path: Path) -> None:  # noqa: F811
+def test_device_sessions(spark, tmp_path: Path) -> None:
     data, out = tmp_path / "data", tmp_path / "out"
     w = LogWriter(data, {"__lightgate_device_events": 1, "sensors": 1})
     events = [
@@ -213,7 +213,7 @@ def test_device_sessions(spark, tmp_path: Path) -> None:  # noqa: F811
     assert (out / "sessions.png").exists()
 
 
-def test_cli_runs_a_job(spark, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # noqa: F811
+def test_cli_runs_a_job(spark, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     data, out = tmp_path / "data", tmp_path / "out"
     _traffic(data)
     argv = ["top-talkers", "--data-dir", str(data), "--out", str(out), "-n", "1"]
@@ -229,7 +229,7 @@ def test_cli_runs_a_job(spark, tmp_path: Path, capsys: pytest.CaptureFixture[str
 
 
 def test_cli_all_one_session_one_bar_per_job(
-    spark,  # noqa: F811
+    spark,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,

@@ -9,19 +9,19 @@ from pathlib import Path
 
 import pytest
 
-from tests.spark_helpers import LogWriter, Rec, mqtt_rec, spark  # noqa: F401
+from tests.spark_helpers import LogWriter, Rec, mqtt_rec
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 
-def load(spark, data_dir: Path, **options: str):  # noqa: F811
+def load(spark, data_dir: Path, **options: str):
     reader = spark.read.format("lightgate")
     for k, v in options.items():
         reader = reader.option(k, v)
     return reader.load(str(data_dir))
 
 
-def test_batch_read_equals_written(spark, tmp_path: Path) -> None:  # noqa: F811
+def test_batch_read_equals_written(spark, tmp_path: Path) -> None:
     w = LogWriter(tmp_path, {"sensors": 3, "kafka": 1})
     written: dict[tuple[str, int, int], Rec] = {}
     for i in range(60):
@@ -58,7 +58,7 @@ def test_batch_read_equals_written(spark, tmp_path: Path) -> None:  # noqa: F811
     assert by_dev == {**{f"dev{d}": 10 for d in range(6)}, None: 2}
 
 
-def test_filters_and_offsets(spark, tmp_path: Path) -> None:  # noqa: F811
+def test_filters_and_offsets(spark, tmp_path: Path) -> None:
     w = LogWriter(tmp_path, {"a": 2, "b": 1, "__lightgate_device_events": 1})
     for i in range(10):
         w.append("a", i % 2, [mqtt_rec(f"a/{i % 4}/x", b"%d" % i, "c", 1, 100 + i)])
@@ -90,7 +90,7 @@ def test_filters_and_offsets(spark, tmp_path: Path) -> None:  # noqa: F811
         load(spark, tmp_path / "missing").count()
 
 
-def _run_available_now(spark, data_dir: Path, ckpt: Path, **options: str) -> list[list[int]]:  # noqa: F811
+def _run_available_now(spark, data_dir: Path, ckpt: Path, **options: str) -> list[list[int]]:
     """One AvailableNow run; returns the offsets seen per micro-batch."""
     batches: list[list[int]] = []
 
@@ -112,7 +112,7 @@ def _run_available_now(spark, data_dir: Path, ckpt: Path, **options: str) -> lis
     return [b for b in batches if b]
 
 
-def test_streaming_restart_reads_only_new(spark, tmp_path: Path) -> None:  # noqa: F811
+def test_streaming_restart_reads_only_new(spark, tmp_path: Path) -> None:
     data, ckpt = tmp_path / "data", tmp_path / "ckpt"
     w = LogWriter(data, {"t": 1})
     for i in range(5):
@@ -128,7 +128,7 @@ def test_streaming_restart_reads_only_new(spark, tmp_path: Path) -> None:  # noq
     assert _run_available_now(spark, data, ckpt) == []
 
 
-def test_streaming_max_records_per_trigger(spark, tmp_path: Path) -> None:  # noqa: F811
+def test_streaming_max_records_per_trigger(spark, tmp_path: Path) -> None:
     data = tmp_path / "data"
     w = LogWriter(data, {"t": 2})
     for i in range(8):
@@ -141,7 +141,7 @@ def test_streaming_max_records_per_trigger(spark, tmp_path: Path) -> None:  # no
     assert [len(b) for b in got] == [15, 15, 10]
 
 
-def test_reader_never_sees_torn_batch(spark, tmp_path: Path) -> None:  # noqa: F811
+def test_reader_never_sees_torn_batch(spark, tmp_path: Path) -> None:
     """A writer thread writes each batch in slow pieces; every read is a prefix of whole batches."""
     w = LogWriter(tmp_path, {"t": 1})
     per_batch = 7

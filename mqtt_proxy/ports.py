@@ -1,0 +1,178 @@
+"""The proxy's typed view of what it uses: the log, the light queues, the notifier, a peer.
+
+Twins stand behind each seam (STYLE.md 17, as aiokafka's `record/_protocols.py` types its two
+record implementations): the in-process `Store` and the core link's `RemoteStore`; the
+in-process `InProcessNotifier` and the link's `LinkNotifier`; `LocalBackend` and
+`RemoteBackend` in front of the light queues. The proxy code names the `Protocol` here, never
+one twin, and mypy checks that every twin satisfies it (`_twins` at the end of backend.py;
+`_is_a_peer` at the end of connection.py).
+
+`PeerPort` is what delivery and the session code use of a client connection, so they type it
+without importing `connection.py` (which imports the handlers, which import the sessions...).
+
+Only structure lives here: no behaviour.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from typing import Any, Protocol, TypeAlias
+
+from lightqueue.model import Position, ReadResult, StoredMessage
+from mqtt_proxy.subscriptions import FilterSpec
+from store.auth import ClientAcl
+from store.mapping import MqttMessage
+from store.store import AppendResult, Run
+
+# A message delivery reads: one this proxy appended (kept by `remember`), or a stored one.
+Message: TypeAlias = MqttMessage | StoredMessage
+# Light-queue entries: where each message is in the log, None for a void one.
+Entries: TypeAlias = Sequence[Position | None]
+# load(..., done): (the read, its messages aligned with its entries), or (None, None) on failure.
+LoadDone: TypeAlias = Callable[[ReadResult | None, list[Message | None] | None], None]
+Acquired: TypeAlias = tuple[str, int] | str  # (queue, start sequence) or the reason it was refused
+# A session as JSON (Session.to_state): values are whatever JSON holds.
+SessionState: TypeAlias = dict[str, Any]
+EntriesSink: TypeAlias = Callable[[str, int, Entries], None]  # (queue, first sequence, entries)
+
+
+class LogPort(Protocol):
+    """The log as the proxy writes it: `Store` in-process, `RemoteStore` over the core link."""
+
+    def append_mqtt(self, messages: Sequence[MqttMessage], sync: bool = True) -> AppendResult:
+        """Append MQTT messages; `durable` resolves once they are (see Store.append_mqtt)."""
+        ...
+
+    def append_batch(
+        self, topic: str, partition: int, batch: bytes, sync: bool = True
+    ) -> AppendResult: ...
+
+    def partitions(self, name: str) -> int | None:
+        """Partition count of a log topic; None while unknown (in-process: not created yet)."""
+        ...
+
+    def ensure_topic(self, name: str) -> int | Awaitable[int]:
+        """Create the log topic if needed: at once in-process, awaited over the core link."""
+        ...
+
+
+class NotifierPort(Protocol):
+    """Notify as a proxy uses it: `InProcessNotifier`, or `LinkNotifier` over the core link."""
+
+    def register(self, proxy_id: str, queues: Iterable[str], announce: bool = False) -> None:
+        """Route events of `queues` here; `announce`: their current last sequence at once."""
+        ...
+
+    def unregister(self, proxy_id: str, queues: Iterable[str]) -> None: ...
+
+    def drop(self, proxy_id: str) -> None:
+        """Forget this proxy (it is closing); ends its `batches`."""
+        ...
+
+    def batches(self, proxy_id: str) -> AsyncIterator[dict[str, int]]:
+        """Coalesced events, one dict queue -> last sequence per wake-up."""
+        ...
+
+
+class QueuesPort(Protocol):
+    """The light queues, the retained store and the session store as the proxy code calls them:
+    `LocalBackend` (in-process, answers inside the call) or `RemoteBackend` (the answer comes
+    on the core link's reply). Continuation style, so the callers are correct either way."""
+
+    entries_sink: EntriesSink | None
+    cache_hits: int
+    cache_misses: int
+
+    @property
+    def recent_count(self) -> int: ...
+
+    @property
+    def recent_bytes(self) -> int: ...
+
+    async def start(self) -> None: ...
+
+    def close(self) -> None: ...
+
+    def remember(self, msgs: list[MqttMessage], runs: list[Run]) -> None: ...
+
+    def set_interest(self, queue: str, on: bool) -> None: ...
+
+    def batches(self) -> AsyncIterator[dict[str, int]]: ...
+
+    def bound_replay(self, spec: FilterSpec, max_depth_ms: int) -> FilterSpec: ...
+
+    def load(self, queue: str, from_seq: int, max_n: int, done: LoadDone) -> None: ...
+
+    def load_entries(self, queue: str, from_seq: int, entries: Entries, done: LoadDone) -> None:
+        """`load` for entries already known (pushed): only their messages are looked up."""
+        ...
+
+    def acquire_many(self, specs: list[FilterSpec], done: Callable[[list[Acquired]], None]) -> None:
+        """Hold the light queue each subscription reads."""
+        ...
+
+    async def acquire_all(self, specs: list[FilterSpec]) -> list[Acquired]: ...
+
+    def release(self, queue: str) -> None: ...
+
+    def indexed(self) -> int:
+        """Records the dispatcher has indexed (a monotonic counter)."""
+        ...
+
+    def retain(
+        self, msg: MqttMessage, offset: tuple[str, int, int]
+    ) -> asyncio.Future[bytes] | None:
+        """Set or clear a retained message; None when done, else the core's answer."""
+        ...
+
+    def retained_for(self, filt: str, done: Callable[[list[StoredMessage]], None]) -> None: ...
+
+    async def load_sessions(self) -> list[SessionState]: ...
+
+    def save_sessions(
+        self, items: list[tuple[str, SessionState]], done: Callable[[], None] | None = None
+    ) -> None: ...
+
+    def delete_session(self, client_id: str) -> None: ...
+
+
+class PeerPort(Protocol):
+    """A client connection as delivery and the session code see it (MqttConnection)."""
+
+    session_overlap: bool  # the session has overlapping subscriptions (set by the sessions)
+
+    @property
+    def writable(self) -> bool: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    @property
+    def v5(self) -> bool: ...
+
+    @property
+    def acl(self) -> ClientAcl | None:
+        """The client's compiled ACL; None when it may read everything."""
+        ...
+
+    @property
+    def max_out_packet(self) -> int:
+        """The client's Maximum Packet Size; 0 = unlimited."""
+        ...
+
+    @property
+    def out_window(self) -> int:
+        """QoS 1/2 messages the client takes in flight."""
+        ...
+
+    @property
+    def paused_since(self) -> float:
+        """Loop time of the last pause_writing."""
+        ...
+
+    def write(self, data: bytes) -> None: ...
+
+    def write_delivery(self, data: bytes, n: int, nbytes: int) -> None:
+        """`n` PUBLISH packets, `nbytes` long, already joined."""
+        ...
