@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from lightgate.config import ConfigError, GatewayConfig
+from mqtt_proxy.cluster import TAKE
 from notify import Mailbox, frames
 from store.rpc import AUTH_FAILED, RpcError, RpcPeer, RpcServer, connect
 
@@ -121,16 +122,19 @@ class CoreLink:
         secret: bytes | None = None,
         ssl_ctx: Any = None,
     ) -> None:
+        from lightgate.owners import ClientRegistry
         from lightqueue.remote import LightQueueService
         from store.remote import StoreService
 
         self.store_service = StoreService(store)
         self.queue_service = LightQueueService(queues)
+        self.clients = ClientRegistry(store, queues)
         self.routes = notifier.routes
         self.proxies: dict[str, RpcPeer] = {}
         methods = {
             **self.store_service.methods(),
             **self.queue_service.methods(),
+            **self.clients.methods(),
             HELLO: self._hello,
             REGISTER: self._register,
             UNREGISTER: self._unregister,
@@ -144,6 +148,7 @@ class CoreLink:
         )
 
     async def start(self, address: str) -> str:
+        self.clients.start()
         return await self.server.start(address)
 
     def _connected(self, peer: RpcPeer) -> None:
@@ -191,6 +196,7 @@ class CoreLink:
     def _lost(self, peer: RpcPeer, exc: Exception | None) -> None:
         self.store_service.peer_lost(peer)
         self.queue_service.peer_lost(peer)
+        self.clients.peer_lost(peer)
         pid = peer.state.get("proxy_id")
         if pid is not None and self.proxies.get(pid) is peer:
             del self.proxies[pid]
@@ -313,7 +319,14 @@ async def run_proxy(cfg: GatewayConfig, core: str, proxy_id: str) -> int:
             return json.dumps(server.stats()).encode()
         return json.dumps({**server.stats(), "metrics": server.metrics()}).encode()
 
-    methods = {**rs.methods(), **rq.methods(), **notifier.methods(), STATS: stats}
+    from mqtt_proxy.cluster import ProxyCluster
+
+    cluster: ProxyCluster | None = None
+
+    def take(peer: RpcPeer, body: bytes) -> bytes:
+        return b"[]" if cluster is None else cluster.methods()[TAKE](peer, body)
+
+    methods = {**rs.methods(), **rq.methods(), **notifier.methods(), STATS: stats, TAKE: take}
     secret, ssl_ctx = core_link_security(cfg, server=False, address=core)
     try:
         peer = await connect(core, methods, name="core", secret=secret, ssl_ctx=ssl_ctx)
@@ -327,6 +340,7 @@ async def run_proxy(cfg: GatewayConfig, core: str, proxy_id: str) -> int:
     peer.send(HELLO, proxy_id.encode())
     for part in (rs, rq, notifier):
         part.attach(peer)
+    cluster = ProxyCluster(peer)
     await rs.start()
     try:
         security = build_security(cfg)
@@ -345,6 +359,8 @@ async def run_proxy(cfg: GatewayConfig, core: str, proxy_id: str) -> int:
         remote=True,
         security=security,
     )
+    server.backend.cluster = cluster
+    cluster.server = server
     endpoints: dict[str, tuple[str, int]] = {}
     try:
         await server.start()

@@ -47,6 +47,10 @@ Acquired = tuple[str, int] | str  # (queue, start sequence) or the reason it was
 class Backend:
     """What both backends share: the recent-append cache and the notify side."""
 
+    # With proxies in their own processes, the core's client-id claims and will registry
+    # (mqtt_proxy.cluster.ProxyCluster); None in one process.
+    cluster: Any = None
+
     def __init__(self, store: Any, notifier: Any, proxy_id: str, recent_bytes: int) -> None:
         self.store = store
         self.notifier = notifier

@@ -1,0 +1,119 @@
+"""A proxy's half of what the core keeps one across proxies: client-id claims, hand-over, wills.
+
+The core's half is `lightgate.owners` (its docstring has the theory of operation). On the core
+link (method numbers 200-209, beside the light queues' and the wiring's):
+
+    CLAIM  proxy → core, call: client id. Reply "L" (this proxy holds it already), "N" (no
+           stored session) or "S" + the session's stored state (JSON); either way the id is
+           this proxy's now and the session's queue holds are counted on this link.
+    TAKE   core → proxy, call: client id. The proxy ends its connection (0x8E), writes the
+           session's state and forgets it; reply: the queues whose holds leave with it (JSON).
+    WILL   proxy → core, one-way: client id + the will (JSON, as `Session.to_state`, with the
+           session's `expiry` and, while its delay runs, `due` in wall-clock seconds); a client
+           id alone clears it. The core publishes these when the link drops.
+    GONE   proxy → core, one-way: client id; the session ended here (not persistent, expired).
+
+A CLAIM's answer is acted on as its frame is read (`call_then`), before any TAKE read after it,
+so a proxy never hands over a session it has not installed yet.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from mqtt_proxy.session import Will, _props_from_state, _props_state
+from store.mapping import MqttProperties
+from store.rpc import RpcError, RpcPeer, put_str
+
+if TYPE_CHECKING:
+    from mqtt_proxy.server import MqttServer
+
+log = logging.getLogger("lightgate.mqtt.cluster")
+
+CLAIM, TAKE, WILL, GONE = 200, 201, 202, 203
+
+Claimed = Callable[[dict[str, Any] | None], None]  # the stored state handed over, or None
+
+
+def will_state(will: Will, expiry: int, due: float | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "topic": will.topic,
+        "payload": will.payload.hex(),
+        "qos": will.qos,
+        "retain": will.retain,
+        "delay": will.delay,
+        "props": _props_state(will.properties),
+        "expiry": expiry,
+    }
+    if due is not None:
+        out["due"] = due
+    return out
+
+
+def decode_will(state: dict[str, Any]) -> tuple[str, bytes, int, bool, MqttProperties | None]:
+    """(topic, payload, qos, retain, properties) of a will state."""
+    return (
+        state["topic"],
+        bytes.fromhex(state["payload"]),
+        int(state["qos"]),
+        bool(state["retain"]),
+        _props_from_state(state.get("props")),
+    )
+
+
+class ProxyCluster:
+    """Claims before CONNACK, hands sessions over on TAKE, registers wills with the core."""
+
+    def __init__(self, peer: RpcPeer) -> None:
+        self.peer = peer
+        self.server: MqttServer | None = None
+        self._wills: set[str] = set()  # client ids whose will the core has
+
+    def methods(self) -> dict[int, Any]:
+        return {TAKE: self._take}
+
+    def claim(self, client_id: str, done: Claimed) -> None:
+        """Own `client_id` before answering its CONNECT; `done(state or None)` runs as the
+        answer is read (a session handed over comes with its state)."""
+
+        def answered(body: bytes, err: RpcError | None) -> None:
+            if err is not None:
+                log.warning("claiming client %r failed: %s", client_id, err)
+                done(None)
+            elif body[:1] == b"S":
+                done(json.loads(body[1:]))
+            else:
+                done(None)
+
+        self.peer.call_then(CLAIM, client_id.encode(), answered)
+
+    def will(
+        self, client_id: str, will: Will | None, expiry: int = 0, due: float | None = None
+    ) -> None:
+        """Tell the core the will it must publish if this proxy dies (None: none is due)."""
+        out: list[bytes] = []
+        put_str(out, client_id)
+        if will is None:
+            if client_id not in self._wills:
+                return
+            self._wills.discard(client_id)
+        else:
+            self._wills.add(client_id)
+            out.append(json.dumps(will_state(will, expiry, due)).encode())
+        self.peer.send(WILL, b"".join(out))
+
+    def gone(self, client_id: str) -> None:
+        self._wills.discard(client_id)
+        out: list[bytes] = []
+        put_str(out, client_id)
+        self.peer.send(GONE, b"".join(out))
+
+    def _take(self, peer: RpcPeer, body: bytes) -> bytes:
+        cid = body.decode("utf-8")
+        self._wills.discard(cid)
+        if self.server is None:
+            return b"[]"
+        return json.dumps(self.server.sessions.hand_off(cid)).encode()
