@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from lightgate.config import ConfigError, GatewayConfig
-from mqtt_proxy.cluster import TAKE
+from mqtt_proxy.cluster import TAKE, WAKE
 from notify import Mailbox, frames
 from store.rpc import AUTH_FAILED, RpcError, RpcPeer, RpcServer, connect
 
@@ -123,18 +123,21 @@ class CoreLink:
         ssl_ctx: Any = None,
     ) -> None:
         from lightgate.owners import ClientRegistry
+        from lightgate.shares import SharedGroups
         from lightqueue.remote import LightQueueService
         from store.remote import StoreService
 
         self.store_service = StoreService(store)
         self.queue_service = LightQueueService(queues)
         self.clients = ClientRegistry(store, queues)
+        self.shares = SharedGroups(queues)
         self.routes = notifier.routes
         self.proxies: dict[str, RpcPeer] = {}
         methods = {
             **self.store_service.methods(),
             **self.queue_service.methods(),
             **self.clients.methods(),
+            **self.shares.methods(),
             HELLO: self._hello,
             REGISTER: self._register,
             UNREGISTER: self._unregister,
@@ -197,6 +200,7 @@ class CoreLink:
         self.store_service.peer_lost(peer)
         self.queue_service.peer_lost(peer)
         self.clients.peer_lost(peer)
+        self.shares.peer_lost(peer)
         pid = peer.state.get("proxy_id")
         if pid is not None and self.proxies.get(pid) is peer:
             del self.proxies[pid]
@@ -326,7 +330,12 @@ async def run_proxy(cfg: GatewayConfig, core: str, proxy_id: str) -> int:
     def take(peer: RpcPeer, body: bytes) -> bytes:
         return b"[]" if cluster is None else cluster.methods()[TAKE](peer, body)
 
-    methods = {**rs.methods(), **rq.methods(), **notifier.methods(), STATS: stats, TAKE: take}
+    def wake(peer: RpcPeer, body: bytes) -> None:
+        if cluster is not None:
+            cluster.methods()[WAKE](peer, body)
+
+    methods = {**rs.methods(), **rq.methods(), **notifier.methods(), STATS: stats, TAKE: take,
+               WAKE: wake}  # fmt: skip
     secret, ssl_ctx = core_link_security(cfg, server=False, address=core)
     try:
         peer = await connect(core, methods, name="core", secret=secret, ssl_ctx=ssl_ctx)
@@ -360,6 +369,7 @@ async def run_proxy(cfg: GatewayConfig, core: str, proxy_id: str) -> int:
         security=security,
     )
     server.backend.cluster = cluster
+    server.delivery.leases = cluster
     cluster.server = server
     endpoints: dict[str, tuple[str, int]] = {}
     try:

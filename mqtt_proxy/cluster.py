@@ -12,6 +12,7 @@ link (method numbers 200-209, beside the light queues' and the wiring's):
            session's `expiry` and, while its delay runs, `due` in wall-clock seconds); a client
            id alone clears it. The core publishes these when the link drops.
     GONE   proxy → core, one-way: client id; the session ended here (not persistent, expired).
+    LEASE, DONE, RETURN, WAKE: `$share` groups across proxies (lightgate/shares.py).
 
 A CLAIM's answer is acted on as its frame is read (`call_then`), before any TAKE read after it,
 so a proxy never hands over a session it has not installed yet.
@@ -19,6 +20,7 @@ so a proxy never hands over a session it has not installed yet.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Callable
@@ -34,6 +36,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("lightgate.mqtt.cluster")
 
 CLAIM, TAKE, WILL, GONE = 200, 201, 202, 203
+LEASE, DONE, RETURN, WAKE = 204, 205, 206, 207  # `$share` groups (lightgate/shares.py)
+LEASE_N = 64  # sequences asked per lease: few round trips, yet shared out between proxies
 
 Claimed = Callable[[dict[str, Any] | None], None]  # the stored state handed over, or None
 
@@ -71,9 +75,62 @@ class ProxyCluster:
         self.peer = peer
         self.server: MqttServer | None = None
         self._wills: set[str] = set()  # client ids whose will the core has
+        self._done: dict[str, list[int]] = {}  # group key -> sequences finished this tick
+        self._flush_scheduled = False
 
     def methods(self) -> dict[int, Any]:
-        return {TAKE: self._take}
+        return {TAKE: self._take, WAKE: self._wake}
+
+    # -- `$share` groups -------------------------------------------------------------------
+    def ask(self, delivery: Any, qs: Any, g: Any) -> None:
+        """Lease the group's next sequences; the answer marks the queue for delivery."""
+        if g.asking:
+            return
+        g.asking = True
+
+        def answered(body: bytes, err: RpcError | None) -> None:
+            g.asking = False
+            if err is not None:
+                return
+            seqs, low = json.loads(body)
+            if qs.groups.get(g.key) is not g or delivery.queues.get(qs.name) is not qs:
+                self.give_back(g.key, seqs)  # the group left this proxy meanwhile
+                return
+            g.lease.extend(seqs)
+            g.pos = max(g.pos, low)
+            if seqs:
+                delivery.mark(qs)
+
+        body = json.dumps([g.key, g.queue, g.pos, LEASE_N]).encode()
+        self.peer.call_then(LEASE, body, answered)
+
+    def done(self, key: str, seq: int) -> None:
+        """A leased message is finished (acknowledged, sent at QoS 0 or passed over)."""
+        self._done.setdefault(key, []).append(seq)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush_done)
+
+    def _flush_done(self) -> None:
+        self._flush_scheduled = False
+        done, self._done = self._done, {}
+        for key, seqs in done.items():
+            self.peer.send(DONE, json.dumps([key, seqs]).encode())
+
+    def give_back(self, key: str, seqs: list[int]) -> None:
+        """No member here can take these any more: the core hands them to other proxies."""
+        if seqs:
+            self._flush_done()
+            self.peer.send(RETURN, json.dumps([key, seqs]).encode())
+
+    def _wake(self, peer: RpcPeer, body: bytes) -> None:
+        if self.server is None:
+            return
+        (queue,) = json.loads(body)
+        delivery = self.server.delivery
+        qs = delivery.queues.get(queue)
+        if qs is not None:
+            delivery.mark(qs)
 
     def claim(self, client_id: str, done: Claimed) -> None:
         """Own `client_id` before answering its CONNECT; `done(state or None)` runs as the

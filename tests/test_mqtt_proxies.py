@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import pytest
 from gateway_process import ROOT, GatewayProcess
-from mqtt_helpers import V5, V311, Client, props
+from mqtt_helpers import V5, V311, Client, props, raw, read_packets, read_varint, split_packets
 from paho.mqtt.packettypes import PacketTypes
 
 READY = "lightgate proxy ready "
@@ -205,6 +206,73 @@ def test_killed_proxy_clients_move_on_wills_published(
     late = Client(ports[0], "late").connect()
     late.subscribe("will/later", 1)
     assert late.expect(1)[0].payload == b"gone later"
+
+
+def _raw_publishes(sock: socket.socket, wait: float) -> list[str]:
+    """Payloads of the PUBLISH packets arriving on a raw connection within `wait` s (never
+    acknowledged: a member that holds on to its messages)."""
+    sock.settimeout(0.2)
+    buf, out = b"", []
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        try:
+            chunk = sock.recv(65536)
+        except TimeoutError:
+            continue
+        if not chunk:
+            break
+        pkts, buf = split_packets(buf + chunk)
+        for p in pkts:
+            if p[0] >> 4 != 3:
+                continue
+            _n, i = read_varint(p, 1)  # type: ignore[misc]
+            tlen = int.from_bytes(p[i : i + 2], "big")
+            i += 2 + tlen + (2 if p[0] & 0x06 else 0)
+            out.append(p[i:].decode())
+    return out
+
+
+def test_share_group_across_three_proxies(
+    three: tuple[GatewayProcess, list[int], list[Proxy]],
+) -> None:
+    """`$share/g/...` with one member on each proxy: each message goes to exactly one member;
+    when the member that never acknowledged leaves, its messages reach the other members."""
+    _gw, ports, _ = three
+    filt = "$share/g/sh/#"
+    m1 = Client(ports[0], "m1").connect()
+    m1.subscribe(filt, 1)
+    m2 = Client(ports[1], "m2").connect()
+    m2.subscribe(filt, 1)
+    m3 = raw(ports[2])  # a member that takes messages and acknowledges none
+    m3.sendall(bytes([0x10, 14, 0, 4]) + b"MQTT" + bytes([4, 2, 0, 60, 0, 2]) + b"m3")
+    read_packets(m3, 1)  # CONNACK
+    topic = filt.encode()
+    m3.sendall(bytes([0x82, 5 + len(topic), 0, 1, 0, len(topic)]) + topic + bytes([1]))
+    read_packets(m3, 1)  # SUBACK
+    n = 300
+    pub = Client(ports[0], "sh-pub").connect()
+    for i in range(n):
+        pub.publish("sh/x", f"s{i}", 1, wait=i % 50 == 49)
+    got3 = _raw_publishes(m3, 2.0)
+
+    def drain(c: Client) -> list[str]:
+        out = []
+        while True:
+            try:
+                out.append(c.messages.get(timeout=0.5).payload.decode())
+            except Exception:
+                return out
+
+    got1, got2 = drain(m1), drain(m2)
+    every = [f"s{i}" for i in range(n)]
+    assert sorted(got1 + got2 + got3) == sorted(every)  # each message to exactly one member
+    assert got1 and got2 and got3  # ... and all three proxies' members took some
+    m3.close()  # leaves with every message it got unacknowledged
+    again = []
+    deadline = time.monotonic() + 20
+    while len(again) < len(got3) and time.monotonic() < deadline:
+        again += drain(m1) + drain(m2)
+    assert sorted(again) == sorted(got3)  # redelivered, once, to the other members
 
 
 def _children(pid: int) -> list[int]:
