@@ -82,13 +82,13 @@ class Gateway:
     async def _start_queues_and_mqtt(self) -> None:
         """Light queues dispatching into notify, and the MQTT proxy pulling from them.
 
-        The notifier is in-process (the proxy shares this loop); with `notify_transport = "tcp"` a
-        `TcpNotifyServer` also serves the same route table to proxies in other processes.
+        The notifier is in-process (the proxy shares this loop); proxies in other processes reach
+        its route table over the core link (lightgate/core_link.py).
         """
         from lightqueue import LightQueueConfig, LightQueues
         from mqtt_proxy.server import MqttServer
         from mqtt_proxy.settings import ProxySettings
-        from notify import InProcessNotifier, TcpNotifyServer
+        from notify import InProcessNotifier
 
         cfg = self.cfg
         assert self.store is not None
@@ -102,11 +102,6 @@ class Gateway:
         notifier.start()
         self._closers.append(notifier)
         self._stats_sources.append(("", queues))
-        if cfg.notify_transport == "tcp" and cfg.notify_port != -1:
-            tcp = TcpNotifyServer(notifier, cfg.host, cfg.notify_port)
-            await tcp.start()
-            self._closers.append(tcp)
-            self.endpoints["notify"] = (cfg.host, tcp.port)
         if not has_mqtt_listeners(cfg):
             if cfg.core_listen:  # a core for `lightgate proxy` elsewhere, no MQTT of its own
                 await self._start_core_link(queues, notifier)
@@ -133,7 +128,8 @@ class Gateway:
 
     async def _start_core_link(self, queues: Any, notifier: Any) -> str:
         """The core link (store, light queues, notify) for MQTT proxies in other processes."""
-        from lightgate.split import CoreLink, core_address, core_link_security
+        from lightgate.core_link import CoreLink
+        from lightgate.split import core_address, core_link_security
 
         assert self.store is not None
         secret, ssl_ctx = core_link_security(self.cfg, server=True)
@@ -156,7 +152,7 @@ class Gateway:
     async def _start_proxy_process(self, queues: Any, notifier: Any) -> None:
         """`mqtt_processes = 1`: the core link, then the proxy child (lightgate/split.py),
         whose listeners become this gateway's MQTT endpoints."""
-        from lightgate.split import ProxySupervisor
+        from lightgate.supervisor import ProxySupervisor
 
         address = await self._start_core_link(queues, notifier)
         for wildcard, loopback in (("0.0.0.0:", "127.0.0.1:"), (":::", "::1:")):
@@ -207,7 +203,7 @@ class Gateway:
         return ok
 
     def ready_line(self) -> str:
-        order = ("mqtt", "mqtts", "ws", "wss", "kafka", "kafka_tls", "http", "notify", "core")
+        order = ("mqtt", "mqtts", "ws", "wss", "kafka", "kafka_tls", "http", "core")
         parts = [
             f"{name}={host}:{port}"
             for name in order

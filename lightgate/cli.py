@@ -196,17 +196,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         tune_gc(cfg.gc_gen0)
         return _run(serve(cfg))
     if ns.command == "proxy":
-        from lightgate.split import exit_with_parent, run_proxy
+        from lightgate.app import build_security, reload_security
+        from lightgate.proxy_main import exit_with_parent, run_proxy
+        from lightgate.tls import tls_context
 
         if ns.exit_with_parent:
             exit_with_parent()
         if ns.config_json:
             cfg = config_from_json(ns.config_json)
-            # serve hands its core_secret over in the environment, not in argv (lightgate/split.py)
+            # serve hands its core_secret over in the environment, not in argv (lightgate/supervisor.py)
             cfg.core_secret = os.environ.get("LIGHTGATE_CORE_SECRET", "")
             setup_logging(cfg.log_format, cfg.log_level)
         tune_gc(cfg.gc_gen0)
-        return _run(run_proxy(cfg, ns.core, ns.proxy_id))
+        return _run(
+            run_proxy(
+                cfg,
+                ns.core,
+                ns.proxy_id,
+                lambda: build_security(cfg),
+                reload=reload_security,
+                tls_ctx=lambda: tls_context(cfg),
+            )
+        )
     if ns.command == "status":
         from lightgate.status import main as status_main
 

@@ -312,14 +312,6 @@ class GatewayConfig:
         lo=0,
     )
 
-    # Notify.
-    notify_transport: str = key(
-        "inprocess",
-        "`inprocess` (embedded) or `tcp` (proxies in other processes)",
-        choices=("inprocess", "tcp"),
-    )
-    notify_port: int = key(-1, 'TCP notify listener when `notify_transport = "tcp"`', **PORT)
-
     # Logging.
     log_format: str = key(
         "json", "`json` (one object per line on stderr) or `text`", choices=("json", "text")

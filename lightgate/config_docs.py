@@ -27,7 +27,6 @@ SECTIONS = {
     "max_packet_size": "MQTT",
     "kafka_auto_create_topics": "Kafka",
     "mqtt_processes": "Processes",
-    "notify_transport": "Notify",
     "log_format": "Logging",
     "gc_gen0": "Process tuning",
 }

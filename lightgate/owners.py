@@ -32,8 +32,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mqtt_proxy.cluster import CLAIM, GONE, TAKE, WILL, decode_will
+from notify.link import RpcPeer
 from store.mapping import MqttMessage
-from store.rpc import RpcPeer, get_str
+from store.wire import get_str
 
 log = logging.getLogger("lightgate.owners")
 

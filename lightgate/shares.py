@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mqtt_proxy.cluster import DONE, LEASE, RETURN, WAKE
-from store.rpc import RpcPeer
+from notify.link import RpcPeer
 
 log = logging.getLogger("lightgate.shares")
 

@@ -5,9 +5,10 @@ session state) once. Two implementations, one interface:
 
 - `LocalBackend`: the store, light queues and notifier live in this process (`lightgate serve`
   by default). Every call completes before it returns; the callbacks run inside the call.
-- `RemoteBackend`: they live in the core process, reached over the core link (store.remote,
-  lightqueue.remote) and notify over TCP (docs/architecture.md, "Processes and cores"). Calls
-  that need an answer complete later, on the link's reply.
+- `RemoteBackend`: they live in the core process, reached over the core link
+  (mqtt_proxy.remote_store, mqtt_proxy.remote_queues, and notify through
+  mqtt_proxy.remote_notify; docs/architecture.md, "The core link"). Calls that need an answer
+  complete later, on the link's reply.
 
 So the proxy code is written in continuation style (`load(..., done)`, `acquire_many(..., done)`)
 and is correct either way; callers that must not let other work in between (a SUBSCRIBE and the
@@ -305,8 +306,8 @@ class LocalBackend(Backend):
 
 class RemoteBackend(Backend):
     """Store and light queues in the core process (`RemoteStore`, `RemoteLightQueues` on one
-    link), notify over TCP (`TcpNotifyClient`). A failed call is logged once per kind; the link
-    going away ends the proxy (the wiring watches `link_lost`)."""
+    link), notify on the same link (`LinkNotifier`). A failed call is logged once per kind; the
+    link going away ends the proxy (the wiring watches `link_lost`)."""
 
     def __init__(
         self, store: Any, queues: Any, notifier: Any, proxy_id: str, recent_bytes: int

@@ -27,8 +27,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from mqtt_proxy.session import Will, _props_from_state, _props_state
+from notify.link import RpcError, RpcPeer
 from store.mapping import MqttProperties
-from store.rpc import RpcError, RpcPeer, put_str
+from store.wire import put_str
 
 if TYPE_CHECKING:
     from mqtt_proxy.server import MqttServer
@@ -71,8 +72,8 @@ def decode_will(state: dict[str, Any]) -> tuple[str, bytes, int, bool, MqttPrope
 class ProxyCluster:
     """Claims before CONNACK, hands sessions over on TAKE, registers wills with the core."""
 
-    def __init__(self, peer: RpcPeer) -> None:
-        self.peer = peer
+    def __init__(self) -> None:
+        self.peer: Any = None
         self.server: MqttServer | None = None
         self._wills: set[str] = set()  # client ids whose will the core has
         self._done: dict[str, list[int]] = {}  # group key -> sequences finished this tick
@@ -80,6 +81,9 @@ class ProxyCluster:
 
     def methods(self) -> dict[int, Any]:
         return {TAKE: self._take, WAKE: self._wake}
+
+    def attach(self, peer: RpcPeer) -> None:
+        self.peer = peer
 
     # -- `$share` groups -------------------------------------------------------------------
     def ask(self, delivery: Any, qs: Any, g: Any) -> None:

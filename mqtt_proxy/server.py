@@ -69,7 +69,7 @@ class MqttServer:
         security: Security | None = None,
     ) -> None:
         """Construct inside the running event loop: the server binds to it. `remote`: store and
-        queues are a `RemoteStore` / `RemoteLightQueues` and the notifier a `TcpNotifyClient`
+        queues are a `RemoteStore` / `RemoteLightQueues` and the notifier a `LinkNotifier`
         (this proxy runs in its own process; see backend.py)."""
         self.loop = asyncio.get_running_loop()
         self.settings = settings or ProxySettings()

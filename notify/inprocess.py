@@ -10,7 +10,7 @@ from notify.router import QueueEvent, RouteTable
 
 
 class InProcessNotifier:
-    """Notifier over a `RouteTable`; also the core a `TcpNotifyServer` serves remote proxies from.
+    """Notifier over a `RouteTable`; also the route table the core link serves remote proxies from.
 
     `last_seq_of(queue)` (e.g. the light queues' `last_seq`) lets `resync` and registration
     announce the true current sequence; without it the last published one is used.

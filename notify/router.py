@@ -7,10 +7,11 @@ that grew. `RouteTable` maps queue → the proxies registered for it; each proxy
 that coalesces by queue (`pending[queue] = max(last_seq)`), so a slow proxy costs at most one slot
 per registered queue, never a growing backlog, and nothing is lost in-process. A proxy that reads
 its mailbox gets "queue Q has data up to last_seq": it then pulls from its own stored position, so
-an event that is lost (TCP down) or late only delays delivery; `resync()` re-announces the current
-last_seq of every registered queue to cover exactly that.
+an event that is lost (a core link down) or late only delays delivery; `resync()` re-announces the
+current last_seq of every registered queue to cover exactly that.
 
-Event-loop-only; no I/O here (the TCP transport lives in notify/tcp.py).
+Event-loop-only; no I/O here (a proxy in another process is served over the core link:
+lightgate.link_services.NotifyService drains its mailbox into EVENTS frames).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ class Mailbox:
         self.queues: set[str] = set()
         self.pending: dict[str, int] = {}
         self._waiter: asyncio.Future[None] | None = None
-        self.on_ready: Callable[[Mailbox], None] | None = None  # TCP: drain into a frame
+        self.on_ready: Callable[[Mailbox], None] | None = None  # the link: drain into a frame
         self.closed = False
         self.delivered = 0  # events handed out (coalesced), for tests and metrics
 

@@ -116,10 +116,8 @@ def test_example_config_is_the_key_table() -> None:
         ({"default_partitions": 0}, r"default_partitions = 0 .* allowed 1\.\.1024"),
         ({"mqtt_processes": 257}, r"mqtt_processes = 257 .* allowed `auto` or 0\.\.256"),
         ({"mqtt_processes": "many"}, r"mqtt_processes: expected int, got 'many'"),
-        ({"notify_port": -2}, r"notify_port = -2 .* allowed -1\.\.65535"),
         ({"max_keepalive": 0}, r"max_keepalive = 0 .* allowed 1\.\.65535"),
         ({"retention_bytes": -2}, r"retention_bytes = -2 .* allowed >= -1"),
-        ({"notify_transport": "udp"}, r"notify_transport: 'udp' is not one of inprocess, tcp"),
     ],
 )
 def test_out_of_range_names_key_and_range(overrides: dict[str, object], message: str) -> None:

@@ -1,4 +1,4 @@
-"""The core link (store.rpc) and the store / light-queue services over it.
+"""The core link (notify.link) and the store / light-queue services over it.
 
 Framing is tested sans-IO (bytes in, frames out, split at every byte, fuzzed); the services over
 a real Unix socket and TCP, with a real Store and real LevelDB on both ends of the link, checked
@@ -17,12 +17,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from lightqueue_helpers import flushed, msg
 
+from lightgate.link_registry import DuplicateMethodError, MethodRegistry
+from lightgate.link_services import LightQueueService, StoreService
 from lightqueue.queues import LightQueueConfig, LightQueues
-from lightqueue.remote import LightQueueService, RemoteLightQueues
-from store import MqttMessage, MqttProperties, Store, StoreConfig, TopicMappingError
-from store import segment_reader as sr
-from store.remote import RemoteStore, StoreService
-from store.rpc import (
+from mqtt_proxy.remote_queues import RemoteLightQueues
+from mqtt_proxy.remote_store import RemoteStore
+from notify.link import (
     AUTH,
     CALL,
     ERROR,
@@ -39,6 +39,8 @@ from store.rpc import (
     encode_frame,
     error_body,
 )
+from store import MqttMessage, MqttProperties, Store, StoreConfig, TopicMappingError
+from store import segment_reader as sr
 
 # -- framing, sans-IO ----------------------------------------------------------------------------
 
@@ -167,11 +169,15 @@ async def _core(tmp_path: Path, fsync: str = "always", **lq_cfg: Any) -> Any:
         service.peer_lost(peer)
 
     server = RpcServer(
-        {**store_service.methods(), **service.methods()}, on_connect=connected, on_lost=lost
+        MethodRegistry().add("store", store_service.methods()).add("lq", service.methods()).table(),
+        on_connect=connected,
+        on_lost=lost,
     )
     addr = await server.start(f"unix:{tmp_path}/core.sock")
     rs, rq = RemoteStore(), RemoteLightQueues()
-    peer = await connect(addr, {**rs.methods(), **rq.methods()})
+    peer = await connect(
+        addr, MethodRegistry().add("store", rs.methods()).add("lq", rq.methods()).table()
+    )
     rs.attach(peer)
     rq.attach(peer)
     await rs.start()
@@ -413,3 +419,40 @@ async def test_watched_queues_push_their_new_entries(tmp_path: Path) -> None:
         await asyncio.sleep(0.01)
     assert lq.qdb.queues["w/#"].watchers == 0 and lq.qdb.queues["w/#"].watch is None
     await close()
+
+
+# -- the method registry ---------------------------------------------------------------------------
+
+
+def test_registry_refuses_a_method_number_taken_twice() -> None:
+    """A dict merge let the later table win silently; the registry names both owners."""
+    reg = MethodRegistry().add("store", {1: lambda p, b: b"", 2: lambda p, b: b""})
+    with pytest.raises(DuplicateMethodError, match="method 2 of queues is already taken by store"):
+        reg.add("queues", {3: lambda p, b: b"", 2: lambda p, b: b""})
+    assert sorted(reg.table()) == [1, 2] and reg.owner(3) is None  # all or nothing
+    with pytest.raises(ValueError, match="not a u16"):
+        reg.add("bad", {0x10000: lambda p, b: b""})
+
+
+def test_each_end_of_the_real_link_has_one_handler_per_number() -> None:
+    """The numbers of every part, as both ends register them, do not clash (store 1-31, light
+    queues 32-63, wiring and notify 64-95)."""
+    from lightgate.link_registry import HELLO, STATS
+    from lightqueue import wire as lw
+    from mqtt_proxy.remote_notify import LinkNotifier
+    from notify import wire as nw
+    from store import wire as sw
+
+    proxy = (
+        MethodRegistry()
+        .add("store", RemoteStore().methods())
+        .add("light queues", RemoteLightQueues().methods())
+        .add("notify", LinkNotifier("p").methods())
+        .add("wiring", {STATS: lambda p, b: b""})
+    )
+    assert sorted(proxy.table()) == sorted(
+        [sw.DURABLE, sw.TOPIC_CHANGED, lw.INDEXED, lw.ENTRIES, nw.EVENTS, STATS]
+    )
+    assert all(0 < n < 32 for n in (sw.TOPICS, sw.TOPIC_CHANGED))
+    assert all(32 <= n < 64 for n in (lw.READ, lw.ENTRIES))
+    assert all(64 <= n < 96 for n in (HELLO, STATS, nw.REGISTER, nw.EVENTS))

@@ -1,6 +1,6 @@
 """The core link's `core_secret`: both ends prove it without sending it, and `core_tls`.
 
-The handshake sans-IO (store.link_auth), then over a real link (store.rpc, TCP, with and without
+The handshake sans-IO (notify.link_auth), then over a real link (notify.link, TCP, with and without
 TLS), then in the split shape: a core-only `serve` on a TCP `core_listen` and a `lightgate
 proxy` with the wrong secret (refused, one clear line on each end) and the right one (serves
 MQTT); `serve` refuses a TCP core link without a secret; `mqtt_processes = 1` hands its secret
@@ -22,8 +22,8 @@ from gateway_process import ROOT, GatewayProcess, parse_ready_line
 from mqtt_helpers import Client
 from tls_helpers import Pki, make_pki
 
-from store.link_auth import ACCEPT, AuthFailed, LinkAuth
-from store.rpc import AUTH_FAILED, RpcError, RpcServer, connect
+from notify.link import AUTH_FAILED, RpcError, RpcServer, connect
+from notify.link_auth import ACCEPT, AuthFailed, LinkAuth
 
 # -- the handshake, sans-IO ----------------------------------------------------------------------
 
@@ -111,7 +111,7 @@ async def test_a_wrong_secret_is_refused_on_both_ends(caplog: pytest.LogCaptureF
 async def test_a_request_before_the_handshake_closes_the_link() -> None:
     import asyncio
 
-    from store.rpc import CALL, encode_frame
+    from notify.link import CALL, encode_frame
 
     server = RpcServer({1: lambda peer, body: b"served"}, secret=b"s")
     addr = await server.start("127.0.0.1:0")

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from notify import InProcessNotifier, QueueEvent
-from notify.frames import REGISTER, FrameDecoder, encode_events, encode_hello, encode_queues
+from notify import InProcessNotifier, QueueEvent, wire
 
 
 async def drain(n: InProcessNotifier, proxy: str, timeout: float = 0.05) -> dict[str, int]:
@@ -77,14 +76,29 @@ async def test_events_iterator_ends_on_drop() -> None:
     assert seen == [QueueEvent("q", 1)]
 
 
-def test_frames_round_trip_one_byte_at_a_time() -> None:
-    data = (
-        encode_hello("proxy-1")
-        + encode_queues(REGISTER, ["a/+", "ü/#"])
-        + encode_events([("a/+", 5), ("ü/#", 2**40)])
-    )
-    d = FrameDecoder()
-    frames = []
-    for i in range(len(data)):
-        frames += d.feed(data[i : i + 1])
-    assert [f[1] for f in frames] == ["proxy-1", ["a/+", "ü/#"], [("a/+", 5), ("ü/#", 2**40)]]
+def test_link_bodies_golden_bytes_and_round_trip() -> None:
+    """The REGISTER and EVENTS bodies the core link carries (notify.wire): the bytes of the TCP
+    notify transport's bodies that came before, so a proxy and a core of either age agree."""
+    queues = ["a/+", "ü/#"]
+    body = wire.encode_queues(queues)
+    assert body == bytes.fromhex(
+        "00000002"  # u32 n
+        "0003" "612f2b"  # str "a/+"
+        "0004" "c3bc2f23"  # str "ü/#" (UTF-8)
+    )  # fmt: skip
+    assert wire.decode_queues(body) == queues
+    events = [("a/+", 5), ("ü/#", 2**40)]
+    body = wire.encode_events(events)
+    assert body == bytes.fromhex(
+        "00000002"  # u32 n
+        "0003" "612f2b" "0000000000000005"  # str queue, i64 last_seq
+        "0004" "c3bc2f23" "0000010000000000"
+    )  # fmt: skip
+    assert wire.decode_events(body) == events
+    for cut in range(len(body)):  # a short body is refused with the link's BAD_REQUEST code
+        try:
+            wire.decode_events(body[:cut])
+        except wire.WireError as exc:
+            assert exc.rpc_code == 3
+        else:
+            raise AssertionError(f"{cut} bytes decoded")

@@ -15,12 +15,20 @@ Wire format, sans-IO below (`encode_frame`, `FrameDecoder`), asyncio above (`Rpc
     REPLY  body = the method's answer
     ERROR  body = code u16 | UTF-8 message
     PING   empty; sent every `heartbeat` s while idle, a peer silent for 3 intervals is dropped
-    AUTH   the handshake (store.link_auth), step in the method field; before it completes only
+    AUTH   the handshake (notify.link_auth), step in the method field; before it completes only
            AUTH, PING and an ERROR with call id 0 (the core refusing the link) are accepted
 
-Method numbers: 1-31 store (store.remote), 32-63 light queues (lightqueue.remote), 64-95 the
-wiring (lightgate: hello, proxy stats). A CALL to an unknown method gets ERROR `NO_SUCH_METHOD`;
-a frame longer than `max_frame` or of an unknown kind is a protocol error that closes the link.
+Method numbers: 1-31 store (bodies in store.wire), 32-63 light queues (lightqueue.wire), 64-95
+the wiring (lightgate.link_registry: hello, proxy stats; notify.wire: notify). One registry
+(lightgate.link_registry.MethodRegistry) builds every table and refuses a number used twice. A
+CALL to an unknown method gets ERROR `NO_SUCH_METHOD`; a frame longer than `max_frame` or of an
+unknown kind is a protocol error that closes the link.
+
+This module is the transport only: framing, call ids, the handshake (notify.link_auth),
+heartbeats. It knows no method. It lives in `notify`, which imports nothing of ours, so both
+halves above it may import it: the clients in the proxy (mqtt_proxy.remote_*) and the services
+in the core (lightgate.link_services). The bodies (store.wire, lightqueue.wire, notify.wire) are
+pure and need neither.
 
 Why not the Kafka protocol for this: the proxy also needs light-queue reads, holds, sessions and
 retained messages, which Kafka has no APIs for, and per-tick multi-partition appends whose
@@ -37,7 +45,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from store.link_auth import AuthFailed, LinkAuth
+from notify.link_auth import AuthFailed, LinkAuth
 
 log = logging.getLogger("lightgate.rpc")
 _asyncio_Future = asyncio.Future
@@ -65,6 +73,16 @@ class RpcError(Exception):
 
 class FrameError(ValueError):
     """The peer broke the framing: the link is closed."""
+
+
+def _rpc_error(exc: BaseException) -> RpcError | None:
+    """The answer a handler's exception carries: an RpcError, or an exception with an int
+    `rpc_code` (the body codecs below the link, store.wire and lightqueue.wire, cannot import
+    RpcError, so a malformed body raises their own `WireError`, whose code is BAD_REQUEST)."""
+    if isinstance(exc, RpcError):
+        return exc
+    code = getattr(exc, "rpc_code", None)
+    return RpcError(code, str(exc)) if isinstance(code, int) else None
 
 
 def encode_frame(kind: int, call_id: int, method: int, body: bytes = b"") -> bytes:
@@ -219,7 +237,7 @@ class RpcPeer(asyncio.Protocol):
             elif kind in (CALL, SEND):
                 self._dispatch(kind, call_id, method, body)
 
-    # -- the handshake (store.link_auth) ------------------------------------------------------
+    # -- the handshake (notify.link_auth) ------------------------------------------------------
     def _handshake(self, frames: list[tuple[int, int, int, bytes]]) -> list[Any]:
         """Feed the leading frames to the handshake; the rest once it is done, else []."""
         auth = self._auth
@@ -284,13 +302,14 @@ class RpcPeer(asyncio.Protocol):
             return
         try:
             res = handler(self, body)
-        except RpcError as exc:
-            if kind == CALL:
-                self._error(call_id, exc.code, str(exc))
-            else:
-                log.warning("rpc link %s: one-way method %d failed: %s", self.name, method, exc)
-            return
         except Exception as exc:
+            err = _rpc_error(exc)
+            if err is not None:
+                if kind == CALL:
+                    self._error(call_id, err.code, str(err))
+                else:
+                    log.warning("rpc link %s: one-way method %d failed: %s", self.name, method, err)
+                return
             log.exception("rpc link %s: method %d failed", self.name, method)
             if kind == CALL:
                 self._error(call_id, INTERNAL, f"{type(exc).__name__}: {exc}")
@@ -312,8 +331,8 @@ class RpcPeer(asyncio.Protocol):
         exc = fut.exception()
         if exc is None:
             self._write(encode_frame(REPLY, call_id, method, bytes(fut.result() or b"")))
-        elif isinstance(exc, RpcError):
-            self._error(call_id, exc.code, str(exc))
+        elif (err := _rpc_error(exc)) is not None:
+            self._error(call_id, err.code, str(err))
         else:
             log.error("rpc link %s: method %d failed: %r", self.name, method, exc)
             self._error(call_id, INTERNAL, f"{type(exc).__name__}: {exc}")
@@ -456,7 +475,7 @@ def parse_address(address: str) -> tuple[str, str | int]:
 class RpcServer:
     """Accepts links on a TCP port or a Unix socket; every link is an `RpcPeer` on `methods`.
 
-    Every link starts with the handshake (store.link_auth) against `secret` (None: the peer
+    Every link starts with the handshake (notify.link_auth) against `secret` (None: the peer
     must have none either); `on_connect` runs once it succeeds, and `on_lost` only for links
     that got that far. `ssl_ctx` puts TCP links under TLS.
     """
@@ -569,21 +588,3 @@ async def connect(
         peer.abort()
         raise
     return peer
-
-
-# -- body helpers shared by the services ---------------------------------------------------------
-_U16 = struct.Struct(">H")
-
-
-def put_str(out: list[bytes], s: str) -> None:
-    b = s.encode("utf-8")
-    out.append(_U16.pack(len(b)))
-    out.append(b)
-
-
-def get_str(buf: bytes, pos: int) -> tuple[str, int]:
-    (n,) = _U16.unpack_from(buf, pos)
-    end = pos + 2 + n
-    if end > len(buf):
-        raise RpcError(BAD_REQUEST, "truncated string")
-    return buf[pos + 2 : end].decode("utf-8"), end

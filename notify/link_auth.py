@@ -1,7 +1,7 @@
 """The core link's handshake: both ends prove they know `core_secret` without sending it.
 
 Sans-IO: `LinkAuth.start()` and `LinkAuth.receive(step, body)` return the `(step, body)` messages
-to send (store.rpc carries them as AUTH frames, the step in the method field) and raise
+to send (notify.link carries them as AUTH frames, the step in the method field) and raise
 `AuthFailed` with a message for the log (and for the peer) when the other end fails.
 
 Theory of operation (HMAC-SHA256, 32-byte random nonces, labels keep the two proofs apart so

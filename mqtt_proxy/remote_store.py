@@ -1,186 +1,29 @@
-"""The store over the core link: `StoreService` in the core, `RemoteStore` in a proxy process.
+"""The store as an MQTT proxy in another process sees it: `RemoteStore`, over the core link.
 
-A proxy builds its MQTT RecordBatches itself (`store.mqtt_batches`, the same bytes the in-process
-store writes) and ships them per loop tick in one APPEND; the core appends them exactly as it
-appends a Kafka producer's batches (`Store.append_batch`: CRC check, base offset rewrite). So the
-core spends no CPU per MQTT message beyond the copy into its segment, and the proxy learns every
-record's offset from the reply. Under `always`, acknowledgement is two-phase: the reply carries
-the offsets at once (delivery and retained messages need them), and a DURABLE message follows
-when the fsync covering the append is done; the proxy's PUBACK/PUBREC wait for that one.
-
-Wire bodies (strings are u16 length + UTF-8, see store.rpc)::
-
-    TOPICS       → JSON {topic: partitions}
-    ENSURE_TOPIC str topic | u8 force → u32 partitions   (creates it if auto-create is on, or forced)
-    APPEND       u32 token | u8 sync | u16 n | n × (str topic, u32 partition, u32 size, bytes)
-                 → n × (i64 base offset | str error)               base -1 when that batch failed
-    DURABLE      (core → proxy, one-way) u32 token | str error     "" = durable
-    READ         str topic | u32 partition | i64 offset | u32 max bytes → whole batches
-    OFFSETS      str topic | u32 partition → i64 log start | i64 high watermark
-    TOPIC_CHANGED (core → proxy, one-way) str topic   deleted or grown: forget its partition count
-
-Event-loop-only on both sides.
+The client half of the store's methods (bodies in `store.wire`, transport `notify.link`; the
+service half is `lightgate.link_services.StoreService`). The proxy builds its MQTT RecordBatches
+itself (`store.mqtt_batches`) and ships them per loop tick in one APPEND; the reply carries the
+offsets at once and, under `always`, a DURABLE message follows the fsync (the proxy's PUBACK /
+PUBREC wait for that one). Event-loop-only.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import struct
 from collections.abc import Sequence
 from time import time
 from typing import Any
 
-from store.config import StoreError, UnknownTopicOrPartitionError
-from store.log import OffsetOutOfRangeError
+from notify.link import Handler, RpcError, RpcPeer
+from store import wire
+from store.config import StoreError
 from store.mapping import MqttMessage, log_topic_for, partition_for_key
 from store.mqtt_batches import build_mqtt_batches
 from store.record_batch import split_batches
-from store.rpc import BAD_REQUEST, Handler, RpcError, RpcPeer, get_str, put_str
 from store.store import AppendResult, Run
 
 log = logging.getLogger("lightgate.store.remote")
-
-TOPICS, ENSURE_TOPIC, APPEND, DURABLE, READ, OFFSETS, TOPIC_CHANGED = 1, 2, 3, 4, 5, 6, 7
-OFFSET_OUT_OF_RANGE, UNKNOWN_TOPIC, STORE_ERROR = 100, 101, 102
-
-_U8 = struct.Struct(">B")
-_U16 = struct.Struct(">H")
-_U32 = struct.Struct(">I")
-_I64 = struct.Struct(">q")
-_APPEND_HEAD = struct.Struct(">IBH")  # token, sync, n
-_PART = struct.Struct(">II")  # partition, size
-_READ = struct.Struct(">IqI")  # partition, offset, max bytes
-_OFFSETS = struct.Struct(">qq")
-
-
-def _store_error(exc: Exception) -> RpcError:
-    if isinstance(exc, OffsetOutOfRangeError):
-        return RpcError(OFFSET_OUT_OF_RANGE, str(exc))
-    if isinstance(exc, UnknownTopicOrPartitionError):
-        return RpcError(UNKNOWN_TOPIC, str(exc))
-    return RpcError(STORE_ERROR, str(exc))
-
-
-def _raise_store_error(
-    exc: RpcError, topic: str = "", partition: int = -1, offset: int = -1
-) -> None:
-    if exc.code == OFFSET_OUT_OF_RANGE:
-        raise OffsetOutOfRangeError(topic, partition, offset, -1, -1) from None
-    if exc.code == UNKNOWN_TOPIC:
-        raise UnknownTopicOrPartitionError(str(exc)) from None
-    raise StoreError(str(exc)) from None
-
-
-class StoreService:
-    """The core side: serves one `Store` to every link."""
-
-    def __init__(self, store: Any) -> None:
-        self.store = store
-        self.peers: set[RpcPeer] = set()
-        if hasattr(store, "add_topic_listener"):
-            store.add_topic_listener(self._on_topic_event)
-
-    def peer_connected(self, peer: RpcPeer) -> None:
-        self.peers.add(peer)
-
-    def peer_lost(self, peer: RpcPeer) -> None:
-        self.peers.discard(peer)
-
-    def _on_topic_event(self, event: str, topic: str) -> None:
-        """A deleted or grown log topic: proxies must ask for its partition count again, or
-        they would route MQTT topics by the old one."""
-        if event in ("deleted", "partitions"):
-            out: list[bytes] = []
-            put_str(out, topic)
-            body = b"".join(out)
-            for peer in self.peers:
-                peer.send(TOPIC_CHANGED, body)
-
-    def methods(self) -> dict[int, Handler]:
-        return {
-            TOPICS: self._topics,
-            ENSURE_TOPIC: self._ensure_topic,
-            APPEND: self._append,
-            READ: self._read,
-            OFFSETS: self._offsets,
-        }
-
-    def _topics(self, peer: RpcPeer, body: bytes) -> bytes:
-        return json.dumps(self.store.topics()).encode()
-
-    def _ensure_topic(self, peer: RpcPeer, body: bytes) -> bytes:
-        name, pos = get_str(body, 0)
-        force = body[pos : pos + 1] == b"\x01"
-        store = self.store
-        try:
-            if not force and name not in store.topics() and not store.config.auto_create_topics:
-                raise UnknownTopicOrPartitionError(f"log topic {name!r} does not exist")
-            return _U32.pack(store.ensure_topic(name))
-        except Exception as exc:
-            raise _store_error(exc) from None
-
-    def _append(self, peer: RpcPeer, body: bytes) -> bytes:
-        token, sync, n = _APPEND_HEAD.unpack_from(body, 0)
-        pos = _APPEND_HEAD.size
-        store = self.store
-        out: list[bytes] = []
-        waits: list[asyncio.Future[None]] = []
-        for _ in range(n):
-            topic, pos = get_str(body, pos)
-            part, size = _PART.unpack_from(body, pos)
-            pos += _PART.size
-            batch = body[pos : pos + size]
-            pos += size
-            if len(batch) != size:
-                raise RpcError(BAD_REQUEST, "truncated APPEND")
-            try:
-                res = store.append_batch(topic, part, batch, bool(sync))
-            except Exception as exc:
-                log.warning("append from %s to %s-%d refused: %s", peer.name, topic, part, exc)
-                out.append(_I64.pack(-1))
-                put_str(out, str(exc) or type(exc).__name__)
-                continue
-            out.append(_I64.pack(res.runs[0][2]))
-            out.append(b"\0\0")
-            if sync:
-                waits.append(res.durable)
-        if sync:
-            if waits:
-                done = asyncio.gather(*waits)
-                done.add_done_callback(lambda f: self._durable(peer, token, f))
-            else:
-                peer.send(DURABLE, _U32.pack(token) + _U16.pack(0))
-        return b"".join(out)
-
-    def _durable(self, peer: RpcPeer, token: int, fut: asyncio.Future[Any]) -> None:
-        err = ""
-        if fut.cancelled():
-            err = "not durable: cancelled"
-        elif fut.exception() is not None:
-            err = f"not durable: {fut.exception()}"
-        out = [_U32.pack(token)]
-        put_str(out, err)
-        peer.send(DURABLE, b"".join(out))
-
-    def _read(self, peer: RpcPeer, body: bytes) -> bytes:
-        topic, pos = get_str(body, 0)
-        part, offset, max_bytes = _READ.unpack_from(body, pos)
-        try:
-            return bytes(self.store.read(topic, part, offset, max_bytes))
-        except Exception as exc:
-            raise _store_error(exc) from None
-
-    def _offsets(self, peer: RpcPeer, body: bytes) -> bytes:
-        topic, pos = get_str(body, 0)
-        (part,) = _U32.unpack_from(body, pos)
-        try:
-            return _OFFSETS.pack(
-                self.store.log_start_offset(topic, part), self.store.high_watermark(topic, part)
-            )
-        except Exception as exc:
-            raise _store_error(exc) from None
 
 
 class RemoteStore:
@@ -203,10 +46,10 @@ class RemoteStore:
         self._held: list[tuple[Sequence[MqttMessage], bool, AppendResult, set[str]]] = []
 
     def methods(self) -> dict[int, Handler]:
-        return {DURABLE: self._on_durable, TOPIC_CHANGED: self._on_topic_changed}
+        return {wire.DURABLE: self._on_durable, wire.TOPIC_CHANGED: self._on_topic_changed}
 
     def _on_topic_changed(self, peer: RpcPeer, body: bytes) -> None:
-        topic, _ = get_str(body, 0)
+        topic = wire.decode_str_body(body)
         self._counts.pop(topic, None)
         self._routes.clear()
 
@@ -222,7 +65,7 @@ class RemoteStore:
 
     async def start(self) -> None:
         assert self.peer is not None
-        self._counts.update(json.loads(await self.peer.call(TOPICS)))
+        self._counts.update(wire.decode_topics(await self.peer.call(wire.TOPICS)))
 
     def topics(self) -> dict[str, int]:
         return dict(self._counts)
@@ -230,7 +73,7 @@ class RemoteStore:
     async def barrier(self) -> None:
         """One round trip: the core has handled everything this link sent before it."""
         assert self.peer is not None
-        await self.peer.call(TOPICS)
+        await self.peer.call(wire.TOPICS)
 
     async def ensure_topic(self, name: str, force: bool = False) -> int:
         """Partitions of `name`, creating the topic in the core when `auto_create_topics` is on
@@ -245,17 +88,15 @@ class RemoteStore:
 
     async def _ensure(self, name: str, force: bool) -> int:
         assert self.peer is not None
-        out: list[bytes] = []
-        put_str(out, name)
-        out.append(b"\x01" if force else b"\x00")
         try:
-            (n,) = _U32.unpack(await self.peer.call(ENSURE_TOPIC, b"".join(out)))
+            body = await self.peer.call(wire.ENSURE_TOPIC, wire.encode_ensure_topic(name, force))
+            n = wire.decode_count(body)
         except RpcError as exc:
-            _raise_store_error(exc)
+            raise wire.store_error(exc.code, str(exc)) from None
         finally:
             self._ensuring.pop(name, None)
         self._counts[name] = n
-        return int(n)
+        return n
 
     def partitions(self, name: str) -> int | None:
         return self._counts.get(name)
@@ -346,18 +187,14 @@ class RemoteStore:
         peer = self.peer
         assert peer is not None
         self._token = token = (self._token % 0xFFFFFFFF) + 1
-        out = [_APPEND_HEAD.pack(token, 1 if sync else 0, len(items))]
-        for topic, part, buf, _idxs in items:
-            put_str(out, topic)
-            out.append(_PART.pack(part, len(buf)))
-            out.append(bytes(buf))
+        body = wire.encode_append(token, sync, [(t, p, buf) for t, p, buf, _idxs in items])
         if sync:
             self._durable[token] = res.durable
         else:
             res.durable.set_result(None)
         peer.call_then(
-            APPEND,
-            b"".join(out),
+            wire.APPEND,
+            body,
             lambda body, err: self._replied(body, err, items, total, token, res),
         )
 
@@ -377,10 +214,8 @@ class RemoteStore:
             return
         runs: list[Run] = []
         errors = []
-        pos = 0
-        for topic, part, buf, idxs in items:
-            (base,) = _I64.unpack_from(body, pos)
-            err, pos = get_str(body, pos + 8)
+        answers = wire.decode_append_reply(body, len(items))
+        for (topic, part, buf, idxs), (base, err) in zip(items, answers, strict=True):
             if base < 0:
                 errors.append(f"{topic}-{part}: {err}")
                 continue
@@ -393,8 +228,7 @@ class RemoteStore:
         res.set_staged(runs, total)
 
     def _on_durable(self, peer: RpcPeer, body: bytes) -> None:
-        (token,) = _U32.unpack_from(body, 0)
-        err, _ = get_str(body, 4)
+        token, err = wire.decode_durable(body)
         fut = self._durable.pop(token, None)
         if fut is None or fut.done():
             return
@@ -406,27 +240,20 @@ class RemoteStore:
     # -- reads ---------------------------------------------------------------------------------
     async def read(self, topic: str, partition: int, offset: int, max_bytes: int) -> bytes:
         assert self.peer is not None
-        out: list[bytes] = []
-        put_str(out, topic)
-        out.append(_READ.pack(partition, offset, max_bytes))
+        body = wire.encode_read(topic, partition, offset, max_bytes)
         try:
-            return await self.peer.call(READ, b"".join(out))
+            return await self.peer.call(wire.READ, body)
         except RpcError as exc:
-            _raise_store_error(exc, topic, partition, offset)
-            raise
+            raise wire.store_error(exc.code, str(exc), topic, partition, offset) from None
 
     async def offsets(self, topic: str, partition: int) -> tuple[int, int]:
         """(log start offset, high watermark)."""
         assert self.peer is not None
-        out: list[bytes] = []
-        put_str(out, topic)
-        out.append(_U32.pack(partition))
+        body = wire.encode_offsets_request(topic, partition)
         try:
-            start, hwm = _OFFSETS.unpack(await self.peer.call(OFFSETS, b"".join(out)))
+            return wire.decode_offsets(await self.peer.call(wire.OFFSETS, body))
         except RpcError as exc:
-            _raise_store_error(exc)
-            raise
-        return int(start), int(hwm)
+            raise wire.store_error(exc.code, str(exc)) from None
 
 
 def _fail(res: AppendResult, exc: BaseException) -> None:

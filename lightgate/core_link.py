@@ -1,0 +1,127 @@
+"""The core's end of the core link: `CoreLink` serves the store, the light queues and notify.
+
+The services are in lightgate.link_services, the method numbers in one
+lightgate.link_registry.MethodRegistry, the transport in notify.link. `CoreLink` adds what only
+the wiring knows: which proxy is which (HELLO) and the proxies' MQTT figures (STATS) for the
+core's `/metrics`. Event-loop-only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import ssl
+from typing import Any
+
+from lightgate.link_registry import HELLO, STATS, MethodRegistry
+from lightgate.link_services import LightQueueService, NotifyService, StoreService
+from lightgate.owners import ClientRegistry
+from lightgate.shares import SharedGroups
+from notify.link import RpcPeer, RpcServer
+
+log = logging.getLogger("lightgate.split")
+
+
+class CoreLink:
+    """The core's end: store + light queues on the link, notify routed over it, proxies by id.
+
+    One `MethodRegistry` holds the services' methods (lightgate.link_services) and HELLO; the
+    `RpcServer` serves it to every proxy that passes the handshake.
+    """
+
+    def __init__(
+        self,
+        store: Any,
+        queues: Any,
+        notifier: Any,
+        *,
+        secret: bytes | None = None,
+        ssl_ctx: ssl.SSLContext | None = None,
+    ) -> None:
+        self.store_service = StoreService(store)
+        self.queue_service = LightQueueService(queues)
+        self.proxies: dict[str, RpcPeer] = {}
+        self.notify_service = NotifyService(notifier.routes, self.proxies)
+        # What must be one across several proxies: client ids, held sessions, wills, $share.
+        self.clients = ClientRegistry(store, queues)
+        self.shares = SharedGroups(queues)
+        self.registry = (
+            MethodRegistry()
+            .add("store", self.store_service.methods())
+            .add("light queues", self.queue_service.methods())
+            .add("notify", self.notify_service.methods())
+            .add("wiring", {HELLO: self._hello})
+            .add("client ids", self.clients.methods())
+            .add("shared groups", self.shares.methods())
+        )
+        self.server = RpcServer(
+            self.registry.table(),
+            on_connect=self._connected,
+            on_lost=self._lost,
+            secret=secret,
+            ssl_ctx=ssl_ctx,
+        )
+
+    async def start(self, address: str) -> str:
+        self.clients.start()
+        return await self.server.start(address)
+
+    def _connected(self, peer: RpcPeer) -> None:
+        self.store_service.peer_connected(peer)
+        self.queue_service.peer_connected(peer)
+
+    def _hello(self, peer: RpcPeer, body: bytes) -> None:
+        proxy_id = body.decode()
+        old = self.proxies.get(proxy_id)
+        if old is not None and old is not peer:
+            old.abort()  # a restarted proxy: the old link's routes go with it
+        peer.name = proxy_id
+        peer.state["proxy_id"] = proxy_id
+        self.proxies[proxy_id] = peer
+        self.notify_service.proxy_joined(peer, proxy_id)
+        log.info("proxy %s connected to the core link", proxy_id)
+
+    def _lost(self, peer: RpcPeer, exc: Exception | None) -> None:
+        self.store_service.peer_lost(peer)
+        self.queue_service.peer_lost(peer)
+        self.clients.peer_lost(peer)
+        self.shares.peer_lost(peer)
+        pid = peer.state.get("proxy_id")
+        if pid is not None and self.proxies.get(pid) is peer:
+            del self.proxies[pid]
+            self.notify_service.proxy_left(pid)
+            log.info("proxy %s left the core link", pid)
+
+    async def stats(self) -> dict[str, Any]:
+        """The MQTT counters of every connected proxy, summed (numbers only)."""
+        return (await self.figures(with_metrics=False))[0]
+
+    async def figures(self, with_metrics: bool = True) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(counters summed over the proxies, the `MqttServer.metrics()` of the first one that
+        answers): what the one-process gateway reads from its own MqttServer. One proxy per
+        core today; summing labelled figures across several is left for then. A proxy that
+        does not answer is logged once until it answers again."""
+        out: dict[str, Any] = {}
+        metrics: dict[str, Any] = {}
+        for peer in list(self.proxies.values()):
+            try:
+                body = b"m" if with_metrics else b""
+                stats = json.loads(await asyncio.wait_for(peer.call(STATS, body), 2.0))
+            except Exception as exc:
+                if not peer.state.get("stats_failing"):
+                    log.warning("no stats from proxy %s: %r", peer.name, exc)
+                peer.state["stats_failing"] = True
+                continue
+            peer.state["stats_failing"] = False
+            if not metrics:
+                metrics = stats.pop("metrics", None) or {}
+            for k, v in stats.items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    out[k] = out.get(k, 0) + v
+                elif k != "metrics":
+                    out.setdefault(k, v)
+        return out, metrics
+
+    async def close(self) -> None:
+        await self.server.close()
