@@ -18,6 +18,7 @@ from lightgate.link_registry import HELLO, STATS, MethodRegistry
 from lightgate.link_services import LightQueueService, NotifyService, StoreService
 from lightgate.owners import ClientRegistry
 from lightgate.shares import SharedGroups
+from mqtt_proxy.cluster import SYS
 from notify.link import RpcPeer, RpcServer
 
 log = logging.getLogger("lightgate.split")
@@ -54,6 +55,7 @@ class CoreLink:
             .add("wiring", {HELLO: self._hello})
             .add("client ids", self.clients.methods())
             .add("shared groups", self.shares.methods())
+            .add("$SYS sums", {SYS: self._sys})
         )
         self.server = RpcServer(
             self.registry.table(),
@@ -93,14 +95,18 @@ class CoreLink:
             self.notify_service.proxy_left(pid)
             log.info("proxy %s left the core link", pid)
 
+    async def _sys(self, peer: RpcPeer, body: bytes) -> bytes:
+        """A proxy's `$SYS` shows the gateway's figures: every proxy's counters, summed."""
+        return json.dumps(await self.stats()).encode()
+
     async def stats(self) -> dict[str, Any]:
         """The MQTT counters of every connected proxy, summed (numbers only)."""
         return (await self.figures(with_metrics=False))[0]
 
     async def figures(self, with_metrics: bool = True) -> tuple[dict[str, Any], dict[str, Any]]:
         """(counters summed over the proxies, the `MqttServer.metrics()` of the first one that
-        answers): what the one-process gateway reads from its own MqttServer. One proxy per
-        core today; summing labelled figures across several is left for then. A proxy that
+        answers): what the one-process gateway reads from its own MqttServer. Several proxies:
+        counters and gauges are summed; labelled figures (histograms) are the first's. A proxy that
         does not answer is logged once until it answers again."""
         out: dict[str, Any] = {}
         metrics: dict[str, Any] = {}

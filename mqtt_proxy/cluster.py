@@ -13,6 +13,7 @@ link (method numbers 200-209, beside the light queues' and the wiring's):
            id alone clears it. The core publishes these when the link drops.
     GONE   proxy → core, one-way: client id; the session ended here (not persistent, expired).
     LEASE, DONE, RETURN, WAKE: `$share` groups across proxies (lightgate/shares.py).
+    SYS    proxy → core, call: every proxy's MQTT counters summed (JSON), for `$SYS`.
 
 A CLAIM's answer is acted on as its frame is read (`call_then`), before any TAKE read after it,
 so a proxy never hands over a session it has not installed yet.
@@ -38,6 +39,7 @@ log = logging.getLogger("lightgate.mqtt.cluster")
 
 CLAIM, TAKE, WILL, GONE = 200, 201, 202, 203
 LEASE, DONE, RETURN, WAKE = 204, 205, 206, 207  # `$share` groups (lightgate/shares.py)
+SYS = 208  # proxy → core, call: the MQTT counters summed over every proxy (JSON), for `$SYS`
 LEASE_N = 64  # sequences asked per lease: few round trips, yet shared out between proxies
 
 Claimed = Callable[[dict[str, Any] | None], None]  # the stored state handed over, or None
@@ -126,6 +128,15 @@ class ProxyCluster:
         if seqs:
             self._flush_done()
             self.peer.send(RETURN, json.dumps([key, seqs]).encode())
+
+    def sys_totals(self, done: Callable[[dict[str, Any]], None]) -> None:
+        """The core's sums of every proxy's counters, for this proxy's `$SYS` values."""
+
+        def answered(body: bytes, err: RpcError | None) -> None:
+            if err is None and body:
+                done(json.loads(body))
+
+        self.peer.call_then(SYS, b"", answered)
 
     def _wake(self, peer: RpcPeer, body: bytes) -> None:
         if self.server is None:

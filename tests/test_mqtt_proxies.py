@@ -36,6 +36,7 @@ class Proxy:
             sys.executable, "-m", "lightgate", "proxy", "--core",
             f"unix:{(data / 'core.sock').resolve()}", "--mqtt-port", "0", "--ws-port", "-1",
             "--mqtts-port", "-1", "--wss-port", "-1", "--proxy-id", name,
+            "--set", "sys_interval_s=1",
         ]  # fmt: skip
         self.log = open(data.parent / f"{name}.log", "ab")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
@@ -66,7 +67,7 @@ class Proxy:
 def three(tmp_path: Path) -> Iterator[tuple[GatewayProcess, list[int], list[Proxy]]]:
     """A gateway with one proxy child, and two more proxies: the three ports, in order."""
     data = tmp_path / "data"
-    gw = GatewayProcess(data, ["--set", "mqtt_processes=1"]).start()
+    gw = GatewayProcess(data, ["--set", "mqtt_processes=1", "--set", "sys_interval_s=1"]).start()
     extra: list[Proxy] = []
     try:
         extra = [Proxy(data, "edge-2"), Proxy(data, "edge-3")]
@@ -90,13 +91,22 @@ def test_same_client_id_on_two_proxies_takes_over(
     assert first.disconnected.wait(5)
     assert first.disconnect_reason == 0x8E  # session taken over
     assert second.session_present
-    Client(ports[2], "pub").connect().publish("take/x", b"to the new owner", 1)
+    pub = Client(ports[2], "pub").connect()
+    pub.publish("take/x", b"to the new owner", 1)
     assert second.expect(1)[0].payload == b"to the new owner"
     first.expect_none(0.3)
     # and back again, to the first proxy: the owner is per client id, not per proxy
     third = Client(ports[0], "dev-1", V5).connect(clean=False, props=expiry)
     assert second.disconnected.wait(5) and second.disconnect_reason == 0x8E
     assert third.session_present
+    # `$SYS` counts every proxy's clients: third (proxy 1), pub (proxy 3), this one (proxy 2)
+    sys = Client(ports[1], "sys").connect()
+    sys.subscribe("$SYS/broker/clients/connected", 0)
+    seen = []
+    deadline = time.monotonic() + 10
+    while b"3" not in seen and time.monotonic() < deadline:
+        seen += [m.payload for m in sys.expect(1, timeout=5)]
+    assert b"3" in seen, seen
 
 
 def test_persistent_session_moves_between_proxies_mid_stream(
