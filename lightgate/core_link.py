@@ -47,6 +47,7 @@ class CoreLink:
         # What must be one across several proxies: client ids, held sessions, wills, $share.
         self.clients = ClientRegistry(store, queues)
         self.shares = SharedGroups(queues)
+        self.shares.lag_peers = lambda: list(self.proxies.values())  # type: ignore[method-assign]
         self.registry = (
             MethodRegistry()
             .add("store", self.store_service.methods())

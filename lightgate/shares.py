@@ -24,7 +24,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from mqtt_proxy.cluster import DONE, LEASE, RETURN, WAKE
+from mqtt_proxy.cluster import DONE, LAG, LAG_STEP, LEASE, RETURN, WAKE
 from notify.link import RpcPeer
 
 log = logging.getLogger("lightgate.shares")
@@ -56,7 +56,27 @@ class SharedGroups:
         self.groups: dict[str, CoreGroup] = {}
 
     def methods(self) -> dict[int, Any]:
-        return {LEASE: self._lease, DONE: self._done, RETURN: self._return}
+        return {LEASE: self._lease, DONE: self._done, RETURN: self._return, LAG: self._lag}
+
+    # -- flow control across proxies (mqtt_proxy.cluster.LAG) --------------------------------
+    def _lag(self, peer: RpcPeer, body: bytes) -> None:
+        """A proxy's delivery lag changed: tell each other proxy the largest lag of the rest
+        when that moved by LAG_STEP (or fell to 0), so their publishers slow down too."""
+        peer.state["lag"] = int.from_bytes(body[:4], "big")
+        self._spread()
+
+    def _spread(self) -> None:
+        peers = self.lag_peers()
+        for p in peers:
+            others = max((q.state.get("lag", 0) for q in peers if q is not p), default=0)
+            sent = p.state.get("lag_sent", 0)
+            if abs(others - sent) >= LAG_STEP or (others == 0 and sent):
+                p.state["lag_sent"] = others
+                p.send(LAG, others.to_bytes(4, "big"))
+
+    def lag_peers(self) -> list[RpcPeer]:
+        """The links that report lag (set by CoreLink to its proxies)."""
+        return []
 
     def _lease(self, peer: RpcPeer, body: bytes) -> bytes:
         key, queue, hint, n = json.loads(body)
@@ -109,6 +129,8 @@ class SharedGroups:
 
     def peer_lost(self, peer: RpcPeer) -> None:
         """A proxy went away: what it had leased goes to the other members."""
+        peer.state["lag"] = 0
+        self._spread()
         for g in self.groups.values():
             g.peers.discard(peer)
             back = [s for s, p in g.leased.items() if p is peer]

@@ -14,6 +14,7 @@ link (method numbers 200-209, beside the light queues' and the wiring's):
     GONE   proxy → core, one-way: client id; the session ended here (not persistent, expired).
     LEASE, DONE, RETURN, WAKE: `$share` groups across proxies (lightgate/shares.py).
     SYS    proxy → core, call: every proxy's MQTT counters summed (JSON), for `$SYS`.
+    LAG    both ways, one-way: u32 delivery lag, this proxy's / the others' largest.
 
 A CLAIM's answer is acted on as its frame is read (`call_then`), before any TAKE read after it,
 so a proxy never hands over a session it has not installed yet.
@@ -40,6 +41,12 @@ log = logging.getLogger("lightgate.mqtt.cluster")
 CLAIM, TAKE, WILL, GONE = 200, 201, 202, 203
 LEASE, DONE, RETURN, WAKE = 204, 205, 206, 207  # `$share` groups (lightgate/shares.py)
 SYS = 208  # proxy → core, call: the MQTT counters summed over every proxy (JSON), for `$SYS`
+# both ways, one-way: a proxy's delivery lag (what it owes readers that can take data now);
+# the core answers each proxy with the largest lag of the others, so publishers on every proxy
+# slow down when delivery on one falls behind (mqtt_proxy/inbound.py, flow control).
+LAG = 209
+LAG_STEP = 1000  # report a change of at least this many messages (and every fall to 0)
+LAG_EVERY = 0.01  # s between looks at this proxy's lag
 LEASE_N = 64  # sequences asked per lease: few round trips, yet shared out between proxies
 
 Claimed = Callable[[dict[str, Any] | None], None]  # the stored state handed over, or None
@@ -80,12 +87,30 @@ class ProxyCluster:
         self._wills: set[str] = set()  # client ids whose will the core has
         self._done: dict[str, list[int]] = {}  # group key -> sequences finished this tick
         self._flush_scheduled = False
+        self.others_lag = 0  # the largest delivery lag of the other proxies (the core's LAG)
+        self._sent_lag = 0
 
     def methods(self) -> dict[int, Any]:
-        return {TAKE: self._take, WAKE: self._wake}
+        return {TAKE: self._take, WAKE: self._wake, LAG: self._on_lag}
 
     def attach(self, peer: RpcPeer) -> None:
         self.peer = peer
+        asyncio.get_running_loop().call_later(LAG_EVERY, self._report_lag)
+
+    # -- flow control across proxies -------------------------------------------------------
+    def _report_lag(self) -> None:
+        if self.peer is None or self.peer.is_closing():
+            return
+        if self.server is not None:
+            lags = self.server.delivery.lag
+            lag = max(lags.values()) if lags else 0
+            if abs(lag - self._sent_lag) >= LAG_STEP or (lag == 0 and self._sent_lag):
+                self._sent_lag = lag
+                self.peer.send(LAG, lag.to_bytes(4, "big"))
+        asyncio.get_running_loop().call_later(LAG_EVERY, self._report_lag)
+
+    def _on_lag(self, peer: RpcPeer, body: bytes) -> None:
+        self.others_lag = int.from_bytes(body[:4], "big")
 
     # -- `$share` groups -------------------------------------------------------------------
     def ask(self, delivery: Any, qs: Any, g: Any) -> None:
