@@ -14,7 +14,8 @@ Method numbers (u16), by the module that defines the bodies:
                           notify.wire      REGISTER, UNREGISTER, EVENTS (66-68)
     200-209 several proxies mqtt_proxy.cluster CLAIM, TAKE, WILL, GONE (200-203): client ids
                           (lightgate.owners); LEASE, DONE, RETURN, WAKE (204-207): `$share`
-                          groups (lightgate.shares); SYS (208): summed `$SYS` figures
+                          groups (lightgate.shares); SYS (208): summed `$SYS` figures;
+                          LAG (209): delivery lag, flow control across proxies
 """
 
 from __future__ import annotations
