@@ -24,6 +24,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from store.latency import BOUNDS, LatencyHistogram
+from store.mapping import is_system_topic
 
 if TYPE_CHECKING:
     from lightgate.app import Gateway
@@ -191,7 +192,7 @@ class Figures:
             base = old.get(key, 0)
             r = round(max(0.0, v - base) / dt, 1) if dt > 0 else 0.0
             if kind == "topic":
-                if not name.startswith("__lightgate"):  # device events, probes: not user topics
+                if not is_system_topic(name):  # device events, probes: not user topics
                     topics[name] = r
             else:
                 by_kind.setdefault(kind, {})[name] = r

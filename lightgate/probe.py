@@ -29,14 +29,14 @@ import time
 from collections import deque
 from typing import Any
 
-from lightqueue.dispatcher import PROBE_TOPIC
 from store.latency import LatencyHistogram
+from store.mapping import PROBE_CLIENT_PREFIX, PROBE_TOPIC
 
 log = logging.getLogger("lightgate.probe")
 
 HOPS = ("durable", "indexed", "delivered", "end_to_end")
 _PAYLOAD = struct.Struct(">QQ")  # sequence, wall-clock send time in ns (for outside readers)
-_MAILBOX = "__lightgate_probe"
+_MAILBOX = PROBE_TOPIC  # the notify mailbox (proxy id) the probe reads its events from
 
 
 def _str(s: str) -> bytes:
@@ -140,7 +140,7 @@ class Probe:
     async def _session(self) -> None:
         reader, writer = await asyncio.open_connection(self.host, self.port)
         self._writer = writer
-        cid = f"__lightgate_probe-{os.getpid()}"
+        cid = f"{PROBE_CLIENT_PREFIX}-{os.getpid()}"
         # CONNECT 3.1.1, clean session, keep alive 60 s; SUBSCRIBE the probe topic at QoS 0.
         writer.write(_packet(0x10, _str("MQTT") + bytes([4, 2, 0, 60]) + _str(cid)))
         writer.write(_packet(0x82, (1).to_bytes(2, "big") + _str(self.topic) + b"\x00"))

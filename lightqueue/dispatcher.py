@@ -54,7 +54,7 @@ from lightqueue.keys import (
 from lightqueue.topic_trie import FilterTrie
 from store import OffsetOutOfRangeError, UnknownTopicOrPartitionError
 from store.latency import LatencyHistogram
-from store.mapping import mqtt_view
+from store.mapping import PROBE_TOPIC, SYSTEM_TOPIC_PREFIX, mqtt_view
 from store.record_batch import (
     COMPRESSION_MASK,
     CONTROL_MASK,
@@ -71,10 +71,9 @@ except ImportError:  # pragma: no cover
 
 log = logging.getLogger("lightgate.lightqueue.dispatch")
 
-SYSTEM_TOPIC_PREFIX = "__lightgate"
-# The gateway's latency probes (lightgate/probe.py): the one system topic that is dispatched, into
-# its exact-topic queues only (never a filter: `#` and `+` subscribers do not see probes).
-PROBE_TOPIC = "__lightgate_probe"
+# SYSTEM_TOPIC_PREFIX, PROBE_TOPIC: store.mapping. The gateway's latency probes (lightgate/probe.py)
+# are the one system topic that is dispatched, into its exact-topic queues only (never a filter:
+# `#` and `+` subscribers do not see probes).
 _TARGET_CACHE_MAX = 200_000
 
 EventSink = Callable[[list[tuple[str, int]]], None]

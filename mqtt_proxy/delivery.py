@@ -38,19 +38,19 @@ from dataclasses import dataclass, field
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
-from lightqueue.dispatcher import PROBE_TOPIC
 from mqtt_proxy.codec import PublishTemplate, publish_qos0
 from mqtt_proxy.outbound import delivery_properties
 from mqtt_proxy.session import Inflight, Session, Subscription
 from mqtt_proxy.subscriptions import topic_matches
 from store.latency import LatencyHistogram
+from store.mapping import PROBE_TOPIC, SYSTEM_TOPIC_PREFIX
 
 if TYPE_CHECKING:
     from mqtt_proxy.connection import MqttConnection
 
 log = logging.getLogger("lightgate.mqtt.delivery")
 
-INTERNAL_TOPIC_PREFIX = "__lightgate"
+INTERNAL_TOPIC_PREFIX = SYSTEM_TOPIC_PREFIX
 PROBE_PREFIX = PROBE_TOPIC + "/"  # the gateway's latency probes: delivered (exact topic only)
 PUMP_BATCHES = 64  # reads of `read_batch` entries per reader per tick before yielding the loop
 SLOW_AFTER_S = 0.1  # a subscriber whose socket stays full this long is a slow consumer

@@ -19,13 +19,13 @@ import logging
 import time
 from typing import Any
 
-from store.mapping import partition_for_key
+from store.mapping import DEVICE_EVENTS_TOPIC, PROBE_CLIENT_PREFIX, partition_for_key
 from store.record_batch import build_uncompressed
 
 log = logging.getLogger("lightgate.mqtt.events")
 
-TOPIC = "__lightgate_device_events"
-PROBE_CLIENT_PREFIX = "__lightgate_probe"  # the gateway's own latency probe is not a device
+TOPIC = DEVICE_EVENTS_TOPIC
+# PROBE_CLIENT_PREFIX (store.mapping): the gateway's own latency probe is not a device
 
 
 FLUSH_S = 0.05

@@ -13,11 +13,10 @@ from typing import TYPE_CHECKING
 
 from spark_analytics.arrow_decode import SCHEMA
 from spark_analytics.source import LightgateDataSource
+from store.mapping import DEVICE_EVENTS_TOPIC as DEVICE_EVENTS_TOPIC
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
-
-DEVICE_EVENTS_TOPIC = "__lightgate_device_events"
 
 
 def use_this_python(spark: SparkSession) -> bool:

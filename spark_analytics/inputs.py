@@ -25,9 +25,9 @@ from spark_analytics.logdir import (
     walk_headers,
 )
 from spark_analytics.mqtt import topics_for_filter, validate_filter
+from store.mapping import DEVICE_EVENTS_TOPIC as DEVICE_EVENTS_TOPIC  # jobs, cli read it here
 
 INTERNAL_PREFIX = "__"
-DEVICE_EVENTS_TOPIC = "__lightgate_device_events"
 
 
 class AnalyticsError(Exception):

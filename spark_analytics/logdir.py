@@ -6,13 +6,11 @@ The one rule that makes this safe: a partition's readable data ends at the first
 length runs past the end of the file or whose CRC-32C does not check -- such a batch is being written.
 We never skip over it, so offsets are never lost, only seen later.
 
-Batch header (Kafka RecordBatch v2, 61 bytes, big-endian)::
-
-    baseOffset int64 | batchLength int32 | partitionLeaderEpoch int32 | magic int8 | crc uint32
-    attributes int16 | lastOffsetDelta int32 | firstTimestamp int64 | maxTimestamp int64
-    producerId int64 | producerEpoch int16 | baseSequence int32 | recordCount int32 | records...
-
-The CRC covers attributes..end.
+Batch header: Kafka RecordBatch v2, 61 bytes, big-endian; the struct and the field offsets are
+`store.record_batch`'s (its docstring has the spec), so this reader cannot drift from the writer.
+Headers unpack to tuples in that field order: h[0] baseOffset, h[1] batchLength, h[3] magic,
+h[4] crc, h[5] attributes, h[6] lastOffsetDelta, h[7] firstTimestamp, h[8] maxTimestamp,
+h[12] recordCount. The CRC covers attributes..end.
 
 Listing and plain reads go through `store.segment_reader` (the store's own lock-free reader, which
 also seeks sealed segments with their `.index`). What this module adds is resuming *at a file
@@ -34,18 +32,27 @@ from pathlib import Path
 import crc32c
 
 from store import segment_reader
+from store.record_batch import (
+    ATTRIBUTES_OFFSET,
+    COMPRESSION_MASK,
+    CONTROL_MASK,
+    HEADER,
+    HEADER_SIZE,
+    LENGTH_OFFSET,
+    LOG_OVERHEAD,
+    MAGIC_V2,
+    TIMESTAMP_TYPE_MASK,
+    TRANSACTIONAL_MASK,
+)
+from store.record_batch import PRODUCER_ID_OFFSET as PRODUCER_ID_OFFSET  # for arrow_decode
 from store.txn_index import PartitionTxns
 
-HEADER = struct.Struct(">qiibIhiqqqhii")
-HEADER_SIZE = HEADER.size  # 61
-LOG_OVERHEAD = 12  # baseOffset + batchLength: batchLength counts the bytes after these
-CRC_START = 21  # attributes
-MAGIC_V2 = 2
-ATTR_COMPRESSION = 0x07
-ATTR_LOG_APPEND_TIME = 0x08
-ATTR_TRANSACTIONAL = 0x10
-ATTR_CONTROL = 0x20
-PRODUCER_ID_OFFSET = 43  # producerId: right after maxTimestamp
+CRC_START = ATTRIBUTES_OFFSET  # the CRC covers attributes .. end of batch
+# The names arrow_decode reads the attributes with, bound to the writer's masks.
+ATTR_COMPRESSION = COMPRESSION_MASK
+ATTR_LOG_APPEND_TIME = TIMESTAMP_TYPE_MASK
+ATTR_TRANSACTIONAL = TRANSACTIONAL_MASK
+ATTR_CONTROL = CONTROL_MASK
 READ_CHUNK = 8 << 20  # bytes per pread while streaming through a segment
 HINT_EVERY = 1 << 20  # PartitionTail keeps one read hint per this many bytes of log
 
@@ -198,7 +205,7 @@ def _scan_segment(path: Path, pos: int) -> Iterator[Batch]:
             # One batch larger than the chunk: read exactly it (if it is all there).
             if len(chunk) < LOG_OVERHEAD:
                 return
-            need = LOG_OVERHEAD + struct.unpack_from(">i", chunk, 8)[0]
+            need = LOG_OVERHEAD + struct.unpack_from(">i", chunk, LENGTH_OFFSET)[0]
             if need <= len(chunk) or need < HEADER_SIZE:
                 return
             big = _pread(path, pos, need)

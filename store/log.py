@@ -35,6 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from store.record_batch import (
+    ATTRIBUTES_OFFSET,
+    BASE_OFFSET_OFFSET,
     HEADER,
     HEADER_SIZE,
     LENGTH_OFFSET,
@@ -224,7 +226,7 @@ class Log:
     def stage(self, buf: bytearray, record_count: int, max_timestamp: int) -> int:
         """Assign offsets to a batch (rewriting its base offset) and queue it for this tick's write."""
         base = self.next_offset
-        buf[0:8] = base.to_bytes(8, "big", signed=True)
+        buf[BASE_OFFSET_OFFSET:LENGTH_OFFSET] = base.to_bytes(8, "big", signed=True)
         last = base + record_count - 1
         self.next_offset = last + 1
         size = len(buf)
@@ -242,7 +244,7 @@ class Log:
         base = self.next_offset
         last = base + record_count - 1
         self.next_offset = last + 1
-        view = memoryview(data)[pos + 8 : pos + size]
+        view = memoryview(data)[pos + LENGTH_OFFSET : pos + size]  # all but the base offset
         self._pending_idx.append(len(self._pending))
         self._pending.append(base.to_bytes(8, "big", signed=True))
         self._pending.append(view)
@@ -377,7 +379,7 @@ class Log:
                 if m.max_timestamp < ts_ms or m.last_offset < start:
                     continue
                 batch = seg.pread(m.size, m.position)
-                attrs = int.from_bytes(batch[21:23], "big")
+                attrs = int.from_bytes(batch[ATTRIBUTES_OFFSET : ATTRIBUTES_OFFSET + 2], "big")
                 if attrs & TIMESTAMP_TYPE_MASK:
                     return max(m.base_offset, start)
                 for r in iter_records(batch):

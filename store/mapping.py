@@ -7,6 +7,8 @@ Rules (outside contract in docs/interfaces.md, escaping in docs/topic-mapping.md
   producer that keys by MQTT topic lands in the same partition as the gateway.
 - Headers carry MQTT metadata under `mqtt.`; user properties are plain headers, except those whose
   name starts with `mqtt.`, which are stored as `mqtt.user.<name>` so they cannot be mistaken for ours.
+- The gateway's own log topics start with `__lightgate` (SYSTEM_TOPIC_PREFIX); their names are
+  defined here and nowhere else.
 """
 
 from __future__ import annotations
@@ -69,6 +71,21 @@ class MqttView:
     client_id: str
     retain: bool
     properties: MqttProperties | None
+
+
+# --- the gateway's own log topics ----------------------------------------------------------
+# Written by the gateway for itself, never MQTT messages: the dispatcher does not index them (the
+# probes' topic excepted, into exact-topic queues only), the proxy never delivers them to
+# subscribers, Kafka's Metadata marks them internal, Spark lists them only when named.
+SYSTEM_TOPIC_PREFIX = "__lightgate"
+DEVICE_EVENTS_TOPIC = "__lightgate_device_events"  # connect/disconnect events (device_events.py)
+PROBE_TOPIC = "__lightgate_probe"  # latency probes publish on PROBE_TOPIC/<id> (lightgate/probe.py)
+PROBE_CLIENT_PREFIX = "__lightgate_probe"  # the probes' MQTT client ids: not devices
+
+
+def is_system_topic(log_topic: str) -> bool:
+    """A log topic the gateway writes for itself (device events, latency probes)."""
+    return log_topic.startswith(SYSTEM_TOPIC_PREFIX)
 
 
 # --- topics --------------------------------------------------------------------------------

@@ -69,6 +69,7 @@ CRC_OFFSET = _OFFSETS["crc"]
 ATTRIBUTES_OFFSET = _OFFSETS["attributes"]  # the CRC covers from here to the end
 LAST_OFFSET_DELTA_OFFSET = _OFFSETS["last_offset_delta"]
 MAX_TIMESTAMP_OFFSET = _OFFSETS["max_timestamp"]
+PRODUCER_ID_OFFSET = _OFFSETS["producer_id"]
 RECORD_COUNT_OFFSET = _OFFSETS["record_count"]
 RECORDS_OFFSET = HEADER_SIZE
 LOG_OVERHEAD = _OFFSETS["partition_leader_epoch"]  # baseOffset + batchLength = 12

@@ -256,7 +256,8 @@ def decode_records(
         data = batch.data
     else:
         data = memoryview(batch)
-        if skip_control and int.from_bytes(data[21:23], "big") & CONTROL_MASK:
+        attrs = data[ATTRIBUTES_OFFSET : ATTRIBUTES_OFFSET + 2]
+        if skip_control and int.from_bytes(attrs, "big") & CONTROL_MASK:
             return []
     return list(iter_records(data))
 

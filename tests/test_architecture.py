@@ -50,3 +50,20 @@ def test_the_check_sees_an_upward_import(tmp_path: Path) -> None:
         "mqtt_proxy",
         "lightqueue",
     ]
+
+
+# The core link's layers (docs/architecture.md, "The core link"): bodies pure, transport blind.
+LINK_BODIES = ("store/wire.py", "lightqueue/wire.py", "notify/wire.py")
+IO_MODULES = {"asyncio", "socket", "ssl", "selectors", "notify.link"}
+
+
+def test_link_bodies_are_pure_and_the_transport_knows_no_method() -> None:
+    wrong = []
+    for rel in LINK_BODIES:
+        for line, module in _imports(ROOT / rel):
+            if module in IO_MODULES or module.split(".")[0] in IO_MODULES:
+                wrong.append(f"{rel}:{line} imports {module} (a body module is sans-IO)")
+    for line, module in _imports(ROOT / "notify/link.py"):
+        if module.split(".")[0] in ALLOWED and module != "notify.link_auth":
+            wrong.append(f"notify/link.py:{line} imports {module} (the transport knows no method)")
+    assert not wrong, "\n".join(wrong)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from kio.schema.errors import ErrorCode as E
 
 from store.config import MAX_PARTITIONS
+from store.mapping import is_system_topic
 from store.record_batch import (
     CONTROL_MASK,
     HEADER,
@@ -120,7 +121,7 @@ async def metadata(b: Broker, req: Request, conn: ConnInfo) -> Any:
                 topic_id=b.topic_id(name or "") if count else b.topic_id(""),
                 # The gateway's own topics (device events, latency probes): consumers that
                 # exclude internal topics from pattern subscriptions skip them, as Kafka's own.
-                is_internal=bool(name and name.startswith("__lightgate")),
+                is_internal=bool(name and is_system_topic(name)),
                 partitions=partitions,
                 topic_authorized_operations=_TOPIC_OPS if want_ops else INT32_MIN,
             )  # fmt: skip
