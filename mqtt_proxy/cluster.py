@@ -116,12 +116,28 @@ class ProxyCluster:
     def ask(self, delivery: Any, qs: Any, g: Any) -> None:
         """Lease the group's next sequences; the answer marks the queue for delivery."""
         if g.asking:
+            g.again = True  # the answer may predate what made us ask now
             return
+        # No more than the members can take now: a lease held by a member whose QoS 1/2 window
+        # is full would keep those messages from the other proxies' members.
+        room = 0
+        for sub in g.members:
+            conn = sub.session.conn
+            if conn is None or not conn.writable or sub.held:
+                continue
+            if sub.qos == 0:
+                room += LEASE_N
+            else:
+                room += max(0, conn.out_window - len(sub.session.inflight))
+        n = min(LEASE_N, room)
+        if n <= 0:
+            return  # an ack or a resumed socket marks the queue again
         g.asking = True
 
         def answered(body: bytes, err: RpcError | None) -> None:
             g.asking = False
             if err is not None:
+                g.again = False
                 return
             seqs, low = json.loads(body)
             if qs.groups.get(g.key) is not g or delivery.queues.get(qs.name) is not qs:
@@ -129,10 +145,11 @@ class ProxyCluster:
                 return
             g.lease.extend(seqs)
             g.pos = max(g.pos, low)
-            if seqs:
+            if seqs or g.again:
+                g.again = False
                 delivery.mark(qs)
 
-        body = json.dumps([g.key, g.queue, g.pos, LEASE_N]).encode()
+        body = json.dumps([g.key, g.queue, g.pos, n]).encode()
         self.peer.call_then(LEASE, body, answered)
 
     def done(self, key: str, seq: int) -> None:

@@ -153,7 +153,8 @@ class SharedGroup:
     # Several proxies: the sequences the core leased to this proxy (its members take them in
     # order; see lightgate/shares.py), None when the group lives in this proxy alone.
     lease: list[int] | None = None
-    asking: bool = False
+    asking: bool = False  # a LEASE is on its way
+    again: bool = False  # the queue grew while it was: ask once more when it is answered
 
     def acked_pos(self) -> int:
         low = self.pos
