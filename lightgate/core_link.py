@@ -107,8 +107,8 @@ class CoreLink:
     async def figures(self, with_metrics: bool = True) -> tuple[dict[str, Any], dict[str, Any]]:
         """(counters summed over the proxies, the `MqttServer.metrics()` of the first one that
         answers): what the one-process gateway reads from its own MqttServer. Several proxies:
-        counters and gauges are summed; labelled figures (histograms) are the first's. A proxy that
-        does not answer is logged once until it answers again."""
+        every figure is summed, labelled ones and histograms too (same buckets everywhere). A proxy
+        that does not answer is logged once until it answers again."""
         out: dict[str, Any] = {}
         metrics: dict[str, Any] = {}
         for peer in list(self.proxies.values()):
@@ -121,8 +121,7 @@ class CoreLink:
                 peer.state["stats_failing"] = True
                 continue
             peer.state["stats_failing"] = False
-            if not metrics:
-                metrics = stats.pop("metrics", None) or {}
+            metrics = _summed(metrics, stats.pop("metrics", None) or {})
             for k, v in stats.items():
                 if isinstance(v, (int, float)) and not isinstance(v, bool):
                     out[k] = out.get(k, 0) + v
@@ -132,3 +131,15 @@ class CoreLink:
 
     async def close(self) -> None:
         await self.server.close()
+
+
+def _summed(a: Any, b: Any) -> Any:
+    """Two proxies' `MqttServer.metrics()` added: numbers summed, dicts key by key, a
+    histogram's bucket counts element by element."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return {k: _summed(a[k], b[k]) if k in a and k in b else a.get(k, b.get(k)) for k in a | b}
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        return [_summed(x, y) for x, y in zip(a, b, strict=True)]
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return a + b
+    return a

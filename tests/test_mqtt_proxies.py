@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -319,6 +320,15 @@ def test_core_killed_takes_every_proxy_along_and_they_come_back(tmp_path: Path) 
         for i in range(60):
             pubs[i % 6].publish("core/x", f"c{i}", 1)
             acked.append(f"c{i}")
+        # /metrics sums the labelled figures of every proxy: all six connections are counted
+        url = f"http://127.0.0.1:{gw.port('http')}/metrics"
+        text = urllib.request.urlopen(url).read().decode()
+        conns = sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("lightgate_connections{") and 'protocol="mqtt"' in line
+        )
+        assert conns == 6, [ln for ln in text.splitlines() if "connections" in ln]
     finally:
         gw.kill()
     deadline = time.monotonic() + 10
