@@ -175,6 +175,9 @@ def test_killed_proxy_clients_move_on_wills_published(
     Client(victim.port, "dies-later", V5).connect(
         props=expiry, will=("will/later", b"gone later", 1, True), will_props=will_props
     )
+    back = Client(victim.port, "comes-back", V5)
+    back.connect(props=expiry, will=("will/back", b"not due", 1, False),
+                 will_props=props(PacketTypes.WILLMESSAGE, WillDelayInterval=2))  # fmt: skip
     sub = Client(victim.port, "keeper", V311)
     sub.connect(clean=False)
     sub.subscribe("load/#", 1)
@@ -189,10 +192,15 @@ def test_killed_proxy_clients_move_on_wills_published(
         i += 1
     killed_at = time.monotonic()
     victim.kill()
+    back.kill()
+    back.port = other
+    back.connect(clean=False, props=expiry)  # back within its will delay: no will
+    assert back.session_present
     wills = {m.topic: (m.payload, time.monotonic() - killed_at) for m in watcher.expect(2, 15)}
     assert wills["will/now"][0] == b"gone now"
     assert wills["will/later"][0] == b"gone later"
     assert wills["will/later"][1] >= 0.9  # after its will delay, not at once
+    watcher.expect_none(max(0.5, 2.5 - (time.monotonic() - killed_at)))  # not will/back
     # its clients reconnect to another proxy and go on
     pub.kill()
     pub.port = other
