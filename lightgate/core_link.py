@@ -127,6 +127,9 @@ class CoreLink:
                     out[k] = out.get(k, 0) + v
                 elif k != "metrics":
                     out.setdefault(k, v)
+        for k in ("wills_published", "sessions_expired"):  # of the proxies that went away
+            if self.clients.counters[k]:
+                out[k] = out.get(k, 0) + self.clients.counters[k]
         return out, metrics
 
     async def close(self) -> None:
