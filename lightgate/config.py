@@ -281,7 +281,7 @@ class GatewayConfig:
         "the core link's address when a proxy runs in its own process: "
         '`""` = a Unix socket `DATA/core.sock`; `host:port` (TCP; port `0` picks one, printed as '
         "`core=` in the ready line) or `unix:/path`. With every MQTT listener of `serve` disabled "
-        "and `core_listen` set, `serve` is a core only, for one `lightgate proxy --core HOST:PORT` "
+        "and `core_listen` set, `serve` is a core only, for `lightgate proxy --core HOST:PORT` processes "
         "running elsewhere. A TCP link needs `core_secret`; `core_tls` encrypts it",
         allowed='`""`, `host:port`, `unix:/path`',
     )
