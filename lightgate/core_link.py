@@ -48,6 +48,8 @@ class CoreLink:
         self.clients = ClientRegistry(store, queues)
         self.shares = SharedGroups(queues)
         self.shares.lag_peers = lambda: list(self.proxies.values())  # type: ignore[method-assign]
+        self.shares.undispatched = lambda: int(queues.dispatcher.behind())
+        self._tick: asyncio.TimerHandle | None = None
         self.registry = (
             MethodRegistry()
             .add("store", self.store_service.methods())
@@ -68,7 +70,14 @@ class CoreLink:
 
     async def start(self, address: str) -> str:
         self.clients.start()
+        self._tick = asyncio.get_running_loop().call_later(0.01, self._ticked)
         return await self.server.start(address)
+
+    def _ticked(self) -> None:
+        """Flow control across proxies: tell them the dispatcher's backlog as it moves."""
+        if len(self.proxies) > 1:
+            self.shares.tick()
+        self._tick = asyncio.get_running_loop().call_later(0.01, self._ticked)
 
     def _connected(self, peer: RpcPeer) -> None:
         self.store_service.peer_connected(peer)
@@ -133,6 +142,8 @@ class CoreLink:
         return out, metrics
 
     async def close(self) -> None:
+        if self._tick is not None:
+            self._tick.cancel()
         await self.server.close()
 
 

@@ -54,6 +54,9 @@ class SharedGroups:
     def __init__(self, queues: Any) -> None:
         self.queues = queues
         self.groups: dict[str, CoreGroup] = {}
+        # Records the proxies appended that the dispatcher has not indexed yet (set by CoreLink):
+        # a proxy only knows its own appends, so with several this is the core's to tell.
+        self.undispatched: Any = lambda: 0
 
     def methods(self) -> dict[int, Any]:
         return {LEASE: self._lease, DONE: self._done, RETURN: self._return, LAG: self._lag}
@@ -61,14 +64,17 @@ class SharedGroups:
     # -- flow control across proxies (mqtt_proxy.cluster.LAG) --------------------------------
     def _lag(self, peer: RpcPeer, body: bytes) -> None:
         """A proxy's delivery lag changed: tell each other proxy the largest lag of the rest
-        when that moved by LAG_STEP (or fell to 0), so their publishers slow down too."""
+        (or the dispatcher's backlog, if larger) when that moved by LAG_STEP (or fell to 0), so
+        their publishers slow down too."""
         peer.state["lag"] = int.from_bytes(body[:4], "big")
         self._spread()
 
     def _spread(self) -> None:
         peers = self.lag_peers()
+        core = self.undispatched() if len(peers) > 1 else 0
         for p in peers:
             others = max((q.state.get("lag", 0) for q in peers if q is not p), default=0)
+            others = max(others, core)
             sent = p.state.get("lag_sent", 0)
             if abs(others - sent) >= LAG_STEP or (others == 0 and sent):
                 p.state["lag_sent"] = others
@@ -126,6 +132,10 @@ class SharedGroups:
         for p in g.peers:
             if p is not gone:
                 p.send(WAKE, body)
+
+    def tick(self) -> None:
+        """Every few ms (CoreLink): the dispatcher's backlog moves without any LAG frame."""
+        self._spread()
 
     def peer_lost(self, peer: RpcPeer) -> None:
         """A proxy went away: what it had leased goes to the other members."""
