@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from lightgate import __version__
-from lightgate.config import ConfigError, GatewayConfig
+from lightgate.config import ConfigError, GatewayConfig, proxy_count
 from lightgate.health import HealthWatch
 from lightgate.http import HttpServer
 from lightgate.metrics import Figures
@@ -122,7 +122,7 @@ class Gateway:
             if cfg.core_listen:  # a core for `lightgate proxy` elsewhere, no MQTT of its own
                 await self._start_core_link(queues, notifier)
             return
-        if cfg.mqtt_processes > 0:
+        if proxy_count(cfg) > 0:
             await self._start_proxy_process(queues, notifier)
             return
         mqtt = self.mqtt = MqttServer(
@@ -174,7 +174,7 @@ class Gateway:
         for wildcard, loopback in (("0.0.0.0:", "127.0.0.1:"), (":::", "::1:")):
             if address.startswith(wildcard):  # the child is local; with core_tls the core's
                 address = loopback + address[len(wildcard) :]  # certificate must name this
-        supervisor = ProxySupervisor(self.cfg, address)
+        supervisor = ProxySupervisor(self.cfg, address, proxy_count(self.cfg))
         self._proxy = supervisor
         self._closers.append(supervisor)
         self.endpoints.update(await supervisor.start())
@@ -364,7 +364,7 @@ def preflight(cfg: GatewayConfig) -> None:
     except (socket.gaierror, UnicodeError) as exc:
         raise ConfigError(f"host {cfg.host!r}: cannot resolve it ({exc})") from None
     check_tls_files(cfg)
-    if cfg.mqtt_processes > 0 or (cfg.core_listen and not has_mqtt_listeners(cfg)):
+    if proxy_count(cfg) > 0 or (cfg.core_listen and not has_mqtt_listeners(cfg)):
         from lightgate.split import core_link_security
 
         core_link_security(cfg, server=True)  # a TCP link without core_secret is refused here

@@ -100,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     proxy = sub.add_parser(
         "proxy",
-        help="run an MQTT proxy against a core (`serve` starts one itself with mqtt_processes=1)",
+        help="run an MQTT proxy against a core (`serve` starts them itself with mqtt_processes = N)",
         description="Run the MQTT listeners, sessions and delivery in this process, with the "
         "store, light queues and notify of a core reached over its core link (`core_listen`). "
         "Listener flags and --set work as for serve.",

@@ -50,6 +50,7 @@ class KeySpec:
     also: tuple[int, ...] = ()
     choices: tuple[str, ...] = ()
     allowed: str = ""
+    words: tuple[str, ...] = ()  # an int key's named values besides its range (`"auto"`)
 
 
 def key(
@@ -61,9 +62,10 @@ def key(
     also: tuple[int, ...] = (),
     choices: tuple[str, ...] = (),
     allowed: str = "",
+    words: tuple[str, ...] = (),
 ) -> T:
     """One row of the table: a dataclass field whose metadata says what the key accepts."""
-    spec = KeySpec(doc, lo, hi, also, choices, allowed)
+    spec = KeySpec(doc, lo, hi, also, choices, allowed, words)
     return cast(T, field(default=default, metadata={"key": spec}))
 
 
@@ -263,22 +265,23 @@ class GatewayConfig:
     )
 
     # Processes.
-    mqtt_processes: int = key(
+    mqtt_processes: int | str = key(
         0,
-        "`0`: the MQTT proxy runs inside `serve` (one process). `1`: "
-        "`serve` starts it as a child process (`lightgate proxy`) that reaches the store and light "
-        "queues over the core link, so MQTT and the store/dispatch/Kafka side use one core each "
-        '(docs/architecture.md, "Processes and cores"). More than one proxy per core is refused '
-        "(not built yet)",
+        "`0`: the MQTT proxy runs inside `serve` (one process). `N` (1 or more): `serve` starts "
+        "N proxy processes (`lightgate proxy`) that share the MQTT, TLS and WebSocket ports "
+        "(SO_REUSEPORT) and reach the store, light queues and notify over the core link; the core "
+        "owns client ids, wills and retained messages across them. `auto`: one per core, minus "
+        'one for the core when there are more than 2 (docs/architecture.md, "Processes and cores")',
         lo=0,
-        hi=1,
+        hi=256,
+        words=("auto",),
     )
     core_listen: str = key(
         "",
         "the core link's address when a proxy runs in its own process: "
         '`""` = a Unix socket `DATA/core.sock`; `host:port` (TCP; port `0` picks one, printed as '
         "`core=` in the ready line) or `unix:/path`. With every MQTT listener of `serve` disabled "
-        "and `core_listen` set, `serve` is a core only, for one `lightgate proxy --core HOST:PORT` "
+        "and `core_listen` set, `serve` is a core only, for `lightgate proxy --core HOST:PORT` processes "
         "running elsewhere. A TCP link needs `core_secret`; `core_tls` encrypts it",
         allowed='`""`, `host:port`, `unix:/path`',
     )
@@ -387,7 +390,7 @@ class Key:
         if s.lo is None and s.hi is None:
             return "any"
         span = f"{s.lo}..{s.hi}" if s.hi is not None else f">= {s.lo}"
-        return " or ".join([*(str(v) for v in s.also), span])
+        return " or ".join([*(f"`{w}`" for w in s.words), *(str(v) for v in s.also), span])
 
     def check(self, value: Any) -> None:
         s = self.spec
@@ -395,7 +398,7 @@ class Key:
             raise ConfigError(
                 f"{self.name}: {value!r} is not one of {self.allowed()}".replace("`", "")
             )
-        if self.type is not int or value in s.also:
+        if self.type is not int or value in s.also or value in s.words:
             return
         if (s.lo is not None and value < s.lo) or (s.hi is not None and value > s.hi):
             raise ConfigError(f"{self.name} = {value} is out of range: allowed {self.allowed()}")
@@ -467,6 +470,8 @@ _BOOL_WORDS = {
 def _coerce(name: str, value: Any) -> Any:
     k = KEYS[name]
     want = k.type
+    if k.spec.words and isinstance(value, str) and value.strip().lower() in k.spec.words:
+        return value.strip().lower()
     if k.spec.choices and isinstance(value, str):
         text = value.strip().lower()
         if "true" in k.spec.choices:  # a tri-state key takes the bool spellings too
@@ -567,6 +572,21 @@ def _validate(cfg: GatewayConfig) -> None:
             )
     if cfg.core_secret and cfg.core_secret_file:
         raise ConfigError("core_secret and core_secret_file: set one, not both")
+
+
+def proxy_count(cfg: GatewayConfig) -> int:
+    """How many MQTT proxy processes `serve` starts (0: the proxy runs inside it).
+
+    `auto`: one per core this process may run on, minus one for the core (store, dispatch,
+    Kafka) when there are more than 2; on 2 cores both proxies share a core with the core."""
+    n = cfg.mqtt_processes
+    if n != "auto":
+        return int(n)
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        cores = os.cpu_count() or 1
+    return max(1, cores - 1 if cores > 2 else cores)
 
 
 def config_from_json(text: str) -> GatewayConfig:

@@ -16,6 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 from lightgate.link_registry import HELLO, STATS, MethodRegistry
 from lightgate.link_services import LightQueueService, NotifyService, StoreService
+from lightgate.owners import ClientRegistry
+from lightgate.shares import SharedGroups
+from mqtt_proxy.cluster import SYS
 from notify.link import RpcPeer, RpcServer
 
 if TYPE_CHECKING:
@@ -46,12 +49,21 @@ class CoreLink:
         self.queue_service = LightQueueService(queues)
         self.proxies: dict[str, RpcPeer] = {}
         self.notify_service = NotifyService(notifier.routes, self.proxies)
+        # What must be one across several proxies: client ids, held sessions, wills, $share.
+        self.clients = ClientRegistry(store, queues)
+        self.shares = SharedGroups(queues)
+        self.shares.lag_peers = lambda: list(self.proxies.values())  # type: ignore[method-assign]
+        self.shares.undispatched = lambda: int(queues.dispatcher.behind())
+        self._tick: asyncio.TimerHandle | None = None
         self.registry = (
             MethodRegistry()
             .add("store", self.store_service.methods())
             .add("light queues", self.queue_service.methods())
             .add("notify", self.notify_service.methods())
             .add("wiring", {HELLO: self._hello})
+            .add("client ids", self.clients.methods())
+            .add("shared groups", self.shares.methods())
+            .add("$SYS sums", {SYS: self._sys})
         )
         self.server = RpcServer(
             self.registry.table(),
@@ -62,7 +74,15 @@ class CoreLink:
         )
 
     async def start(self, address: str) -> str:
+        self.clients.start()
+        self._tick = asyncio.get_running_loop().call_later(0.01, self._ticked)
         return await self.server.start(address)
+
+    def _ticked(self) -> None:
+        """Flow control across proxies: tell them the dispatcher's backlog as it moves."""
+        if len(self.proxies) > 1:
+            self.shares.tick()
+        self._tick = asyncio.get_running_loop().call_later(0.01, self._ticked)
 
     def _connected(self, peer: RpcPeer) -> None:
         self.store_service.peer_connected(peer)
@@ -82,11 +102,17 @@ class CoreLink:
     def _lost(self, peer: RpcPeer, exc: Exception | None) -> None:
         self.store_service.peer_lost(peer)
         self.queue_service.peer_lost(peer)
+        self.clients.peer_lost(peer)
+        self.shares.peer_lost(peer)
         pid = peer.state.get("proxy_id")
         if pid is not None and self.proxies.get(pid) is peer:
             del self.proxies[pid]
             self.notify_service.proxy_left(pid)
             log.info("proxy %s left the core link", pid)
+
+    async def _sys(self, peer: RpcPeer, body: bytes) -> bytes:
+        """A proxy's `$SYS` shows the gateway's figures: every proxy's counters, summed."""
+        return json.dumps(await self.stats()).encode()
 
     async def stats(self) -> dict[str, Any]:
         """The MQTT counters of every connected proxy, summed (numbers only)."""
@@ -94,9 +120,9 @@ class CoreLink:
 
     async def figures(self, with_metrics: bool = True) -> tuple[dict[str, Any], dict[str, Any]]:
         """(counters summed over the proxies, the `MqttServer.metrics()` of the first one that
-        answers): what the one-process gateway reads from its own MqttServer. One proxy per
-        core today; summing labelled figures across several is left for then. A proxy that
-        does not answer is logged once until it answers again."""
+        answers): what the one-process gateway reads from its own MqttServer. Several proxies:
+        every figure is summed, labelled ones and histograms too (same buckets everywhere). A proxy
+        that does not answer is logged once until it answers again."""
         out: dict[str, Any] = {}
         metrics: dict[str, Any] = {}
         for peer in list(self.proxies.values()):
@@ -109,14 +135,30 @@ class CoreLink:
                 peer.state["stats_failing"] = True
                 continue
             peer.state["stats_failing"] = False
-            if not metrics:
-                metrics = stats.pop("metrics", None) or {}
+            metrics = _summed(metrics, stats.pop("metrics", None) or {})
             for k, v in stats.items():
                 if isinstance(v, (int, float)) and not isinstance(v, bool):
                     out[k] = out.get(k, 0) + v
                 elif k != "metrics":
                     out.setdefault(k, v)
+        for k in ("wills_published", "sessions_expired"):  # of the proxies that went away
+            if self.clients.counters[k]:
+                out[k] = out.get(k, 0) + self.clients.counters[k]
         return out, metrics
 
     async def close(self) -> None:
+        if self._tick is not None:
+            self._tick.cancel()
         await self.server.close()
+
+
+def _summed(a: Any, b: Any) -> Any:
+    """Two proxies' `MqttServer.metrics()` added: numbers summed, dicts key by key, a
+    histogram's bucket counts element by element."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return {k: _summed(a[k], b[k]) if k in a and k in b else a.get(k, b.get(k)) for k in a | b}
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        return [_summed(x, y) for x, y in zip(a, b, strict=True)]
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return a + b
+    return a

@@ -294,10 +294,17 @@ class NotifyService:
 
     def _drain(self, peer: RpcPeer) -> None:
         """Everything coalesced for this proxy since the last drain, in one EVENTS frame."""
-        peer.state["drain"] = False
         pid = peer.state.get("proxy_id")
         if pid is None or self.proxies.get(pid) is not peer:
+            peer.state["drain"] = False
             return
+        if peer.paused and not peer.is_closing():
+            # The proxy is behind reading its link: its events stay in the mailbox, coalesced
+            # to one last sequence per queue, so the core's memory does not grow with the
+            # backlog; look again shortly (several proxies: one slow one delays only itself).
+            asyncio.get_running_loop().call_later(0.01, self._drain, peer)
+            return
+        peer.state["drain"] = False
         pending = self.routes.mailbox(pid).take()
         if pending:
             peer.send(nw.EVENTS, nw.encode_events(pending.items()))

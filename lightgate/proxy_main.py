@@ -20,6 +20,7 @@ from collections.abc import Callable
 from lightgate.config import ConfigError, GatewayConfig
 from lightgate.link_registry import HELLO, STATS, MethodRegistry
 from lightgate.split import READY_PREFIX, core_link_security
+from mqtt_proxy.cluster import ProxyCluster
 from mqtt_proxy.remote_notify import LinkNotifier
 from mqtt_proxy.remote_queues import RemoteLightQueues
 from mqtt_proxy.remote_store import RemoteStore
@@ -59,6 +60,7 @@ async def run_proxy(
     from mqtt_proxy.settings import ProxySettings
 
     rs, rq, notifier = RemoteStore(), RemoteLightQueues(), LinkNotifier(proxy_id)
+    cluster = ProxyCluster()
     server: MqttServer | None = None
 
     def stats(peer: RpcPeer, body: bytes) -> bytes:
@@ -74,6 +76,7 @@ async def run_proxy(
         .add("light queues", rq.methods())
         .add("notify", notifier.methods())
         .add("wiring", {STATS: stats})
+        .add("client ids and shared groups", cluster.methods())
         .table()
     )
     secret, ssl_ctx = core_link_security(cfg, server=False, address=core)
@@ -87,7 +90,7 @@ async def run_proxy(
         print(f"lightgate proxy: cannot reach the core at {core}: {exc}", file=sys.stderr)
         return 1
     peer.send(HELLO, proxy_id.encode())
-    for part in (rs, rq, notifier):
+    for part in (rs, rq, notifier, cluster):
         part.attach(peer)
     await rs.start()
     try:
@@ -107,6 +110,8 @@ async def run_proxy(
         remote=True,
         security=users,
     )
+    server.backend.cluster = server.delivery.leases = cluster
+    cluster.server = server
     endpoints: dict[str, tuple[str, int]] = {}
     try:
         await server.start()

@@ -1,6 +1,6 @@
 """The MQTT proxy in its own process: the shape, and the core link's address and security.
 
-With `mqtt_processes = 1`, `lightgate serve` is two processes on two cores:
+With `mqtt_processes = 1`, `lightgate serve` is two processes on two cores (N: N proxies):
 
 - the **core** (this process): store, dispatcher and light queues (LevelDB), notify, the Kafka
   listener and HTTP. It serves the store, the light queues and notify on the core link
@@ -12,9 +12,11 @@ With `mqtt_processes = 1`, `lightgate serve` is two processes on two cores:
   messages without asking the core.
 
 The same `lightgate proxy --core HOST:PORT` runs on another host against a core whose
-`core_listen` faces the network: the split is a configuration, not a different program. One
-proxy per core for now (sessions and `$share` groups live in the proxy; several proxies would
-need the core to own client-id takeover and shared-group positions).
+`core_listen` faces the network: the split is a configuration, not a different program. With
+`mqtt_processes = N` (or `auto`) `serve` starts N proxies on the same ports (SO_REUSEPORT), and
+more may join from other hosts; what must be one across them (client ids, sessions nobody holds,
+wills, `$share` positions, `$SYS` sums, flow control) is the core's: lightgate/owners.py,
+lightgate/shares.py, with the proxy's half in mqtt_proxy/cluster.py.
 
 Where the pieces are (docs/architecture.md, "The core link"): the core's end in
 lightgate/core_link.py (services in lightgate/link_services.py, method numbers in
@@ -23,8 +25,9 @@ lightgate/supervisor.py; this module keeps what both ends read from the config.
 
 Lifecycle: the child prints `lightgate proxy ready mqtt=... ws=...`, the core then prints its own
 ready line with those endpoints. If the child dies, the core logs it and starts a new one on the
-same ports (persistent sessions resume from the core's store; the dead link's queue holds were
-released). The child dies with the core (PR_SET_PDEATHSIG) and exits when the link drops.
+same ports (the core holds the dead proxy's persistent sessions, re-holding their queues after
+the link's holds were released, and publishes its wills; a client's CLAIM on any proxy resumes
+its session). The child dies with the core (PR_SET_PDEATHSIG) and exits when the link drops.
 Graceful stop: the core stops the child first (it flushes sessions and waits for its appends to
 be durable), then itself.
 """

@@ -1,5 +1,5 @@
-"""`ProxySupervisor`: the core starts the `lightgate proxy` child, learns its endpoints, and
-restarts it when it dies (lightgate/split.py, "Lifecycle")."""
+"""`ProxySupervisor`: the core starts its `lightgate proxy` children (`mqtt_processes`), learns
+their endpoints, and restarts any that dies (lightgate/split.py, "Lifecycle")."""
 
 from __future__ import annotations
 
@@ -20,18 +20,23 @@ log = logging.getLogger("lightgate.split")
 
 
 class ProxySupervisor:
-    """Starts `lightgate proxy` as a child, learns its endpoints, restarts it if it dies."""
+    """Starts `count` `lightgate proxy` children on the same ports, restarts any that dies.
 
-    def __init__(self, cfg: GatewayConfig, core: str) -> None:
+    The first child binds the configured ports (0 picks free ones); the others, and every
+    restarted child, bind the ports the first one reported, with SO_REUSEPORT, so clients
+    keep one address whichever proxy the kernel hands their connection to."""
+
+    def __init__(self, cfg: GatewayConfig, core: str, count: int = 1) -> None:
         self.cfg = cfg
         self.core = core
+        self.count = max(1, count)
         self.endpoints: dict[str, tuple[str, int]] = {}
         self.restarts = 0
-        self._proc: asyncio.subprocess.Process | None = None
-        self._watch: asyncio.Task[None] | None = None
+        self._procs: dict[int, asyncio.subprocess.Process] = {}
+        self._watch: list[asyncio.Task[None]] = []
         self._stopping = False
 
-    def _args(self) -> list[str]:
+    def _args(self, index: int) -> list[str]:
         conf = asdict(self.cfg)
         conf.pop("extra", None)
         conf.pop("core_secret", None)  # not in argv, where `ps` shows it: _child_env has it
@@ -43,32 +48,40 @@ class ProxySupervisor:
         ports = (("mqtt", "mqtt_port"), ("mqtts", "mqtts_port"), ("ws", "ws_port"),
                  ("wss", "wss_port"))  # fmt: skip
         for name, key in ports:
-            if name in self.endpoints:  # a restarted child binds the ports clients know
+            if name in self.endpoints:  # later and restarted children bind the ports clients know
                 conf[key] = self.endpoints[name][1]
         return [
             sys.executable, "-m", "lightgate", "proxy", "--core", self.core,
-            "--proxy-id", "mqtt-1", "--config-json", json.dumps(conf),
+            "--proxy-id", f"mqtt-{index}", "--config-json", json.dumps(conf),
             "--exit-with-parent",
         ]  # fmt: skip
 
     async def start(self, timeout: float = 60.0) -> dict[str, tuple[str, int]]:
-        await self._spawn(timeout)
-        self._watch = asyncio.get_running_loop().create_task(self._watch_child())
+        await self._spawn(1, timeout)
+        if self.count > 1:
+            await asyncio.gather(*(self._spawn(i, timeout) for i in range(2, self.count + 1)))
+        loop = asyncio.get_running_loop()
+        self._watch = [loop.create_task(self._watch_child(i)) for i in self._procs]
         return self.endpoints
 
-    async def _spawn(self, timeout: float) -> None:
+    @property
+    def pids(self) -> list[int]:
+        """The running children's process ids, in proxy order (tests, `ps`)."""
+        return [p.pid for _i, p in sorted(self._procs.items()) if p.returncode is None]
+
+    async def _spawn(self, index: int, timeout: float) -> None:
         env = dict(os.environ)
         secret = core_secret(self.cfg)
         env.pop(SECRET_ENV, None)
         if secret is not None:
             env[SECRET_ENV] = secret.decode()
         proc = await asyncio.create_subprocess_exec(
-            *self._args(),
+            *self._args(index),
             stdout=asyncio.subprocess.PIPE,
             stdin=asyncio.subprocess.DEVNULL,
             env=env,
         )
-        self._proc = proc
+        self._procs[index] = proc
         assert proc.stdout is not None
         deadline = time.monotonic() + timeout
         while True:
@@ -90,42 +103,47 @@ class ProxySupervisor:
             name, _, addr = word.partition("=")
             host, _, port = addr.rpartition(":")
             eps[name] = (host, int(port))
-        self.endpoints = eps
-        log.info("mqtt proxy process %d ready", proc.pid, extra={"endpoints": text})
+        if not self.endpoints:
+            self.endpoints = eps
+        log.info("mqtt proxy process mqtt-%d (pid %d) ready", index, proc.pid,
+                 extra={"endpoints": text})  # fmt: skip
 
-    async def _watch_child(self) -> None:
+    async def _watch_child(self, index: int) -> None:
         while not self._stopping:
-            proc = self._proc
-            assert proc is not None
+            proc = self._procs[index]
             code = await proc.wait()
             if self._stopping:
                 return
             self.restarts += 1
-            log.error("the MQTT proxy process %d exited with %s; starting a new one",
-                      proc.pid, code)  # fmt: skip
+            log.error("the MQTT proxy process mqtt-%d (pid %d) exited with %s; starting a new one",
+                      index, proc.pid, code)  # fmt: skip
             await asyncio.sleep(min(5.0, 0.2 * self.restarts))
             try:
-                await self._spawn(60.0)
+                await self._spawn(index, 60.0)
             except OSError as exc:
-                log.error("restarting the MQTT proxy failed: %s", exc)
+                log.error("restarting the MQTT proxy mqtt-%d failed: %s", index, exc)
 
     def reload(self) -> None:
-        """Forward SIGHUP: the child re-reads password_file and acl_file itself."""
-        proc = self._proc
-        if proc is not None and proc.returncode is None:
-            proc.send_signal(signal.SIGHUP)
+        """Forward SIGHUP: each child re-reads password_file and acl_file itself."""
+        for proc in self._procs.values():
+            if proc.returncode is None:
+                proc.send_signal(signal.SIGHUP)
 
     async def close(self) -> None:
-        """Graceful: SIGTERM the child and wait for it (it flushes through the link first)."""
+        """Graceful: SIGTERM the children and wait for them (each flushes through the link)."""
         self._stopping = True
-        proc = self._proc
-        if proc is not None and proc.returncode is None:
+        live = [p for p in self._procs.values() if p.returncode is None]
+        for proc in live:
             proc.send_signal(signal.SIGTERM)
+
+        async def reap(proc: asyncio.subprocess.Process) -> None:
             try:
                 await asyncio.wait_for(proc.wait(), 20)
             except TimeoutError:
-                log.error("the MQTT proxy did not stop in 20 s; killing it")
+                log.error("the MQTT proxy %d did not stop in 20 s; killing it", proc.pid)
                 proc.kill()
                 await proc.wait()
-        if self._watch is not None:
-            self._watch.cancel()
+
+        await asyncio.gather(*(reap(p) for p in live))
+        for task in self._watch:
+            task.cancel()

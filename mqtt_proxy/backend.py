@@ -49,6 +49,7 @@ from store.store import Run
 
 if TYPE_CHECKING:
     from lightqueue.queues import LightQueues
+    from mqtt_proxy.cluster import ProxyCluster
     from mqtt_proxy.remote_notify import LinkNotifier
     from mqtt_proxy.remote_queues import RemoteLightQueues
     from mqtt_proxy.remote_store import RemoteStore
@@ -65,6 +66,10 @@ RECENT_OVERHEAD = 240
 
 class Backend:
     """What both backends share: the recent-append cache and the notify side."""
+
+    # With proxies in their own processes, the core's client-id claims and will registry
+    # (mqtt_proxy.cluster.ProxyCluster); None in one process.
+    cluster: ProxyCluster | None = None
 
     def __init__(
         self, store: LogPort, notifier: NotifierPort, proxy_id: str, recent_bytes: int

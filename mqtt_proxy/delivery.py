@@ -37,7 +37,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from lightqueue.model import ReadResult
 from mqtt_proxy.codec import PublishTemplate, publish_qos0
@@ -48,6 +48,9 @@ from mqtt_proxy.settings import ProxySettings
 from mqtt_proxy.subscriptions import topic_matches
 from store.latency import LatencyHistogram
 from store.mapping import PROBE_TOPIC, SYSTEM_TOPIC_PREFIX, MqttProperties
+
+if TYPE_CHECKING:
+    from mqtt_proxy.cluster import ProxyCluster
 
 log = logging.getLogger("lightgate.mqtt.delivery")
 
@@ -157,6 +160,11 @@ class SharedGroup:
     pending: dict[int, tuple[Session, int]] = field(default_factory=dict)  # seq -> (session, pid)
     redeliver: list[int] = field(default_factory=list)  # seqs orphaned by a leaving member
     rr: int = 0
+    # Several proxies: the sequences the core leased to this proxy (its members take them in
+    # order; see lightgate/shares.py), None when the group lives in this proxy alone.
+    lease: list[int] | None = None
+    asking: bool = False  # a LEASE is on its way
+    again: bool = False  # the queue grew while it was: ask once more when it is answered
 
     def acked_pos(self) -> int:
         low = self.pos
@@ -215,6 +223,12 @@ class Delivery:
         # lag, not slow consumers). Inbound throttles publishers on its maximum.
         self.lag: dict[str, int] = {}
         self._loop = asyncio.get_running_loop()
+        # Several proxies: `$share` groups take leases from the core (mqtt_proxy.cluster).
+        self.leases: ProxyCluster | None = None
+
+    def _leases(self) -> ProxyCluster:
+        assert self.leases is not None  # a group holds a lease only with several proxies
+        return self.leases
 
     # -- membership ------------------------------------------------------------------------
     def attach(self, sub: Subscription) -> None:
@@ -230,6 +244,8 @@ class Delivery:
             g = qs.groups.get(key)
             if g is None:
                 g = qs.groups[key] = SharedGroup(key, sub.queue, pos=sub.pos)
+                if self.leases is not None:
+                    g.lease = []
             g.members.append(sub)
         self.mark(qs)
 
@@ -280,6 +296,8 @@ class Delivery:
         sub.pos = g.acked_pos()  # what a persistent member resumes from
         if not g.members:
             del qs.groups[g.key]
+            if g.lease is not None:  # the other proxies' members take them
+                self._leases().give_back(g.key, g.redeliver + g.lease)
         else:
             self.mark(qs)
 
@@ -616,12 +634,16 @@ class Delivery:
         members = g.members
         if not members:
             return False
+        lease = g.lease
         for _ in range(PUMP_BATCHES * self._batch):
-            if g.redeliver:
-                seq = g.redeliver[0]
+            if g.redeliver or lease:
+                seq = g.redeliver[0] if g.redeliver else lease[0]  # type: ignore[index]
                 if seq not in qs.cache and seq >= qs.floor and self._load(qs, seq) is None:
                     return False  # its load is on the way; the answer marks the queue again
                 m = qs.cache.get(seq)
+            elif lease is not None:
+                self._leases().ask(self, qs, g)  # the core's answer marks the queue again
+                return False
             else:
                 start, end = self._range(qs, g.pos)
                 if start >= end:
@@ -629,17 +651,22 @@ class Delivery:
                     return False
                 seq = start
                 m = qs.cache[seq]
+            pending = False
             if m is not None and not m.expired(now_ms):
                 target = self._pick_member(g, m)
                 if target is None:
                     return False
                 if target is not _UNREADABLE:
                     sub, conn = target
-                    self._send_group(qs, g, sub, conn, seq, m, now_ms)
+                    pending = self._send_group(qs, g, sub, conn, seq, m, now_ms)
             if g.redeliver and g.redeliver[0] == seq:
                 g.redeliver.pop(0)
+            elif lease is not None:
+                lease.pop(0)
             else:
                 g.pos = seq + 1
+            if lease is not None and not pending:
+                self._leases().done(g.key, seq)
         return True
 
     def _pick_member(
@@ -678,14 +705,15 @@ class Delivery:
         seq: int,
         m: CachedMsg,
         now_ms: int,
-    ) -> None:
+    ) -> bool:
+        """Send `m` to one member; True when it waits for the member's ack (QoS 1/2)."""
         v5 = conn.v5
         qos = min(m.qos, sub.qos)
         sub_ids = (sub.sub_id,) if (v5 and sub.sub_id) else ()
         tpl = m.template(qos, m.retain and sub.retain_as_published, v5, sub_ids, now_ms)
         session = sub.session
         if conn.max_out_packet and tpl.size > conn.max_out_packet:
-            return  # MQTT 5 §3.1.2.11.4: discarded for this client as if delivered
+            return False  # MQTT 5 §3.1.2.11.4: discarded for this client as if delivered
         if qos:
             pid = session.alloc_pid()
             data = tpl.packet(pid)
@@ -695,6 +723,7 @@ class Delivery:
             data = tpl.data
         self.deliver_latency.observe_ms(now_ms - m.ts_ms)
         conn.write_delivery(data, 1, len(data))
+        return bool(qos)
 
     # -- acks ------------------------------------------------------------------------------
     def acked(self, session: Session, inf: Inflight) -> None:
@@ -706,8 +735,8 @@ class Delivery:
             sub.pending.pop(inf.seq, None)
         else:
             g = self.group_of(sub)
-            if g is not None:
-                g.pending.pop(inf.seq, None)
+            if g is not None and g.pending.pop(inf.seq, None) is not None and g.lease is not None:
+                self._leases().done(g.key, inf.seq)
         session.dirty = True
 
 

@@ -161,7 +161,6 @@ def _connect_checked(
     server = conn.server
     s = server.settings
     v5 = conn.v5
-    version = conn.version
     cp = c.properties
     username, password = (identity, None) if identity is not None else (c.username, c.password)
     try:
@@ -212,6 +211,42 @@ def _connect_checked(
         if cp.receive_maximum:
             conn.out_window = min(conn.out_window, cp.receive_maximum)
         conn.max_out_packet = cp.maximum_packet_size or 0
+    args = (client_id, assigned, expiry, will, keepalive, server_keepalive)
+    cluster = server.backend.cluster
+    if cluster is None:
+        _connect_open(conn, c, *args, blocked)
+        return
+    # Several proxies: the core makes this client id ours first (ending a connection of it on
+    # another proxy, handing its session over) before the CONNACK; the connection waits.
+    if not blocked:
+        conn.block()
+
+    def claimed(state: dict[str, Any] | None) -> None:
+        if state is not None:
+            server.sessions.install(state)
+        if not conn.closed:
+            _connect_open(conn, c, *args, True)
+
+    cluster.claim(client_id, claimed)
+
+
+def _connect_open(
+    conn: MqttConnection,
+    c: Connect,
+    client_id: str,
+    assigned: str | None,
+    expiry: int,
+    will: Will | None,
+    keepalive: int,
+    server_keepalive: int | None,
+    blocked: bool,
+) -> None:
+    """The client id is this proxy's: open or resume the session, CONNACK, resume delivery."""
+    server = conn.server
+    s = server.settings
+    v5 = conn.v5
+    version = conn.version
+    cp = c.properties
     session, present = server.sessions.open(conn, client_id, c.clean_start, expiry, version, will)
     conn.accepted(session, client_id, version, keepalive)
     props = EMPTY_PROPERTIES

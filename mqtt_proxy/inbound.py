@@ -189,7 +189,11 @@ class Inbound:
         server = self._server
         undispatched = self.appended - (server.backend.indexed() - self._indexed0)
         lag = server.delivery.lag
-        return max(undispatched, max(lag.values())) if lag else undispatched
+        out = max(undispatched, max(lag.values())) if lag else undispatched
+        cluster = server.backend.cluster
+        # Several proxies: a reader behind on another proxy slows our publishers too (they
+        # fill the same queues); the core tells us the largest lag of the others.
+        return out if cluster is None else max(out, cluster.others_lag)
 
     def _check_lag(self) -> None:
         if self.backlog() > LAG_LOW:

@@ -17,13 +17,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
-from typing import Any, Protocol, TypeAlias
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 from lightqueue.model import Position, ReadResult, StoredMessage
 from mqtt_proxy.subscriptions import FilterSpec
 from store.auth import ClientAcl
 from store.mapping import MqttMessage
 from store.store import AppendResult, Run
+
+if TYPE_CHECKING:
+    from mqtt_proxy.cluster import ProxyCluster
 
 # A message delivery reads: one this proxy appended (kept by `remember`), or a stored one.
 Message: TypeAlias = MqttMessage | StoredMessage
@@ -81,6 +84,9 @@ class QueuesPort(Protocol):
     on the core link's reply). Continuation style, so the callers are correct either way."""
 
     entries_sink: EntriesSink | None
+    # With proxies in their own processes: the core's client-id claims, wills and `$share`
+    # leases; None in one process.
+    cluster: ProxyCluster | None
     cache_hits: int
     cache_misses: int
 
@@ -172,6 +178,10 @@ class PeerPort(Protocol):
         ...
 
     def write(self, data: bytes) -> None: ...
+
+    def taken_over(self) -> None:
+        """Another connection took the client id: v5 DISCONNECT 0x8E, then close."""
+        ...
 
     def write_delivery(self, data: bytes, n: int, nbytes: int) -> None:
         """`n` PUBLISH packets, `nbytes` long, already joined."""

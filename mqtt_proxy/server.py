@@ -81,6 +81,7 @@ class MqttServer:
         self.loop = asyncio.get_running_loop()
         self.settings = settings or ProxySettings()
         self.proxy_id = proxy_id
+        self.reuse_port = remote  # several proxy processes share the listening ports
         self.store = store
         size = self.settings.recent_cache_bytes
         self.backend: QueuesPort
@@ -223,9 +224,12 @@ class MqttServer:
         if not self._started:
             await self.start()
         loop = asyncio.get_running_loop()
+        # SO_REUSEPORT for proxies in their own processes: N of them share each port and the
+        # kernel spreads new connections over them (docs/architecture.md, "Processes and cores").
         srv = await loop.create_server(
-            factory, host, port, ssl=ssl_ctx, reuse_address=True, backlog=4096
-        )
+            factory, host, port, ssl=ssl_ctx, reuse_address=True, backlog=4096,
+            reuse_port=self.reuse_port or None,
+        )  # fmt: skip
         self._servers.append(srv)
         addr = srv.sockets[0].getsockname()
         return addr[0], addr[1]

@@ -26,7 +26,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from lightqueue.model import StoredMessage
 from mqtt_proxy.delivery import CachedMsg
@@ -54,6 +54,8 @@ class SessionManager:
         """Load persistent sessions after a restart; they are offline until their client returns."""
         now = time.time()
         backend = self.server.backend
+        if backend.cluster is not None:
+            return  # the core holds them until a client's CLAIM hands its session to a proxy
         restored: list[Session] = []
         for state in await backend.load_sessions():
             try:
@@ -75,12 +77,7 @@ class SessionManager:
             was_offline = bool(s.disconnected_at)
             if not was_offline:
                 s.disconnected_at = now  # it was online when the gateway stopped
-            for pid, inf in s.inflight.items():
-                sub = s.subs.get(inf.filter_raw)
-                if sub is not None and inf.seq >= 0 and sub.spec.share_group is None:
-                    sub.pending[inf.seq] = pid
-                    if inf.seq >= sub.pos:
-                        sub.pos = inf.seq + 1
+            _pending_from_inflight(s)
             self.sessions[s.client_id] = s
             self._arm_expiry(s, now)
             if was_offline and s.will is not None:
@@ -91,6 +88,53 @@ class SessionManager:
                 )
         if self.sessions:
             log.info("restored %d persistent MQTT sessions", len(self.sessions))
+
+    def install(self, state: dict[str, Any]) -> None:
+        """A session the core handed over (its queues already held on this link): offline
+        until `open` resumes it; its will was cancelled by the claim."""
+        try:
+            s = Session.from_state(state)
+        except Exception:
+            log.exception("dropping unreadable session %r", state.get("client_id"))
+            return
+        s.will = None
+        if not s.disconnected_at:
+            s.disconnected_at = time.time()
+        _pending_from_inflight(s)
+        self.sessions[s.client_id] = s
+        self._arm_expiry(s, s.disconnected_at)
+
+    def hand_off(self, client_id: str) -> list[str]:
+        """The core's TAKE: another proxy claimed `client_id`. End its connection here (0x8E),
+        write its state and forget the session, keeping its queue holds for the core to move;
+        returns those queues (one per queue-backed subscription)."""
+        session = self.sessions.get(client_id)
+        if session is None:
+            return []
+        conn = session.conn
+        if conn is not None:
+            conn.taken_over()
+        if self.sessions.get(client_id) is not session:
+            return []  # not persistent: it ended with its connection
+        for t in (session.expiry_timer, session.will_timer):
+            if t is not None:
+                t.cancel()
+        session.expiry_timer = session.will_timer = None
+        session.will = None  # a new connection in time: the will is not published
+        queues = [sub.queue for sub in session.subs.values() if not sub.local]
+        self.server.backend.save_sessions([self._state(session)])
+        del self.sessions[client_id]
+        return queues
+
+    def _will_changed(self, session: Session) -> None:
+        """Keep the core's copy of this session's pending will current (several proxies)."""
+        cluster = self.server.backend.cluster
+        if cluster is None:
+            return
+        due = None
+        if session.conn is None and session.will is not None:
+            due = session.disconnected_at + min(session.will.delay, session.expiry)
+        cluster.will(session.client_id, session.will, session.expiry, due)
 
     def flush(self, force: bool = False) -> None:
         self._flushes += 1
@@ -151,6 +195,7 @@ class SessionManager:
             # Resumed with expiry 0 (v5): nothing to keep in the store any more.
             server.backend.delete_session(client_id)
         server.conns[client_id] = conn
+        self._will_changed(session)
         return session, present
 
     def resume(self, session: Session) -> None:
@@ -198,6 +243,8 @@ class SessionManager:
             self._end(session, publish_will=False)
             if will is not None:
                 self.publish_will(will)
+            if server.backend.cluster is not None:
+                server.backend.cluster.gone(cid)
             return
         session.disconnected_at = time.time()
         session.dirty = True
@@ -210,6 +257,7 @@ class SessionManager:
                 session.will_timer = asyncio.get_running_loop().call_later(
                     delay, self._will_due, session
                 )
+        self._will_changed(session)
         self._arm_expiry(session, session.disconnected_at)
 
     def _will_due(self, session: Session) -> None:
@@ -218,6 +266,7 @@ class SessionManager:
             will, session.will = session.will, None
             session.dirty = True
             self.publish_will(will)
+            self._will_changed(session)
 
     def publish_will(self, will: Will) -> None:
         self.server.counters["wills_published"] += 1
@@ -240,6 +289,8 @@ class SessionManager:
         self.server.counters["sessions_expired"] += 1
         log.info("session %r expired", session.client_id)
         self._end(session, publish_will=True)
+        if self.server.backend.cluster is not None:
+            self.server.backend.cluster.gone(session.client_id)
 
     def _end(self, session: Session, publish_will: bool) -> None:
         """Delete a session: release its filters, its stored state, its pending will."""
@@ -408,6 +459,17 @@ class SessionManager:
             out.append(data)
         if out:
             conn.write_delivery(b"".join(out), len(out), sum(map(len, out)))
+
+
+def _pending_from_inflight(s: Session) -> None:
+    """A loaded session's in-flight messages are pending on their subscriptions again (acked
+    there when the client answers the DUP resend), and reading goes on after them."""
+    for pid, inf in s.inflight.items():
+        sub = s.subs.get(inf.filter_raw)
+        if sub is not None and inf.seq >= 0 and sub.spec.share_group is None:
+            sub.pending[inf.seq] = pid
+            if inf.seq >= sub.pos:
+                sub.pos = inf.seq + 1
 
 
 def is_local(spec: FilterSpec) -> bool:

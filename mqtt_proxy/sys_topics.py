@@ -8,7 +8,7 @@ subscribers whose `$SYS` filter matches, and a new subscriber gets the current v
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from mqtt_proxy.codec import EMPTY_PROPERTIES, Properties, PublishTemplate
 from mqtt_proxy.subscriptions import topic_matches
@@ -18,12 +18,22 @@ if TYPE_CHECKING:
     from mqtt_proxy.session import Subscription
 
 
+# Figures that are sums over every proxy of the gateway when there are several (the core sums
+# them on request: mqtt_proxy.cluster.ProxyCluster.sys_totals); the rest are this proxy's own.
+SUMMED = (
+    "clients_connected", "sessions", "messages_received", "messages_sent", "publish_dropped",
+    "bytes_received", "bytes_sent",
+)  # fmt: skip
+
+
 class SysPublisher:
     def __init__(self, server: MqttServer) -> None:
         self.server = server
+        self.totals: dict[str, Any] = {}  # several proxies: the core's last sums (SUMMED keys)
 
     def values(self) -> dict[str, str]:
         st = self.server.stats()
+        st.update((k, v) for k, v in self.totals.items() if k in SUMMED)
         return {
             "$SYS/broker/version": str(st["version"]),
             "$SYS/broker/uptime": f"{st['uptime_s']} seconds",
@@ -73,6 +83,9 @@ class SysPublisher:
         ]
         if subs:
             self._send(subs, self.values(), False)
+            cluster = self.server.backend.cluster
+            if cluster is not None:  # the next interval shows every proxy's figures
+                cluster.sys_totals(self.totals.update)
 
     def send_current(self, sub: Subscription) -> None:
         if sub.spec.filter.startswith("$SYS"):

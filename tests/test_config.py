@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import tomllib
 from collections.abc import Callable
@@ -120,7 +121,8 @@ def test_example_config_is_the_key_table() -> None:
         ({"gc_gen0": -1}, r"gc_gen0 = -1 .* allowed 0\.\."),
         ({"fsync_interval_ms": 0}, r"fsync_interval_ms = 0 .* allowed 1\.\."),
         ({"default_partitions": 0}, r"default_partitions = 0 .* allowed 1\.\.1024"),
-        ({"mqtt_processes": 2}, r"mqtt_processes = 2 .* allowed 0\.\.1"),
+        ({"mqtt_processes": 257}, r"mqtt_processes = 257 .* allowed `auto` or 0\.\.256"),
+        ({"mqtt_processes": "many"}, r"mqtt_processes: expected int, got 'many'"),
         ({"max_keepalive": 0}, r"max_keepalive = 0 .* allowed 1\.\.65535"),
         ({"retention_bytes": -2}, r"retention_bytes = -2 .* allowed >= -1"),
     ],
@@ -156,3 +158,14 @@ def test_max_packet_size_0_means_no_limit(
     assert m.payload == payload
     pub.disconnect()
     sub.disconnect()
+
+
+def test_mqtt_processes_auto() -> None:
+    """`mqtt_processes = "auto"`: one proxy per core, minus one for the core above 2 cores."""
+    from lightgate.config import proxy_count
+
+    cfg = load_config(env={}, overrides={"mqtt_processes": "AUTO"})
+    assert cfg.mqtt_processes == "auto"
+    cores = len(os.sched_getaffinity(0))
+    assert proxy_count(cfg) == (cores - 1 if cores > 2 else cores)
+    assert proxy_count(load_config(env={"LIGHTGATE_MQTT_PROCESSES": "3"})) == 3
