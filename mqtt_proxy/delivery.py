@@ -10,9 +10,11 @@ subscriber becoming writable, or an ack opening its window) marks the queue dirt
 
 Pumping a queue:
 1. QoS 0 subscribers with no per-subscriber filtering (no overlap, no no-local) are grouped into
-   cohorts by (position, protocol version, retain-as-published, subscription id). A cohort's
-   PUBLISH bytes for the whole range are joined once and the same `bytes` object is written to each
-   member's transport: encode once, write many.
+   cohorts by (position, protocol version, retain-as-published, subscription id, topic alias
+   maximum). A cohort's PUBLISH bytes for the whole range are joined once and the same `bytes`
+   object is written to each member's transport: encode once, write many. With server-assigned
+   topic aliases (topic_aliases.py) the run is encoded once with the aliases, and a member that
+   does not know one of them yet gets its own copy of that run instead.
 2. Everything else (QoS 1/2, overlap, no-local) goes message by message, still sharing each
    message's template per (QoS, retain, version, subscription ids); only the packet id is patched.
 3. Shared groups hand each message to one member with room (round robin).
@@ -39,10 +41,11 @@ from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 from lightqueue.dispatcher import PROBE_TOPIC
-from mqtt_proxy.codec import PublishTemplate, publish_qos0
+from mqtt_proxy.codec import PublishTemplate, publish_qos0, publish_qos0_alias
 from mqtt_proxy.outbound import delivery_properties
 from mqtt_proxy.session import Inflight, Session, Subscription
 from mqtt_proxy.subscriptions import topic_matches
+from mqtt_proxy.topic_aliases import AliasBook, OutAliases
 from store.latency import LatencyHistogram
 
 if TYPE_CHECKING:
@@ -138,6 +141,14 @@ class CachedMsg:
             d = self.data0 = publish_qos0(self.topic, self.payload)
         return d
 
+    def qos0_alias(
+        self, alias: int, first: bool, retain: bool, sub_ids: tuple[int, ...], now_ms: int
+    ) -> bytes:
+        """The v5 QoS 0 PUBLISH with a Topic Alias (and the topic name when `first`)."""
+        if self.props is not None or sub_ids:
+            return self.template(0, retain, True, sub_ids, now_ms).aliased(alias, first)
+        return publish_qos0_alias(self.topic, self.payload, alias, first, retain)
+
 
 @dataclass(slots=True, eq=False)
 class SharedGroup:
@@ -201,6 +212,8 @@ class Delivery:
         # timestamp); observed in the pump loops, one bisect per message per cohort.
         self.deliver_latency = LatencyHistogram()
         self._on_interest = on_interest
+        # Outbound topic aliases (topic_aliases.py): one numbering for every connection here.
+        self.aliases = AliasBook(settings.max_topic_alias_out)
         self.queues: dict[str, QueueState] = {}
         self._dirty: set[QueueState] = set()
         self._scheduled = False
@@ -428,7 +441,9 @@ class Delivery:
                 and not conn.max_out_packet
                 and (acl is None or sub.acl_check is None)
             ):
-                key = (sub.pos, conn.v5, sub.retain_as_published, sub.sub_id)
+                oa = conn.out_aliases
+                amax = 0 if oa is None else oa.maximum
+                key = (sub.pos, conn.v5, sub.retain_as_published, sub.sub_id, amax)
                 cohort = cohorts.get(key)
                 if cohort is None:
                     cohorts[key] = [sub]
@@ -436,8 +451,11 @@ class Delivery:
                     cohort.append(sub)
             else:
                 more |= self._pump_one(qs, sub, conn, now_ms)
-        for (pos, v5, rap, sid), subs in cohorts.items():
-            more |= self._pump_cohort(qs, subs, pos, v5, rap, sid, now_ms)
+        for (pos, v5, rap, sid, amax), subs in cohorts.items():
+            if amax:
+                more |= self._pump_aliased(qs, subs, pos, rap, sid, amax, now_ms)
+            else:
+                more |= self._pump_cohort(qs, subs, pos, v5, rap, sid, now_ms)
         for g in list(qs.groups.values()):
             more |= self._pump_group(qs, g, now_ms)
         if qs.cache or qs.pushed:
@@ -531,12 +549,83 @@ class Delivery:
                 return False
         return True
 
+    def _pump_aliased(
+        self,
+        qs: QueueState,
+        subs: list[Subscription],
+        pos: int,
+        rap: bool,
+        sid: int | None,
+        amax: int,
+        now_ms: int,
+    ) -> bool:
+        """`_pump_cohort` for v5 members using topic aliases up to `amax`: each run is encoded
+        once with empty topics and aliases; members that map every alias of the run (the
+        steady state) share it, the others get their own copy carrying the topic names they
+        have to learn (topic_aliases.py)."""
+        sub_ids = (sid,) if sid else ()
+        observe = self.deliver_latency.observe_ms
+        lookup = self.aliases.lookup
+        for _ in range(PUMP_BATCHES):
+            start, end = self._range(qs, pos)
+            if start >= end:
+                if start != pos:
+                    for sub in subs:
+                        sub.pos = start
+                return False
+            chunks = []
+            plan: list[tuple[CachedMsg, int]] = []  # (message, alias or 0) per chunk
+            used: dict[int, str] = {}  # alias -> topic in this run
+            mixed = False  # one alias named two topics in this run (the book moved it)
+            cache = qs.cache
+            nsubs = len(subs)
+            for seq in range(start, end):
+                m = cache[seq]
+                if m is None or m.expired(now_ms):
+                    continue
+                retain = m.retain and rap
+                a = lookup(m.topic)
+                if a and a <= amax:
+                    if used.setdefault(a, m.topic) != m.topic:
+                        mixed = True
+                    chunks.append(m.qos0_alias(a, False, retain, sub_ids, now_ms))
+                else:
+                    a = 0
+                    chunks.append(m.qos0(retain, True, sub_ids, now_ms))
+                plan.append((m, a))
+                observe(now_ms - m.ts_ms, nsubs)
+            n = len(chunks)
+            if n:
+                data = b"".join(chunks)
+                still = []
+                for sub in subs:
+                    # Cohort members are connected and use aliases (checked in _pump).
+                    conn: MqttConnection = sub.session.conn  # type: ignore[assignment]
+                    oa: OutAliases = conn.out_aliases  # type: ignore[assignment]
+                    if not mixed and oa.knows(used):
+                        conn.write_delivery(data, n, len(data))
+                    else:
+                        own = _learn(plan, chunks, oa.sent, rap, sub_ids, now_ms)
+                        conn.write_delivery(own, n, len(own))
+                    sub.pos = end
+                    if conn.writable:
+                        still.append(sub)
+                subs = still
+            else:
+                for sub in subs:
+                    sub.pos = end
+            pos = end
+            if not subs:
+                return False
+        return True
+
     def _pump_one(
         self, qs: QueueState, sub: Subscription, conn: MqttConnection, now_ms: int
     ) -> bool:
         session = sub.session
         v5 = conn.v5
         check = sub.acl_check if conn.acl is not None else None
+        oa = conn.out_aliases
         out: list[bytes] = []
         nbytes = 0
         more = False
@@ -579,14 +668,17 @@ class Delivery:
                     # MQTT 5 §3.1.2.11.4: too large for this client: discard as if delivered.
                     seq += 1
                     continue
+                pid = 0
                 if qos:
                     pid = session.alloc_pid()
-                    data = tpl.packet(pid)
+                    data = tpl.packet(pid)  # the full topic: what a reconnect resends
                     session.inflight[pid] = Inflight(qs.name, seq, qos, data, False, sub.spec.raw)
                     sub.pending[seq] = pid
                     session.dirty = True
                 else:
                     data = tpl.data
+                if oa is not None:
+                    data = oa.packet(m.topic, tpl, pid, data)
                 out.append(data)
                 nbytes += len(data)
                 observe(now_ms - m.ts_ms)
@@ -672,6 +764,7 @@ class Delivery:
         session = sub.session
         if conn.max_out_packet and tpl.size > conn.max_out_packet:
             return  # MQTT 5 §3.1.2.11.4: discarded for this client as if delivered
+        pid = 0
         if qos:
             pid = session.alloc_pid()
             data = tpl.packet(pid)
@@ -679,6 +772,8 @@ class Delivery:
             g.pending[seq] = (session, pid)
         else:
             data = tpl.data
+        if conn.out_aliases is not None:
+            data = conn.out_aliases.packet(m.topic, tpl, pid, data)
         self.deliver_latency.observe_ms(now_ms - m.ts_ms)
         conn.write_delivery(data, 1, len(data))
 
@@ -695,6 +790,25 @@ class Delivery:
             if g is not None:
                 g.pending.pop(inf.seq, None)
         session.dirty = True
+
+
+def _learn(
+    plan: list[tuple[CachedMsg, int]],
+    chunks: list[bytes],
+    sent: dict[int, str],
+    rap: bool,
+    sub_ids: tuple[int, ...],
+    now_ms: int,
+) -> bytes:
+    """One member's copy of an aliased run: the first use of an alias it does not map to that
+    topic yet carries the topic name (and updates `sent`); the rest are the shared chunks."""
+    out = []
+    for (m, a), chunk in zip(plan, chunks, strict=True):
+        if a and sent.get(a) != m.topic:
+            sent[a] = m.topic
+            chunk = m.qos0_alias(a, True, m.retain and rap, sub_ids, now_ms)
+        out.append(chunk)
+    return b"".join(out)
 
 
 def _overlap_owner(

@@ -35,6 +35,7 @@ from mqtt_proxy.codec import (
 )
 from mqtt_proxy.session import Will
 from mqtt_proxy.subscriptions import FilterError, FilterSpec, parse_filter
+from mqtt_proxy.topic_aliases import OutAliases
 from store.auth import ConnectVerdict
 
 if TYPE_CHECKING:
@@ -209,6 +210,10 @@ def _connect_checked(
         if cp.receive_maximum:
             conn.out_window = min(conn.out_window, cp.receive_maximum)
         conn.max_out_packet = cp.maximum_packet_size or 0
+        if cp.topic_alias_maximum and s.topic_alias_out and s.max_topic_alias_out:
+            conn.out_aliases = OutAliases(
+                server.delivery.aliases, cp.topic_alias_maximum, conn.max_out_packet
+            )
     session, present = server.sessions.open(conn, client_id, c.clean_start, expiry, version, will)
     conn.accepted(session, client_id, version, keepalive)
     props = EMPTY_PROPERTIES

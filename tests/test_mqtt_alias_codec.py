@@ -155,3 +155,64 @@ def test_golden_alias_bytes() -> None:
         b"\x07\x23\x00\x01"  # properties: length 7, Topic Alias = 1 first ...
         b"\x03\x00\x01j"  # ... then the template's Content Type "j"
     )
+
+
+# -- the numbering policy (mqtt_proxy/topic_aliases.py), sans-IO -----------------------------
+
+
+def test_book_first_use_until_full() -> None:
+    from mqtt_proxy.topic_aliases import AliasBook
+
+    book = AliasBook(3)
+    assert [book.lookup(t) for t in ("a", "b", "a", "c", "d", "b")] == [1, 2, 1, 3, 0, 2]
+
+
+def test_book_promotes_hot_topics_and_keeps_uniform_traffic_stable() -> None:
+    from mqtt_proxy.topic_aliases import AliasBook
+
+    book = AliasBook(2, window=100)
+    book.lookup("cold1"), book.lookup("cold2")
+    for _ in range(3):  # uniform over 4 topics for whole windows: nobody moves
+        for t in ("cold1", "cold2", "x", "y") * 50:
+            book.lookup(t)
+    assert book.alias == {"cold1": 1, "cold2": 2}
+    for _ in range(200):  # "hot" dominates a window: it takes the coldest number
+        book.lookup("hot")
+        book.lookup("cold2")
+    assert book.alias == {"hot": 1, "cold2": 2} and book.topics[1] == "hot"
+    assert book.lookup("cold1") == 0
+
+
+def test_book_candidates_stay_bounded() -> None:
+    from mqtt_proxy.topic_aliases import AliasBook
+
+    book = AliasBook(4)
+    for t in "abcd":
+        book.lookup(t)
+    for i in range(50_000):  # one-off topics
+        book.lookup(f"once/{i}")
+        assert len(book.cand) < book.cand_max
+    assert set(book.alias) == set("abcd")  # seen once each: never hotter than 8 lookups
+
+
+def test_out_aliases_per_connection() -> None:
+    from mqtt_proxy.topic_aliases import AliasBook, OutAliases
+
+    book = AliasBook(8, window=10_000)
+    a, b = OutAliases(book, 2), OutAliases(book, 2)
+    tpl = {t: PublishTemplate.build(t, b"p", 1, False, None, 5) for t in ("t/1", "t/2", "t/3")}
+    plain = b"plain"
+    got = [a.packet(t, tpl[t], 7, plain) for t in ("t/1", "t/1", "t/2", "t/3")]
+    assert got[0] == tpl["t/1"].aliased(1, True, 7)
+    assert got[1] == tpl["t/1"].aliased(1, False, 7)
+    assert got[2] == tpl["t/2"].aliased(2, True, 7)
+    assert got[3] is plain  # alias 3 is beyond this client's maximum of 2
+    assert b.packet("t/1", tpl["t/1"], 9, plain) == tpl["t/1"].aliased(1, True, 9)  # own state
+    assert a.knows({1: "t/1", 2: "t/2"}) and not b.knows({2: "t/2"})
+    book.topics[1] = "t/3"  # the book gave alias 1 to another topic: the client re-learns it
+    book.alias = {"t/3": 1, "t/2": 2}
+    assert a.packet("t/3", tpl["t/3"], 7, plain) == tpl["t/3"].aliased(1, True, 7)
+    assert a.packet("t/1", tpl["t/1"], 7, plain) is plain
+    small = OutAliases(book, 5, max_packet=len(tpl["t/2"].packet(1)) + 2)
+    assert small.packet("t/2", tpl["t/2"], 7, plain) is plain  # +3 bytes would not fit
+    assert small.sent == {}
