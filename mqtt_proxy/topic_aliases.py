@@ -23,9 +23,10 @@ member's bytes differ on every message.
 Policy: which topics get an alias when there are more topics than numbers
     1. First use while the book has free numbers: a topic delivered to an alias-using client
        takes the lowest free number.
-    2. Once full, frequency-based promotion with bounded bookkeeping: every `window` lookups,
-       a topic without an alias that was looked up more than twice as often as the least-used
-       aliased topic takes that topic's number (at least `MIN_HITS` lookups; the factor 2 keeps
+    2. Once full, frequency-based promotion with bounded bookkeeping: every `window` lookups
+       of topics without an alias (a busy book of hits alone has nothing to decide), a topic
+       without an alias that was looked up more than twice as often as the least-used aliased
+       topic since the last window takes that topic's number (at least `MIN_HITS` lookups; the factor 2 keeps
        uniform traffic from swapping numbers back and forth). Counts restart each window
        (recent traffic decides). Candidates are counted in a dict of at most `4 * size`
        entries (at least 1024); when it fills, the window closes early, so one-off topics
@@ -59,25 +60,25 @@ class AliasBook:
         self.n = 0
 
     def lookup(self, topic: str) -> int:
-        """The alias of `topic` (0: none), counting the lookup for the policy."""
+        """The alias of `topic` (0: none), counting the lookup for the policy. A hit costs one
+        dict lookup and one increment (measured 0.15 µs; counting every lookup towards the
+        window as well made it 0.5 µs): the window only advances on misses."""
         a = self.alias.get(topic)
         if a is not None:
             self.hits[a] += 1
-        elif self.free:
+            return a
+        if self.free:
             a = heapq.heappop(self.free)
             self.alias[topic] = a
             self.topics[a] = topic
             self.hits[a] = 1
-        else:
-            cand = self.cand
-            cand[topic] = cand.get(topic, 0) + 1
-            a = 0
-            if len(cand) >= self.cand_max:
-                self.n = self.window
+            return a
+        cand = self.cand
+        cand[topic] = cand.get(topic, 0) + 1
         self.n += 1
-        if self.n >= self.window:
+        if self.n >= self.window or len(cand) >= self.cand_max:
             self.rebalance()
-        return a
+        return 0
 
     def rebalance(self) -> None:
         """Close the window: promote candidates hotter than twice the coldest aliased topics."""

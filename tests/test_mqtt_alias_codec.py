@@ -127,6 +127,12 @@ def test_alias_checks() -> None:
     with pytest.raises(LocalProtocolError):
         tpl.aliased(1, True, 7)  # no aliases before MQTT 5
     tpl5 = PublishTemplate.build("a/b", b"x", 1, False, None, 5)
+    # the later form is kept per alias: another alias or packet id still comes out right
+    for alias, pid in ((1, 7), (1, 8), (2, 8), (1, 9)):
+        want = encode(
+            Publish("", b"x", 1, packet_id=pid, properties=make_properties(topic_alias=alias)), 5
+        )
+        assert tpl5.aliased(alias, False, pid) == want
     for bad in (0, 0x10000):
         with pytest.raises(LocalProtocolError):
             tpl5.aliased(bad, True, 7)
