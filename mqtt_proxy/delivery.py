@@ -75,6 +75,7 @@ class CachedMsg:
         "expire_at_ms",
         "templates",
         "data0",
+        "alias0",
     )
 
     def __init__(
@@ -98,6 +99,7 @@ class CachedMsg:
         self.expire_at_ms = ts_ms + expiry * 1000 if expiry is not None else None
         self.templates: dict[tuple[Any, ...], PublishTemplate] | None = None
         self.data0: bytes | None = None  # QoS 0, 3.1.1, no retain: the common packet, cached
+        self.alias0: tuple[int, bytes] | None = None  # QoS 0, v5, aliased, no topic: cached
 
     @classmethod
     def from_stored(cls, m: Any) -> CachedMsg:
@@ -144,10 +146,18 @@ class CachedMsg:
     def qos0_alias(
         self, alias: int, first: bool, retain: bool, sub_ids: tuple[int, ...], now_ms: int
     ) -> bytes:
-        """The v5 QoS 0 PUBLISH with a Topic Alias (and the topic name when `first`)."""
+        """The v5 QoS 0 PUBLISH with a Topic Alias (and the topic name when `first`). The later
+        form is kept, as `data0`: cohorts that are not at one position (a fan-out whose
+        members read at different speeds) each need it, and every connection uses the same
+        alias (bench/RESULTS.md, "Topic aliases": the fan-out row)."""
         if self.props is not None or sub_ids:
             return self.template(0, retain, True, sub_ids, now_ms).aliased(alias, first)
-        return publish_qos0_alias(self.topic, self.payload, alias, first, retain)
+        if first or retain:
+            return publish_qos0_alias(self.topic, self.payload, alias, first, retain)
+        d = self.alias0
+        if d is None or d[0] != alias:
+            d = self.alias0 = (alias, publish_qos0_alias(self.topic, self.payload, alias, False))
+        return d[1]
 
 
 @dataclass(slots=True, eq=False)
