@@ -260,8 +260,8 @@ class PublishTemplate:
         too, later ones an empty topic. At most `size + 5` bytes (3 of property, and each length
         may grow by one byte). The later form is built once per alias and kept: every connection
         of a proxy uses the same alias for a topic (topic_aliases.py), so for them this costs
-        what `packet` costs (one join of three pieces; QoS 0: the kept bytes). Measured:
-        0.33 µs for QoS 1, against 2.7 µs when the head and properties were built per call."""
+        what `packet` costs (one join of three pieces; QoS 0: the kept bytes). Measured
+        (timeit, best of 15): 0.27 µs against `packet`'s 0.22; building the parts takes 0.77."""
         if first or dup:
             head, rest = self._alias_parts(alias, first, dup)
             return b"".join((head, _pack(packet_id), rest)) if self.qos else head + rest
