@@ -300,3 +300,29 @@ def test_06_book_full_promotes_hot_topics(tmp_path: Path) -> None:
         s.close()
     finally:
         b.stop()
+
+
+def test_07_retained_and_shared_paths(broker):  # noqa: F811
+    """Retained messages sent on SUBSCRIBE and `$share` deliveries take aliases too."""
+    pub = Client(broker.port, "pub", V5).connect()
+    pub.publish("rt/a", b"r1", 1, retain=True)
+    pub.publish("rt/b", b"r2", 1, retain=True)
+    s = raw_v5(broker.port, "ret", "", alias_max=5)
+    s.sendall(v5_subscribe("rt/#", 0))
+    suback, *retained = read_packets(s, 3)
+    assert suback[0] == 0x90
+    got = sorted((decode_publish(p) for p in retained), key=lambda g: g["payload"])
+    assert [(g["topic"], g["payload"]) for g in got] == [("rt/a", b"r1"), ("rt/b", b"r2")]
+    assert all(g["alias"] for g in got) and retained[0][0] & 1  # retain flag kept
+    pub.publish("rt/a", b"live", 0)
+    (live,) = [decode_publish(p) for p in read_packets(s, 1)]
+    assert (live["topic"], live["alias"]) == ("", got[0]["alias"])
+    s.close()
+    sh = raw_v5(broker.port, "shr", "$share/g/sh/#", 1, alias_max=5)
+    for i in range(3):
+        pub.publish("sh/t", str(i).encode(), 1)
+    gs = [decode_publish(p) for p in read_packets(sh, 3)]
+    assert [g["payload"] for g in gs] == [b"0", b"1", b"2"]
+    assert gs[0]["topic"] == "sh/t" and gs[0]["alias"]
+    assert all(g["topic"] == "" and g["alias"] == gs[0]["alias"] for g in gs[1:])
+    sh.close()
