@@ -183,6 +183,19 @@ class GatewayConfig:
     receive_maximum: int = key(
         64, "outbound QoS 1/2 in-flight window per client (v5 clients may ask less)", lo=1, hi=65535
     )
+    topic_alias_out: bool = key(
+        True,
+        "MQTT 5: give outbound PUBLISHes server-assigned topic aliases for clients that announce "
+        "a Topic Alias Maximum (later messages on a topic carry an empty topic name); see "
+        'docs/interfaces.md "MQTT 5 topic aliases"',
+    )
+    max_topic_alias_out: int = key(
+        256,
+        "topics numbered for outbound aliases, shared by all connections (a client uses up to "
+        "its own maximum); past this, the most frequent topics take the numbers",
+        lo=1,
+        hi=65535,
+    )
     max_session_expiry: int = key(
         7 * 24 * 3600,
         "cap on v5 session expiry (s); v3 persistent sessions use this too",

@@ -37,6 +37,7 @@ from mqtt_proxy.codec import (
 from mqtt_proxy.codec.reason_codes import v3_connack_code
 from mqtt_proxy.limits import TokenBucket
 from mqtt_proxy.outbound import ack
+from mqtt_proxy.topic_aliases import OutAliases
 
 if TYPE_CHECKING:
     from mqtt_proxy.codec import Properties
@@ -81,6 +82,7 @@ class MqttConnection(asyncio.Protocol):
         "opened_at",
         "over_conn_rate",
         "conn_id",
+        "out_aliases",
     )
 
     def __init__(self, server: MqttServer) -> None:
@@ -120,6 +122,9 @@ class MqttConnection(asyncio.Protocol):
         # so the hot paths pay one `is None` test. Replaced on reload (refresh_acl).
         self.acl: ClientAcl | None = None
         self.conn_id = server.conn_log.new_id()
+        # Server-assigned outbound topic aliases (topic_aliases.py), set at CONNECT for a v5
+        # client that announced a Topic Alias Maximum; per connection, so a reconnect starts over.
+        self.out_aliases: OutAliases | None = None
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:

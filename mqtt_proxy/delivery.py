@@ -10,9 +10,11 @@ subscriber becoming writable, or an ack opening its window) marks the queue dirt
 
 Pumping a queue:
 1. QoS 0 subscribers with no per-subscriber filtering (no overlap, no no-local) are grouped into
-   cohorts by (position, protocol version, retain-as-published, subscription id). A cohort's
-   PUBLISH bytes for the whole range are joined once and the same `bytes` object is written to each
-   member's transport: encode once, write many.
+   cohorts by (position, protocol version, retain-as-published, subscription id, topic alias
+   maximum). A cohort's PUBLISH bytes for the whole range are joined once and the same `bytes`
+   object is written to each member's transport: encode once, write many. With server-assigned
+   topic aliases (topic_aliases.py) the run is encoded once with the aliases, and a member that
+   does not know one of them yet gets its own copy of that run instead.
 2. Everything else (QoS 1/2, overlap, no-local) goes message by message, still sharing each
    message's template per (QoS, retain, version, subscription ids); only the packet id is patched.
 3. Shared groups hand each message to one member with room (round robin).
@@ -40,12 +42,13 @@ from itertools import islice
 from typing import TYPE_CHECKING, Final
 
 from lightqueue.model import ReadResult
-from mqtt_proxy.codec import PublishTemplate, publish_qos0
+from mqtt_proxy.codec import PublishTemplate, publish_qos0, publish_qos0_alias
 from mqtt_proxy.outbound import delivery_properties
 from mqtt_proxy.ports import Entries, Message, PeerPort, QueuesPort
 from mqtt_proxy.session import Inflight, Session, Subscription
 from mqtt_proxy.settings import ProxySettings
 from mqtt_proxy.subscriptions import topic_matches
+from mqtt_proxy.topic_aliases import AliasBook, OutAliases
 from store.latency import LatencyHistogram
 from store.mapping import PROBE_TOPIC, SYSTEM_TOPIC_PREFIX, MqttProperties
 
@@ -82,6 +85,7 @@ class CachedMsg:
         "expire_at_ms",
         "templates",
         "data0",
+        "alias0",
     )
 
     def __init__(
@@ -105,6 +109,7 @@ class CachedMsg:
         self.expire_at_ms = ts_ms + expiry * 1000 if expiry is not None else None
         self.templates: dict[tuple[int, bool, bool, tuple[int, ...]], PublishTemplate] | None = None
         self.data0: bytes | None = None  # QoS 0, 3.1.1, no retain: the common packet, cached
+        self.alias0: tuple[int, bytes] | None = None  # QoS 0, v5, aliased, no topic: cached
 
     @classmethod
     def from_stored(cls, m: Message) -> CachedMsg:
@@ -147,6 +152,22 @@ class CachedMsg:
         if d is None:
             d = self.data0 = publish_qos0(self.topic, self.payload)
         return d
+
+    def qos0_alias(
+        self, alias: int, first: bool, retain: bool, sub_ids: tuple[int, ...], now_ms: int
+    ) -> bytes:
+        """The v5 QoS 0 PUBLISH with a Topic Alias (and the topic name when `first`). The later
+        form is kept, as `data0`: cohorts that are not at one position (a fan-out whose
+        members read at different speeds) each need it, and every connection uses the same
+        alias (bench/RESULTS.md, "Topic aliases": the fan-out row)."""
+        if self.props is not None or sub_ids:
+            return self.template(0, retain, True, sub_ids, now_ms).aliased(alias, first)
+        if first or retain:
+            return publish_qos0_alias(self.topic, self.payload, alias, first, retain)
+        d = self.alias0
+        if d is None or d[0] != alias:
+            d = self.alias0 = (alias, publish_qos0_alias(self.topic, self.payload, alias, False))
+        return d[1]
 
 
 @dataclass(slots=True, eq=False)
@@ -216,6 +237,8 @@ class Delivery:
         # timestamp); observed in the pump loops, one bisect per message per cohort.
         self.deliver_latency = LatencyHistogram()
         self._on_interest = on_interest
+        # Outbound topic aliases (topic_aliases.py): one numbering for every connection here.
+        self.aliases = AliasBook(settings.max_topic_alias_out)
         self.queues: dict[str, QueueState] = {}
         self._dirty: set[QueueState] = set()
         self._scheduled = False
@@ -443,7 +466,7 @@ class Delivery:
         loop (ingest, dispatch and other queues get their turn in between)."""
         now_ms = int(time.time() * 1000)
         more = False
-        cohorts: dict[tuple[int, bool, bool, int | None], list[Subscription]] = {}
+        cohorts: dict[tuple[int, bool, bool, int | None, int], list[Subscription]] = {}
         for sub in qs.subs:
             conn = sub.session.conn
             if conn is None or not conn.writable or sub.held:
@@ -459,7 +482,9 @@ class Delivery:
                 and not conn.max_out_packet
                 and (acl is None or sub.acl_check is None)
             ):
-                key = (sub.pos, conn.v5, sub.retain_as_published, sub.sub_id)
+                oa = conn.out_aliases
+                amax = 0 if oa is None else oa.maximum
+                key = (sub.pos, conn.v5, sub.retain_as_published, sub.sub_id, amax)
                 cohort = cohorts.get(key)
                 if cohort is None:
                     cohorts[key] = [sub]
@@ -467,8 +492,11 @@ class Delivery:
                     cohort.append(sub)
             else:
                 more |= self._pump_one(qs, sub, conn, now_ms)
-        for (pos, v5, rap, sid), subs in cohorts.items():
-            more |= self._pump_cohort(qs, subs, pos, v5, rap, sid, now_ms)
+        for (pos, v5, rap, sid, amax), subs in cohorts.items():
+            if amax:
+                more |= self._pump_aliased(qs, subs, pos, rap, sid, amax, now_ms)
+            else:
+                more |= self._pump_cohort(qs, subs, pos, v5, rap, sid, now_ms)
         for g in list(qs.groups.values()):
             more |= self._pump_group(qs, g, now_ms)
         if qs.cache or qs.pushed:
@@ -563,10 +591,81 @@ class Delivery:
                 return False
         return True
 
+    def _pump_aliased(
+        self,
+        qs: QueueState,
+        subs: list[Subscription],
+        pos: int,
+        rap: bool,
+        sid: int | None,
+        amax: int,
+        now_ms: int,
+    ) -> bool:
+        """`_pump_cohort` for v5 members using topic aliases up to `amax`: each run is encoded
+        once with empty topics and aliases; members that map every alias of the run (the
+        steady state) share it, the others get their own copy carrying the topic names they
+        have to learn (topic_aliases.py)."""
+        sub_ids = (sid,) if sid else ()
+        observe = self.deliver_latency.observe_ms
+        lookup = self.aliases.lookup
+        for _ in range(PUMP_BATCHES):
+            start, end = self._range(qs, pos)
+            if start >= end:
+                if start != pos:
+                    for sub in subs:
+                        sub.pos = start
+                return False
+            chunks = []
+            plan: list[tuple[CachedMsg, int]] = []  # (message, alias or 0) per chunk
+            used: dict[int, str] = {}  # alias -> topic in this run
+            mixed = False  # one alias named two topics in this run (the book moved it)
+            cache = qs.cache
+            nsubs = len(subs)
+            for seq in range(start, end):
+                m = cache[seq]
+                if m is None or m.expired(now_ms):
+                    continue
+                retain = m.retain and rap
+                a = lookup(m.topic)
+                if a and a <= amax:
+                    if used.setdefault(a, m.topic) != m.topic:
+                        mixed = True
+                    chunks.append(m.qos0_alias(a, False, retain, sub_ids, now_ms))
+                else:
+                    a = 0
+                    chunks.append(m.qos0(retain, True, sub_ids, now_ms))
+                plan.append((m, a))
+                observe(now_ms - m.ts_ms, nsubs)
+            n = len(chunks)
+            if n:
+                data = b"".join(chunks)
+                still = []
+                for sub in subs:
+                    # Cohort members are connected and use aliases (checked in _pump).
+                    conn: PeerPort = sub.session.conn  # type: ignore[assignment]
+                    oa: OutAliases = conn.out_aliases  # type: ignore[assignment]
+                    if not mixed and oa.knows(used):
+                        conn.write_delivery(data, n, len(data))
+                    else:
+                        own = _learn(plan, chunks, oa.sent, rap, sub_ids, now_ms)
+                        conn.write_delivery(own, n, len(own))
+                    sub.pos = end
+                    if conn.writable:
+                        still.append(sub)
+                subs = still
+            else:
+                for sub in subs:
+                    sub.pos = end
+            pos = end
+            if not subs:
+                return False
+        return True
+
     def _pump_one(self, qs: QueueState, sub: Subscription, conn: PeerPort, now_ms: int) -> bool:
         session = sub.session
         v5 = conn.v5
         check = sub.acl_check if conn.acl is not None else None
+        oa = conn.out_aliases
         out: list[bytes] = []
         nbytes = 0
         more = False
@@ -609,14 +708,17 @@ class Delivery:
                     # MQTT 5 §3.1.2.11.4: too large for this client: discard as if delivered.
                     seq += 1
                     continue
+                pid = 0
                 if qos:
                     pid = session.alloc_pid()
-                    data = tpl.packet(pid)
+                    data = tpl.packet(pid)  # the full topic: what a reconnect resends
                     session.inflight[pid] = Inflight(qs.name, seq, qos, data, False, sub.spec.raw)
                     sub.pending[seq] = pid
                     session.dirty = True
                 else:
                     data = tpl.data
+                if oa is not None:
+                    data = oa.packet(m.topic, tpl, pid, data)
                 out.append(data)
                 nbytes += len(data)
                 observe(now_ms - m.ts_ms)
@@ -714,6 +816,7 @@ class Delivery:
         session = sub.session
         if conn.max_out_packet and tpl.size > conn.max_out_packet:
             return False  # MQTT 5 §3.1.2.11.4: discarded for this client as if delivered
+        pid = 0
         if qos:
             pid = session.alloc_pid()
             data = tpl.packet(pid)
@@ -721,6 +824,8 @@ class Delivery:
             g.pending[seq] = (session, pid)
         else:
             data = tpl.data
+        if conn.out_aliases is not None:
+            data = conn.out_aliases.packet(m.topic, tpl, pid, data)
         self.deliver_latency.observe_ms(now_ms - m.ts_ms)
         conn.write_delivery(data, 1, len(data))
         return bool(qos)
@@ -738,6 +843,25 @@ class Delivery:
             if g is not None and g.pending.pop(inf.seq, None) is not None and g.lease is not None:
                 self._leases().done(g.key, inf.seq)
         session.dirty = True
+
+
+def _learn(
+    plan: list[tuple[CachedMsg, int]],
+    chunks: list[bytes],
+    sent: dict[int, str],
+    rap: bool,
+    sub_ids: tuple[int, ...],
+    now_ms: int,
+) -> bytes:
+    """One member's copy of an aliased run: the first use of an alias it does not map to that
+    topic yet carries the topic name (and updates `sent`); the rest are the shared chunks."""
+    out = []
+    for (m, a), chunk in zip(plan, chunks, strict=True):
+        if a and sent.get(a) != m.topic:
+            sent[a] = m.topic
+            chunk = m.qos0_alias(a, True, m.retain and rap, sub_ids, now_ms)
+        out.append(chunk)
+    return b"".join(out)
 
 
 def _overlap_owner(

@@ -38,6 +38,7 @@ from mqtt_proxy.codec import (
 from mqtt_proxy.ports import Acquired
 from mqtt_proxy.session import Will
 from mqtt_proxy.subscriptions import FilterError, FilterSpec, parse_filter
+from mqtt_proxy.topic_aliases import OutAliases
 from store.auth import ConnectVerdict
 
 if TYPE_CHECKING:
@@ -211,6 +212,10 @@ def _connect_checked(
         if cp.receive_maximum:
             conn.out_window = min(conn.out_window, cp.receive_maximum)
         conn.max_out_packet = cp.maximum_packet_size or 0
+        if cp.topic_alias_maximum and s.topic_alias_out and s.max_topic_alias_out:
+            conn.out_aliases = OutAliases(
+                server.delivery.aliases, cp.topic_alias_maximum, conn.max_out_packet
+            )
     args = (client_id, assigned, expiry, will, keepalive, server_keepalive)
     cluster = server.backend.cluster
     if cluster is None:

@@ -27,6 +27,7 @@ from store.store import AppendResult, Run
 
 if TYPE_CHECKING:
     from mqtt_proxy.cluster import ProxyCluster
+    from mqtt_proxy.topic_aliases import OutAliases
 
 # A message delivery reads: one this proxy appended (kept by `remember`), or a stored one.
 Message: TypeAlias = MqttMessage | StoredMessage
@@ -147,6 +148,7 @@ class PeerPort(Protocol):
     """A client connection as delivery and the session code see it (MqttConnection)."""
 
     session_overlap: bool  # the session has overlapping subscriptions (set by the sessions)
+    out_aliases: OutAliases | None  # server-assigned topic aliases (v5 clients that take them)
 
     @property
     def writable(self) -> bool: ...

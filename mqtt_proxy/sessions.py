@@ -455,7 +455,10 @@ class SessionManager:
                 data = tpl.packet(pid)
                 session.inflight[pid] = Inflight("", -1, qos, data, False, sub.spec.raw)
             else:
+                pid = 0
                 data = tpl.data
+            if conn.out_aliases is not None:
+                data = conn.out_aliases.packet(m.topic, tpl, pid, data)
             out.append(data)
         if out:
             conn.write_delivery(b"".join(out), len(out), sum(map(len, out)))

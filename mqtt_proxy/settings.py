@@ -31,6 +31,10 @@ class ProxySettings:
     max_publish_rate: int = 0  # PUBLISH per second per client: reading pauses, then 0x97
     slow_consumer_timeout_s: int = 60  # a socket full this long is closed (0 = never)
     conn_log_per_s: int = 20  # connection lifecycle lines per second (connlog.py)
+    # Server-assigned topic aliases on outbound PUBLISH to v5 clients that accept them
+    # (topic_aliases.py); max_topic_alias_out numbers the topics, shared by all connections.
+    topic_alias_out: bool = True
+    max_topic_alias_out: int = 256
     # Not in the gateway config (yet): internal knobs with sensible defaults.
     max_topic_alias: int = 64
     session_flush_ms: int = 100

@@ -38,7 +38,15 @@ constructed by our code; the parser builds them directly after checking the wire
 """
 
 from .connection import CLIENT, SERVER, Connection, Role, State
-from .encoder import PINGREQ, PINGRESP, PublishTemplate, encode, encode_publish, publish_qos0
+from .encoder import (
+    PINGREQ,
+    PINGRESP,
+    PublishTemplate,
+    encode,
+    encode_publish,
+    publish_qos0,
+    publish_qos0_alias,
+)
 from .errors import LocalProtocolError, ProtocolError, RemoteProtocolError
 from .packets import (
     Auth,
@@ -78,6 +86,7 @@ __all__ = [
     "encode",
     "encode_publish",
     "publish_qos0",
+    "publish_qos0_alias",
     "LocalProtocolError",
     "ProtocolError",
     "RemoteProtocolError",

@@ -13,8 +13,14 @@ Fan-out: `PublishTemplate.build(...)` encodes one PUBLISH once, pre-split around
 Per connection, QoS 0 writes the shared `template.data` object itself (zero copies); QoS 1/2 calls
 `template.packet(pid)` (one join of three pieces, ~0.15 µs for small payloads here) or, for large
 payloads, `transport.writelines(template.chunks(pid))` so the payload bytes are never copied.
-Anything that differs per subscriber (topic alias, subscription identifiers, retain-as-published)
-is a different template: build one per distinct combination and share each.
+Anything that differs per subscriber (subscription identifiers, retain-as-published) is a
+different template: build one per distinct combination and share each.
+
+Server-assigned topic aliases (MQTT 5 §3.3.2.3.4) differ per connection, so they are not part of a
+template: `template.aliased(alias, first, pid)` puts a per-connection head (fixed header, the topic
+or an empty topic, packet id, property length, Topic Alias) in front of the template's shared
+property bytes and payload; `publish_qos0_alias` does the same for the property-less QoS 0 case.
+The Topic Alias goes first in the property block (property order is free).
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ._wire import enc_bin, enc_str, encode_varint, pack_u16
+from ._wire import decode_varint, enc_bin, enc_str, encode_varint, pack_u16
 from .errors import LocalProtocolError
 from .packets import (
     PROTOCOL_NAMES,
@@ -46,7 +52,15 @@ from .packets import (
 from .properties import EMPTY_PROPERTIES, WILL, Properties, encode_properties
 from .reason_codes import ALLOWED, v3_connack_code
 
-__all__ = ["encode", "encode_publish", "publish_qos0", "PublishTemplate", "PINGREQ", "PINGRESP"]
+__all__ = [
+    "encode",
+    "encode_publish",
+    "publish_qos0",
+    "publish_qos0_alias",
+    "PublishTemplate",
+    "PINGREQ",
+    "PINGRESP",
+]
 
 PINGREQ = b"\xc0\x00"
 PINGRESP = b"\xd0\x00"
@@ -123,10 +137,61 @@ def publish_qos0(topic: str, payload: bytes, retain: bool = False, v5: bool = Fa
     return b"".join((head, tb, payload))
 
 
+_NO_TOPIC = b"\x00\x00"  # an empty topic name: the receiver takes it from the alias
+
+
+_ALIAS_PROPS: dict[int, bytes] = {}  # alias -> its property block (at most 65535 x 4 bytes)
+
+
+def _alias_prop(alias: int) -> bytes:
+    """A property block holding only a Topic Alias: length 3, 0x23, u16 (kept per alias: a
+    dict hit is a tenth of building the bytes)."""
+    p = _ALIAS_PROPS.get(alias)
+    if p is None:
+        if type(alias) is not int or not 0 < alias <= 0xFFFF:
+            raise LocalProtocolError(f"topic alias must be 1..65535, not {alias!r}")
+        p = _ALIAS_PROPS[alias] = bytes((3, 0x23, alias >> 8, alias & 0xFF))
+    return p
+
+
+def publish_qos0_alias(
+    topic: str, payload: bytes, alias: int, first: bool, retain: bool = False
+) -> bytes:
+    """A v5 QoS 0 PUBLISH whose only property is a Topic Alias: `first` carries the topic name
+    (the receiver maps the alias to it), later ones an empty topic name. Same bytes as
+    `encode_publish(topic if first else "", payload, 0, retain, properties=Properties(
+    topic_alias=alias), version=5)` (a test checks), at publish_qos0's cost."""
+    if first:
+        tb = _TOPIC_FIELDS.get(topic)
+        if tb is None:
+            if len(_TOPIC_FIELDS) >= 65536:
+                _TOPIC_FIELDS.clear()
+            tb = _TOPIC_FIELDS[topic] = _topic_bytes(topic)
+    else:
+        tb = _NO_TOPIC
+    rl = len(tb) + 4 + len(payload)
+    if rl < 128:
+        head = _HEAD0R[rl] if retain else _HEAD0[rl]
+    else:
+        head = bytes((0x31 if retain else 0x30,)) + encode_varint(rl)
+    return b"".join((head, tb, _alias_prop(alias), payload))
+
+
 class PublishTemplate:
     """A PUBLISH encoded once, with its packet id left out. See the module docstring."""
 
-    __slots__ = ("qos", "prefix", "dup_prefix", "suffix", "data", "size")
+    __slots__ = (
+        "qos",
+        "prefix",
+        "dup_prefix",
+        "suffix",
+        "data",
+        "size",
+        "topic_field",
+        "props_body",
+        "payload",
+        "alias_kept",
+    )
 
     qos: int
     prefix: bytes
@@ -134,6 +199,12 @@ class PublishTemplate:
     suffix: bytes
     data: bytes  # the whole packet for QoS 0, b"" otherwise
     size: int  # encoded size of every packet made from this template (for Maximum Packet Size)
+    # For `aliased`: the length-prefixed topic, the v5 property bytes without their length
+    # (None before v5: no aliases there) and the payload, all shared, never copied.
+    topic_field: bytes
+    props_body: bytes | None
+    payload: bytes
+    alias_kept: tuple[int, bytes, bytes, bytes] | None  # `aliased`'s later form, per alias
 
     @classmethod
     def build(
@@ -153,7 +224,8 @@ class PublishTemplate:
             if version == 5
             else b""
         )
-        suffix = props + payload if props else bytes(payload)
+        payload = bytes(payload)
+        suffix = props + payload if props else payload
         rl = len(tb) + (2 if qos else 0) + len(suffix)
         b0 = 0x30 | (qos << 1) | (1 if retain else 0)
         head = encode_varint(rl)
@@ -164,6 +236,10 @@ class PublishTemplate:
         self.suffix = suffix
         self.data = self.prefix + suffix if not qos else b""
         self.size = 1 + len(head) + rl
+        self.topic_field = tb
+        self.props_body = props[decode_varint(props, 0, len(props))[1] :] if props else None
+        self.payload = payload
+        self.alias_kept = None
         return self
 
     def packet(self, packet_id: int = 0, dup: bool = False, _pack: Any = pack_u16) -> bytes:
@@ -171,6 +247,45 @@ class PublishTemplate:
         if not self.qos:
             return self.data
         return b"".join((self.dup_prefix if dup else self.prefix, _pack(packet_id), self.suffix))
+
+    def aliased(
+        self,
+        alias: int,
+        first: bool,
+        packet_id: int = 0,
+        dup: bool = False,
+        _pack: Any = pack_u16,
+    ) -> bytes:
+        """This PUBLISH with a Topic Alias (v5 templates only): `first` carries the topic name
+        too, later ones an empty topic. At most `size + 5` bytes (3 of property, and each length
+        may grow by one byte). The later form is built once per alias and kept: every connection
+        of a proxy uses the same alias for a topic (topic_aliases.py), so for them this costs
+        what `packet` costs (one join of three pieces; QoS 0: the kept bytes). Measured
+        (timeit, best of 15): 0.27 µs against `packet`'s 0.22; building the parts takes 0.77."""
+        if first or dup:
+            head, rest = self._alias_parts(alias, first, dup)
+            return b"".join((head, _pack(packet_id), rest)) if self.qos else head + rest
+        kept = self.alias_kept
+        if kept is None or kept[0] != alias:
+            head, rest = self._alias_parts(alias, False, False)
+            kept = self.alias_kept = (alias, head, rest, b"" if self.qos else head + rest)
+        if not self.qos:
+            return kept[3]
+        return b"".join((kept[1], _pack(packet_id), kept[2]))
+
+    def _alias_parts(self, alias: int, first: bool, dup: bool) -> tuple[bytes, bytes]:
+        """(fixed header + topic field, properties with the alias first + payload)."""
+        pb = self.props_body
+        if pb is None:
+            raise LocalProtocolError("topic aliases exist only in MQTT 5")
+        tf = self.topic_field if first else _NO_TOPIC
+        props = _alias_prop(alias)  # validates the alias
+        if pb:  # other properties follow the alias: the block's length grows by theirs
+            props = encode_varint(len(pb) + 3) + props[1:]
+        qos = self.qos
+        rl = len(tf) + (2 if qos else 0) + len(props) + len(pb) + len(self.payload)
+        b0 = self.prefix[0] | (8 if dup and qos else 0)  # as `packet`: QoS 0 has no DUP
+        return bytes((b0,)) + encode_varint(rl) + tf, b"".join((props, pb, self.payload))
 
     def chunks(self, packet_id: int = 0, dup: bool = False) -> tuple[bytes, bytes]:
         """(head, shared suffix) for `transport.writelines`: the payload is not copied."""
