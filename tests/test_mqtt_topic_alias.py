@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mqtt_broker import InProcessBroker, broker  # noqa: F401 - the fixture
+from mqtt_broker import InProcessBroker
 from mqtt_helpers import CONNECT, V5, V311, Client, props, raw, read_packets, split_packets
 
 # -- a raw v5 client: hand-built packets, hand-decoded PUBLISH -------------------------------
