@@ -39,11 +39,12 @@ from store.record_batch import CONTROL_MASK, HEADER, TRANSACTIONAL_MASK, iter_ba
 if TYPE_CHECKING:
     from lightqueue.db import Queue
     from lightqueue.queues import LightQueues
+    from store import Store
 
 log = logging.getLogger("lightgate.lightqueue.backfill")
 
 
-def relevant_topics(store: Any, filt: str) -> list[str]:
+def relevant_topics(store: Store, filt: str) -> list[str]:
     first = filt.split("/", 1)[0]
     topics = [t for t in store.topics() if not is_system_topic(t)]
     if first in ("+", "#"):
@@ -52,7 +53,7 @@ def relevant_topics(store: Any, filt: str) -> list[str]:
     return sorted(t for t in topics if t in names)
 
 
-def start_vector(store: Any, filt: str, since_ms: int) -> dict[tuple[str, int], int]:
+def start_vector(store: Store, filt: str, since_ms: int) -> dict[tuple[str, int], int]:
     """Per relevant partition: first offset with timestamp ≥ since_ms (≥ log start)."""
     out = {}
     for t in relevant_topics(store, filt):

@@ -24,7 +24,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from lightqueue import codec
 from lightqueue.backfill import Backfill, start_vector
@@ -48,6 +48,9 @@ from lightqueue.retained import RetainedStore
 from lightqueue.sessions import SessionStore
 from lightqueue.topic_trie import FilterError, FilterTrie, is_wildcard, validate_filter
 from store import UnknownTopicOrPartitionError
+
+if TYPE_CHECKING:
+    from store import Store
 
 log = logging.getLogger("lightgate.lightqueue")
 
@@ -86,7 +89,7 @@ def replay_queue_name(filt: str, since_ms: int | None = None,
 class LightQueues:
     """Dispatcher + queues + read/resolve + sessions + retained over one LevelDB."""
 
-    def __init__(self, qdb: QueueDB, store: Any, config: LightQueueConfig,
+    def __init__(self, qdb: QueueDB, store: Store, config: LightQueueConfig,
                  sink: EventSink | None) -> None:  # fmt: skip
         self.qdb = qdb
         self.store = store
@@ -114,7 +117,7 @@ class LightQueues:
                 self._backfills[name] = Backfill(self, q, rec)
 
     @classmethod
-    def open(cls, data_dir: Path, store: Any, config: LightQueueConfig | None = None,
+    def open(cls, data_dir: Path, store: Store, config: LightQueueConfig | None = None,
              sink: EventSink | None = None) -> LightQueues:  # fmt: skip
         """Open (or create) DATA/lightqueue. Call `start()` on the loop to begin dispatching."""
         recover_dirs(Path(data_dir))  # an interrupted rebuild-queues
@@ -517,7 +520,7 @@ class LightQueues:
                     self._purge[q.qid] = q.start
 
 
-def open_light_queues(data_dir: Path, store: Any, sink: EventSink | None = None,
+def open_light_queues(data_dir: Path, store: Store, sink: EventSink | None = None,
                       config: LightQueueConfig | None = None) -> LightQueues:  # fmt: skip
     """Convenience for wiring: `LightQueues.open`."""
     return LightQueues.open(data_dir, store, config, sink)

@@ -30,7 +30,7 @@ import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from lightqueue import codec
 from lightqueue.db import LIGHTQUEUE_DIR, Queue, QueueDB
@@ -46,6 +46,9 @@ from lightqueue.keys import (
     meta_key,
 )
 from lightqueue.topic_trie import FilterTrie
+
+if TYPE_CHECKING:
+    from store import Store
 
 log = logging.getLogger("lightgate.lightqueue.rebuild")
 
@@ -106,7 +109,7 @@ def _gate_filters(qdb: QueueDB, trie: FilterTrie[Queue]) -> None:
 
 
 def _spans(
-    store: Any, limit: dict[tuple[str, int], int] | None
+    store: Store, limit: dict[tuple[str, int], int] | None
 ) -> dict[tuple[str, int], tuple[int, int]]:
     """(log start, end) of every partition this pass reads."""
     out = {}
@@ -154,7 +157,7 @@ def _write_metas(qdb: QueueDB, old_meta: dict[str, tuple[int, int, int, int]],
     wb.write()
 
 
-def rebuild_sync(data_dir: Path, store: Any,
+def rebuild_sync(data_dir: Path, store: Store,
                  progress: Callable[[RebuildProgress], None] | None = None,
                  batch_records: int = 100_000) -> RebuildStats:  # fmt: skip
     """The rebuild on an open store (event-loop thread, nothing else dispatching)."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lightqueue.dispatcher import mqtt_topic_of
 from lightqueue.model import Position, StoredMessage
@@ -26,6 +26,9 @@ from store.record_batch import (
     iter_batches,
     iter_records,
 )
+
+if TYPE_CHECKING:
+    from store import Store
 
 try:  # see dispatcher.py: the Cython reader, without the per-record NamedTuple re-wrap
     from aiokafka.record._crecords import DefaultRecordBatch as _CReader
@@ -41,7 +44,7 @@ _MAX_READ = 1 << 20
 class Resolver:
     """Event-loop-only; `Store.read` is synchronous page-cache I/O."""
 
-    def __init__(self, store: Any, cache_records: int = 100_000) -> None:
+    def __init__(self, store: Store, cache_records: int = 100_000) -> None:
         self.store = store
         self._cache: OrderedDict[tuple[str, int, int], Any] = OrderedDict()
         self._max = cache_records

@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from store.latency import LatencyHistogram
 from store.mapping import is_valid_log_topic
@@ -32,6 +32,9 @@ from .protocol import Request
 from .txn import TransactionCoordinator
 
 __all__ = ["Broker", "ConnInfo"]
+
+if TYPE_CHECKING:
+    from store.store import Store
 
 log = logging.getLogger("lightgate.kafka")
 
@@ -90,7 +93,7 @@ class Broker:
 
     def __init__(
         self,
-        store: Any,
+        store: Store,
         config: KafkaConfig,
         state_dir: Path,
         security: SecurityView | None = None,

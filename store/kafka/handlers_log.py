@@ -84,7 +84,7 @@ async def metadata(b: Broker, req: Request, conn: ConnInfo) -> Any:
     want_ops = getattr(body, "include_topic_authorized_operations", False)
     known = b.store.topics()
     if body.topics is None or (v == 0 and not body.topics):  # all topics: those it may see
-        names = [
+        names: list[str | None] = [
             n for n in sorted(known) if b.authorized(conn, req.client_id, n, "describe", False)
         ]
     else:  # v10+ may name a topic by id only

@@ -32,7 +32,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from store.connlog import ConnLog
 
@@ -61,6 +61,9 @@ from .sasl import SASL_AUTHENTICATE, SASL_HANDSHAKE, SaslSession, State, Verdict
 
 __all__ = ["KafkaServer"]
 
+if TYPE_CHECKING:
+    from store.store import Store
+
 log = logging.getLogger("lightgate.kafka")
 
 PRODUCE = 0
@@ -72,7 +75,7 @@ class KafkaServer:
 
     def __init__(
         self,
-        store: Any,
+        store: Store,
         host: str = "127.0.0.1",
         port: int = 9092,
         config: KafkaConfig | None = None,

@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode as E
 
@@ -54,6 +54,9 @@ from .offsets import CommittedOffset, OffsetStore
 from .producers import ProducerStateManager
 
 __all__ = ["TransactionCoordinator", "TxnState", "control_batch"]
+
+if TYPE_CHECKING:
+    from store.store import Store
 
 log = logging.getLogger("lightgate.kafka.txn")
 
@@ -105,7 +108,7 @@ class TransactionCoordinator:
     def __init__(
         self,
         directory: Path,
-        store: Any,
+        store: Store,
         producers: ProducerStateManager,
         offsets: OffsetStore,
         note_durable: Callable[[str, int, asyncio.Future[None]], None],
