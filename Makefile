@@ -50,4 +50,6 @@ bench-mqtt: $(STAMP)
 	bash bench/mqtt_baseline.sh $(ARGS)
 
 clean:
-	rm -rf $(VENV) data analytics .pytest_cache
+	rm -rf $(VENV) data analytics .pytest_cache build
+	# what `pip install -e .` compiled in place (setup.py)
+	rm -f store/*.so mqtt_proxy/codec/*.so store/_speedups.c mqtt_proxy/codec/_cparser.c

@@ -138,7 +138,7 @@ class ProcessBroker:
     in_process = False
     server = None
 
-    def __init__(self, data_dir: Path, split: bool = False) -> None:
+    def __init__(self, data_dir: Path, split: bool = False, pure: bool = False) -> None:
         from gateway_process import GatewayProcess
 
         _, self.cert = make_tls_context(data_dir.parent)
@@ -149,7 +149,13 @@ class ProcessBroker:
         self.gw = GatewayProcess(
             data_dir,
             ["--mqtts-port", "0", "--set", "sys_interval_s=1", *mode],
-            {"LIGHTGATE_TLS_CERT": str(self.cert), "LIGHTGATE_TLS_KEY": str(key)},
+            {
+                "LIGHTGATE_TLS_CERT": str(self.cert),
+                "LIGHTGATE_TLS_KEY": str(key),
+                # "pure": the compiled hot loops off (store/speedups.py), in the modules that
+                # conftest.BOTH_IMPLS runs against both implementations
+                **({"LIGHTGATE_NO_EXTENSIONS": "1"} if pure else {}),
+            },
         )
         self.port = self.ws_port = self.tls_port = 0
 
@@ -231,6 +237,8 @@ def broker(
         b = InProcessBroker(tmp_path / "data", {}).start()
     elif request.param == "split":
         b = ProcessBroker(tmp_path / "data", split=True).start()
+    elif request.param == "pure":  # only where conftest.BOTH_IMPLS asks for it
+        b = ProcessBroker(tmp_path / "data", pure=True).start()
     else:
         b = ProcessBroker(tmp_path / "data").start()
     try:
