@@ -157,11 +157,17 @@ class MqttConnection(asyncio.Protocol):
 
     def _handle(self, packets: list[Any], _Publish: type = Publish) -> bool:
         """Act on `packets` in order; True if one was a PUBLISH."""
+        rate = self.rate
+        if rate is None and not self.closed and all(type(p) is _Publish for p in packets):
+            # A chunk of PUBLISHes only (fan-in): one call for all of them.
+            if packets:
+                handlers.handle_publishes(self, packets)
+                return True
+            return False
         on_publish = handlers.handle_publish
         dispatch = handlers.DISPATCH
         published = False
         p: Any
-        rate = self.rate
         for i, p in enumerate(packets):
             if self.closed:
                 return published
