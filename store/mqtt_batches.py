@@ -41,14 +41,17 @@ def build_mqtt_batches(
     """
     groups: dict[Any, list[int]] = {}
     keys: list[bytes] = []
+    seen: dict[str, tuple[bytes, list[int]]] = {}  # topic -> (key, its partition's indexes)
     for i, m in enumerate(messages):
-        slot, key = route(m.topic)
-        keys.append(key)
-        g = groups.get(slot)
-        if g is None:
-            groups[slot] = [i]
-        else:
-            g.append(i)
+        e = seen.get(m.topic)
+        if e is None:  # route once per topic and call (devices repeat their topics)
+            slot, key = route(m.topic)
+            g = groups.get(slot)
+            if g is None:
+                g = groups[slot] = []
+            e = seen[m.topic] = (key, g)
+        keys.append(e[0])
+        e[1].append(i)
     out: list[tuple[Any, bytes | bytearray, int, int, list[int]]] = []
     cids: dict[str, bytes] = {}
     build = _build_records if _build_records is not None else _build_records_py
