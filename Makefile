@@ -49,5 +49,7 @@ bench: $(STAMP)
 bench-mqtt: $(STAMP)
 	bash bench/mqtt_baseline.sh $(ARGS)
 
+# clean also removes what `pip install -e .` compiled in place (setup.py: the Cython modules).
 clean:
-	rm -rf $(VENV) data analytics .pytest_cache
+	rm -rf $(VENV) data analytics .pytest_cache build
+	rm -f store/*.so mqtt_proxy/codec/*.so store/_speedups.c mqtt_proxy/codec/_cparser.c

@@ -166,10 +166,16 @@ class MqttConnection(asyncio.Protocol):
 
     def _handle(self, packets: list[Packet], _Publish: type[Publish] = Publish) -> bool:
         """Act on `packets` in order; True if one was a PUBLISH."""
+        rate = self.rate
+        if rate is None and not self.closed and all(type(p) is _Publish for p in packets):
+            # A chunk of PUBLISHes only (fan-in): one call for all of them.
+            if packets:
+                handlers.handle_publishes(self, packets)  # type: ignore[arg-type]  # all Publish
+                return True
+            return False
         on_publish = handlers.handle_publish
         dispatch = handlers.DISPATCH
         published = False
-        rate = self.rate
         for i, p in enumerate(packets):
             if self.closed:
                 return published

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import secrets
 from collections.abc import Callable
+from time import time as _time
 from typing import TYPE_CHECKING, Any
 
 from mqtt_proxy.codec import (
@@ -40,6 +41,7 @@ from mqtt_proxy.session import Will
 from mqtt_proxy.subscriptions import FilterError, FilterSpec, parse_filter
 from mqtt_proxy.topic_aliases import OutAliases
 from store.auth import ConnectVerdict
+from store.mapping import MqttMessage
 
 if TYPE_CHECKING:
     from mqtt_proxy.connection import MqttConnection
@@ -314,6 +316,43 @@ def handle_publish(conn: MqttConnection, p: Publish) -> None:
         server.inbound.add(msg, conn, pid, qos)
     else:
         server.inbound.add(msg)
+
+
+def handle_publishes(conn: MqttConnection, packets: list[Publish]) -> None:
+    """A read chunk's PUBLISHes (no other packet among them), in order: one call per chunk.
+
+    The common case of fan-in (QoS 0/1, not retained, no properties, not `$`, no ACL or hook) is done
+    here in one loop: one receive timestamp for the chunk, the messages handed to `Inbound` in
+    one call. Any other PUBLISH goes through `handle_publish`, in its place in the order."""
+    server = conn.server
+    if conn.acl is not None or server.authorize_publish is not None:
+        for p in packets:  # per-topic decisions: the general path
+            if conn.closed:
+                return
+            handle_publish(conn, p)
+        return
+    inbound = server.inbound
+    cid = conn.client_id
+    now_ms = int(_time() * 1000)  # read together: received together
+    msgs: list[MqttMessage] = []
+    acks: list[int] = []  # packet id per message, 0 for QoS 0
+    EMPTY = EMPTY_PROPERTIES
+    for p in packets:
+        topic, payload, qos, retain, _dup, pid, props = p
+        if qos == 2 or retain or props is not EMPTY or topic[0] == "$":
+            if msgs:
+                server.counters["messages_received"] += len(msgs)
+                inbound.add_many(msgs, conn, acks)
+                msgs, acks = [], []
+            if conn.closed:
+                return
+            handle_publish(conn, p)
+            continue
+        msgs.append(MqttMessage(topic, payload, qos, cid, retain, None, now_ms))
+        acks.append(pid)
+    if msgs:
+        server.counters["messages_received"] += len(msgs)
+        inbound.add_many(msgs, conn, acks)
 
 
 def _on_puback(conn: MqttConnection, p: Puback) -> None:

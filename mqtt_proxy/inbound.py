@@ -91,6 +91,22 @@ class Inbound:
             self._scheduled = True
             self._loop.call_soon(self.flush)
 
+    def add_many(self, msgs: list[MqttMessage], conn: MqttConnection, pids: list[int]) -> None:
+        """`add` for one read chunk of `conn`: `pids[i]` is message i's QoS 1 packet id (PUBACK
+        when durable), 0 for QoS 0. Not retained, not QoS 2 (those go through `add`)."""
+        mine = self._msgs
+        mine += msgs
+        if not self.throttled and len(mine) >= TICK_MAX:
+            self.throttled = True  # as in `add`: this tick alone read enough
+            self._loop.call_later(0.001, self._check_lag)
+        acks = self._acks
+        for pid in pids:
+            if pid:
+                acks.append((conn, pid, PUBACK))
+        if not self._scheduled:
+            self._scheduled = True
+            self._loop.call_soon(self.flush)
+
     def flush(self) -> None:
         self._scheduled = False
         msgs = self._msgs

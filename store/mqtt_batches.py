@@ -17,6 +17,10 @@ from typing import Any
 
 from store.mapping import MqttMessage, headers_for
 from store.record_batch import _CBuilder, build_batch
+from store.speedups import load
+
+_c = load("store._speedups")
+_build_records = None if _c is None else _c.build_records
 
 MQTT_BATCH_BYTES = 1 << 20  # an MQTT append is cut into batches of about this many bytes
 
@@ -37,46 +41,65 @@ def build_mqtt_batches(
     """
     groups: dict[Any, list[int]] = {}
     keys: list[bytes] = []
+    seen: dict[str, tuple[bytes, list[int]]] = {}  # topic -> (key, its partition's indexes)
     for i, m in enumerate(messages):
-        slot, key = route(m.topic)
-        keys.append(key)
-        g = groups.get(slot)
-        if g is None:
-            groups[slot] = [i]
-        else:
-            g.append(i)
+        e = seen.get(m.topic)
+        if e is None:  # route once per topic and call (devices repeat their topics)
+            slot, key = route(m.topic)
+            g = groups.get(slot)
+            if g is None:
+                g = groups[slot] = []
+            e = seen[m.topic] = (key, g)
+        keys.append(e[0])
+        e[1].append(i)
     out: list[tuple[Any, bytes | bytearray, int, int, list[int]]] = []
     cids: dict[str, bytes] = {}
+    build = _build_records if _build_records is not None else _build_records_py
     for slot, idxs in groups.items():
         j0, total = 0, len(idxs)
         while j0 < total:
-            b = _CBuilder(2, 0, 0, -1, -1, -1, 1 << 62) if _CBuilder is not None else None
-            recs = []
-            max_ts, nbytes, j = 0, 0, j0
-            while j < total and nbytes < MQTT_BATCH_BYTES:
-                i = idxs[j]
-                m = messages[i]
-                ts = m.timestamp_ms or now_ms
-                if ts > max_ts:
-                    max_ts = ts
-                if m.properties is None and not m.retain:
-                    cid = cids.get(m.client_id)
-                    if cid is None:
-                        cid = cids[m.client_id] = m.client_id.encode()
-                    hs: list[tuple[str, bytes | None]] = [
-                        ("mqtt.qos", _QOS_B[m.qos]),
-                        ("mqtt.client_id", cid),
-                    ]
-                else:
-                    hs = headers_for(m)
-                key = keys[i]
-                if b is not None:
-                    b.append(j - j0, ts, key, m.payload, hs)
-                else:
-                    recs.append((ts, key, m.payload, hs))
-                nbytes += len(m.payload) + len(key) + 40
-                j += 1
-            buf = b.build() if b is not None else build_batch(recs)
+            buf, j, max_ts = build(messages, idxs, j0, keys, now_ms, cids, MQTT_BATCH_BYTES)
             out.append((slot, buf, j - j0, max_ts, idxs[j0:j]))
             j0 = j
     return out
+
+
+def _build_records_py(
+    messages: Sequence[MqttMessage],
+    idxs: list[int],
+    j0: int,
+    keys: list[bytes],
+    now_ms: int,
+    cids: dict[str, bytes],
+    max_bytes: int,
+) -> tuple[bytes | bytearray, int, int]:
+    """One batch of `messages[idxs[j]]` from j0 while under `max_bytes`: (batch, next j, max
+    timestamp). The reference of `store._speedups.build_records` (same bytes)."""
+    b = _CBuilder(2, 0, 0, -1, -1, -1, 1 << 62) if _CBuilder is not None else None
+    recs = []
+    total = len(idxs)
+    max_ts, nbytes, j = 0, 0, j0
+    while j < total and nbytes < max_bytes:
+        i = idxs[j]
+        m = messages[i]
+        ts = m.timestamp_ms or now_ms
+        if ts > max_ts:
+            max_ts = ts
+        if m.properties is None and not m.retain:
+            cid = cids.get(m.client_id)
+            if cid is None:
+                cid = cids[m.client_id] = m.client_id.encode()
+            hs: list[tuple[str, bytes | None]] = [
+                ("mqtt.qos", _QOS_B[m.qos]),
+                ("mqtt.client_id", cid),
+            ]
+        else:
+            hs = headers_for(m)
+        key = keys[i]
+        if b is not None:
+            b.append(j - j0, ts, key, m.payload, hs)
+        else:
+            recs.append((ts, key, m.payload, hs))
+        nbytes += len(m.payload) + len(key) + 40
+        j += 1
+    return (b.build() if b is not None else build_batch(recs)), j, max_ts

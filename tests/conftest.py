@@ -1,6 +1,7 @@
 """Shared fixtures, found by name (never imported by test files): `gateway` / `gateway_factory`
 (a real `lightgate serve` process), `broker` / `embedded` (the MQTT gateway under test, see
-mqtt_broker.py) and `spark` (one local SparkSession per test process, see spark_helpers.py)."""
+mqtt_broker.py) and `spark` (one local SparkSession per test process, see spark_helpers.py); and
+the modules that run against both implementations of the hot loops (compiled and pure Python)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,71 @@ import pytest
 from gateway_process import GatewayProcess
 from mqtt_broker import InProcessBroker, ProcessBroker, serve_has_mqtt
 from spark_helpers import JAVA_MISSING
+
+# Test modules run against both implementations of the compiled hot loops (store/speedups.py):
+# in-process tests once with the compiled functions and once with their pure-Python twins
+# (`speedups_impl`); tests on the `broker` fixture gain a third gateway, "pure", started with
+# LIGHTGATE_NO_EXTENSIONS=1 (next to "serve" and "split", which use the compiled modules).
+BOTH_IMPLS = {
+    "test_mqtt_codec_connection",
+    "test_mqtt_codec_errors",
+    "test_mqtt_codec_golden",
+    "test_mqtt_codec_roundtrip",
+    "test_mqtt_pubsub",
+    "test_mqtt_clients",
+    "test_lightqueue_dispatch",
+    "test_store_record_batch",
+}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if metafunc.module.__name__.rsplit(".", 1)[-1] not in BOTH_IMPLS:
+        return
+    if "broker" in metafunc.fixturenames:
+        # As a marker, so it replaces the fixture's own params instead of adding to them.
+        mark = pytest.mark.parametrize("broker", ["serve", "split", "pure"], indirect=True)
+        metafunc.definition.add_marker(mark)
+    else:
+        metafunc.parametrize("speedups_impl", ["compiled", "python"], indirect=True, scope="module")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def speedups_impl(request: pytest.FixtureRequest) -> Iterator[str | None]:
+    """In BOTH_IMPLS modules: "compiled" (fails when the extensions are missing on a machine
+    that can build them) or "python" (the twins patched in); elsewhere None (as imported)."""
+    impl = getattr(request, "param", None)
+    if impl is None:
+        yield None
+        return
+    import lightqueue.dispatcher as dispatcher
+    import mqtt_proxy.codec.parser as parser
+    import store.mqtt_batches as mqtt_batches
+
+    if impl == "compiled":
+        require_extensions()
+        yield impl
+        return
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(parser, "_cwalk", None)
+        mp.setattr(mqtt_batches, "_build_records", None)
+        mp.setattr(dispatcher, "_index_batch", dispatcher._index_batch_py)
+        yield impl
+
+
+def require_extensions() -> None:
+    """The compiled modules must be in use unless this machine cannot build them (no C
+    compiler) or they are turned off: a build that silently fell back to Python fails here."""
+    from store.speedups import DISABLED, status
+
+    if DISABLED:
+        pytest.skip("LIGHTGATE_NO_EXTENSIONS is set: the pure-Python path only")
+    missing = [name for name, ok in status().items() if not ok]
+    if missing and not shutil.which(os.environ.get("CC", "gcc")):
+        pytest.skip(f"no C compiler: {missing} not built")
+    assert not missing, (
+        f"compiled modules not built or not importable: {missing} (pip install -e .)"
+    )
 
 
 @pytest.fixture
@@ -52,6 +118,8 @@ def broker(
         b = InProcessBroker(tmp_path / "data", {}).start()
     elif request.param == "split":
         b = ProcessBroker(tmp_path / "data", split=True).start()
+    elif request.param == "pure":  # only where BOTH_IMPLS asks for it
+        b = ProcessBroker(tmp_path / "data", pure=True).start()
     else:
         b = ProcessBroker(tmp_path / "data").start()
     try:

@@ -135,7 +135,7 @@ class ProcessBroker:
     in_process = False
     server = None
 
-    def __init__(self, data_dir: Path, split: bool = False) -> None:
+    def __init__(self, data_dir: Path, split: bool = False, pure: bool = False) -> None:
         from gateway_process import GatewayProcess
 
         _, self.cert = make_tls_context(data_dir.parent)
@@ -146,7 +146,13 @@ class ProcessBroker:
         self.gw = GatewayProcess(
             data_dir,
             ["--mqtts-port", "0", "--set", "sys_interval_s=1", *mode],
-            {"LIGHTGATE_TLS_CERT": str(self.cert), "LIGHTGATE_TLS_KEY": str(key)},
+            {
+                "LIGHTGATE_TLS_CERT": str(self.cert),
+                "LIGHTGATE_TLS_KEY": str(key),
+                # "pure": the compiled hot loops off (store/speedups.py), in the modules that
+                # conftest.BOTH_IMPLS runs against both implementations
+                **({"LIGHTGATE_NO_EXTENSIONS": "1"} if pure else {}),
+            },
         )
         self.port = self.ws_port = self.tls_port = 0
 

@@ -179,9 +179,16 @@ class Connection:
         return self._receive_all(packets)
 
     def _receive_all(self, packets: list[Any], _Publish: Any = Publish) -> list[Packet]:
+        v5 = self.version == 5
+        if not v5 and self.state is CONNECTED:
+            # A v3 chunk of PUBLISHes only (fan-in) needs no state or bookkeeping: as it is.
+            for p in packets:
+                if type(p) is not _Publish:
+                    break
+            else:
+                return packets
         out: list[Packet] = []
         append = out.append
-        v5 = self.version == 5
         n = len(packets)
         try:
             for i, p in enumerate(packets):

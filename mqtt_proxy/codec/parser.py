@@ -30,6 +30,10 @@ shared VM, 64-byte QoS 0 PUBLISH in 64 KiB chunks, best of 7; the VM is noisy, +
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from store.speedups import load
+
 from ._decode import DECODERS, REQUIRED_FLAGS
 from ._wire import check_str
 from .errors import RemoteProtocolError
@@ -124,7 +128,7 @@ class Parser:
             buf = data
         out: list[Packet] = []
         try:
-            pos = self._walk(buf, out)
+            pos = self._walk(buf, out) if _cwalk is None else _cwalk(self, buf, out)
         except RemoteProtocolError as e:
             e.packets = list(out)
             if e.protocol_level is None:
@@ -250,3 +254,11 @@ class Parser:
                 append(pkt)
             pos = end
         return pos
+
+
+# The compiled walk (_cparser.pyx, built at install), unless absent or disabled: the same
+# packets and errors as `_walk`, which stays the reference (the codec tests run both).
+_cparser = load("mqtt_proxy.codec._cparser")
+_cwalk: Callable[[Parser, bytes, list[Packet]], int] | None = (
+    None if _cparser is None else _cparser.walk
+)

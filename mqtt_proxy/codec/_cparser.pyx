@@ -1,0 +1,134 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""Compiled `Parser._walk` (parser.py): the same walk, with C integers and byte reads.
+
+Built at install time when a C compiler is there (setup.py); `parser.py` uses it unless
+`LIGHTGATE_NO_EXTENSIONS=1`. Behaviour, errors and messages are those of `Parser._walk`, which
+stays the reference: the codec tests run against both (tests/conftest.py, `codec_impl`).
+"""
+
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
+
+from ._decode import DECODERS, REQUIRED_FLAGS
+from .errors import RemoteProtocolError as _E
+from .packets import Publish
+from .parser import _TOPICS_LAX, _TOPICS_STRICT, _topic
+from .properties import EMPTY_PROPERTIES, decode_properties
+
+cdef object _tnew = tuple.__new__
+cdef object _Publish = Publish
+cdef object _EMPTY = EMPTY_PROPERTIES
+cdef dict _decoders = DECODERS
+cdef object _flags_for = REQUIRED_FLAGS
+cdef dict _strict_cache = _TOPICS_STRICT
+cdef dict _lax_cache = _TOPICS_LAX
+cdef object _T = True
+cdef object _F = False
+
+
+def walk(object parser, bytes buf, list out):
+    """Walk `buf`, appending packets to `out`; return the index of the unparsed tail."""
+    cdef const unsigned char* b = <const unsigned char*>PyBytes_AS_STRING(buf)
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(buf), pos = 0, s, end, i, p, rl, shift, maxsize
+    cdef unsigned int b0, x, t, qos, pid
+    cdef object version = parser.version
+    cdef int ver = -1 if version is None else <int>version
+    maxsize = parser.max_packet_size
+    cdef bint strict = parser.strict_utf8
+    cdef dict cache = _strict_cache if strict else _lax_cache
+    cdef object topic, tb, props, pkt, decode
+    while n - pos >= 2:
+        b0 = b[pos]
+        rl = b[pos + 1]
+        if rl < 0x80:
+            s = pos + 2
+        else:
+            rl &= 0x7F
+            i = pos + 2
+            shift = 7
+            while True:
+                if i >= n:
+                    return pos  # varint incomplete
+                x = b[i]
+                rl |= (<Py_ssize_t>(x & 0x7F)) << shift
+                i += 1
+                if not x & 0x80:
+                    if not x:
+                        raise _E("remaining length not minimally encoded")
+                    break
+                if i - pos >= 5:
+                    raise _E("remaining length longer than 4 bytes")
+                shift += 7
+            s = i
+        end = s + rl
+        if end - pos > maxsize:
+            raise _E(f"packet of {end - pos} bytes > maximum packet size {maxsize}", 0x95)
+        if end > n:
+            if end - pos > 65536:  # large and incomplete: gather chunks, join once
+                parser._need = end - pos
+            return pos
+        t = b0 >> 4
+        if t == 3:
+            if ver < 0:
+                raise _E("PUBLISH before CONNECT", 0x82)
+            qos = (b0 >> 1) & 3
+            if s + 2 > end:
+                raise _E("PUBLISH ends before the topic name")
+            p = s + 2 + ((b[s] << 8) | b[s + 1])
+            if p > end:
+                raise _E("PUBLISH topic runs past the end of the packet")
+            tb = buf[s + 2 : p]
+            topic = cache.get(tb)
+            if topic is None:
+                if p > s + 2:
+                    topic = _topic(tb, strict)
+                elif ver == 5:
+                    topic = ""
+                else:
+                    raise _E("empty topic name", 0x90)
+            if qos:
+                if qos == 3:
+                    raise _E("PUBLISH QoS 3 [MQTT-3.3.1-4]")
+                if p + 2 > end:
+                    raise _E("PUBLISH ends before the packet id")
+                pid = (b[p] << 8) | b[p + 1]
+                if not pid:
+                    raise _E("PUBLISH packet id 0 [MQTT-2.2.1-3]")
+                p += 2
+            else:
+                pid = 0
+                if b0 & 8:
+                    raise _E("DUP set on a QoS 0 PUBLISH [MQTT-3.3.1-2]")
+            if ver == 5:
+                if p < end and not b[p]:  # empty property block, the common case
+                    props = _EMPTY
+                    p += 1
+                else:
+                    props, p = decode_properties(buf, p, end, 3, strict)
+                if not topic and props.topic_alias is None:
+                    raise _E("empty topic name without topic alias", 0x82)
+            else:
+                props = _EMPTY
+            out.append(
+                _tnew(
+                    _Publish,
+                    (topic, buf[p:end], qos, _T if b0 & 1 else _F, _T if b0 & 8 else _F, pid,
+                     props),
+                )
+            )
+        else:
+            decode = _decoders.get(t)
+            if decode is None or (t == 15 and ver != 5):
+                raise _E(f"reserved packet type {t}")
+            if b0 & 0x0F != _flags_for[t]:
+                raise _E(f"reserved flags 0x{b0 & 0x0F:X} on packet type {t} [MQTT-2.2.2-2]")
+            if ver < 0:
+                if t != 1:
+                    raise _E(f"packet type {t} before CONNECT", 0x82)
+                pkt = decode(b0, buf, s, end, 0, strict)
+                version = parser.version = pkt.protocol_level
+                ver = <int>version
+            else:
+                pkt = decode(b0, buf, s, end, ver, strict)
+            out.append(pkt)
+        pos = end
+    return pos

@@ -1,0 +1,303 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""Compiled hot loops of the store side of MQTT fan-in (the pure-Python twins are the reference).
+
+Built at install time (setup.py, optional: a machine without a C compiler gets the pure-Python
+path); `LIGHTGATE_NO_EXTENSIONS=1` makes `store.speedups.load` ignore it. Each function here has
+a pure-Python twin with the same signature and results, and the tests run both:
+
+* `build_records` - `store.mqtt_batches._build_records_py`: one uncompressed RecordBatch v2 of
+  MQTT messages (the bytes aiokafka's builder and `record_batch.build_batch` write);
+* `index_batch` - `lightqueue.dispatcher._index_batch_py`: the dispatcher's per-record loop over
+  one uncompressed batch (offset and key only; values and headers are skipped, not decoded).
+"""
+
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_FromStringAndSize
+from cpython.unicode cimport PyUnicode_AsUTF8String
+from libc.stdint cimport int64_t, uint8_t, uint64_t
+from libc.stdlib cimport free, malloc, realloc
+from libc.string cimport memcpy
+
+import crc32c as _crc32c
+
+from store.mapping import headers_for as _headers_for
+
+cdef object _crc = _crc32c.crc32c
+cdef object _QOS_B = (b"0", b"1", b"2")
+cdef bytes _H_QOS = b"mqtt.qos"
+cdef bytes _H_CID = b"mqtt.client_id"
+
+DEF HEADER_SIZE = 61
+DEF ATTRIBUTES_OFFSET = 21
+
+
+# --- varints (zig-zag, as Kafka's records) ----------------------------------------------------
+
+cdef inline Py_ssize_t _vsize(int64_t value) noexcept:
+    cdef uint64_t v = <uint64_t>((value << 1) ^ (value >> 63))
+    cdef Py_ssize_t n = 1
+    while v >= 0x80:
+        v >>= 7
+        n += 1
+    return n
+
+
+cdef inline uint8_t* _vput(uint8_t* p, int64_t value) noexcept:
+    cdef uint64_t v = <uint64_t>((value << 1) ^ (value >> 63))
+    while v >= 0x80:
+        p[0] = <uint8_t>((v & 0x7F) | 0x80)
+        p += 1
+        v >>= 7
+    p[0] = <uint8_t>v
+    return p + 1
+
+
+cdef inline int64_t _vget(const uint8_t* b, Py_ssize_t* pos, Py_ssize_t end) except? -1:
+    cdef uint64_t v = 0
+    cdef int shift = 0
+    cdef uint8_t x
+    while True:
+        if pos[0] >= end or shift > 63:
+            raise ValueError("truncated or overlong varint")
+        x = b[pos[0]]
+        pos[0] += 1
+        v |= <uint64_t>(x & 0x7F) << shift
+        if not (x & 0x80):
+            break
+        shift += 7
+    return <int64_t>(v >> 1) ^ -(<int64_t>(v & 1))
+
+
+cdef inline uint8_t* _be(uint8_t* p, uint64_t v, int n) noexcept:
+    cdef int i
+    for i in range(n - 1, -1, -1):
+        p[i] = <uint8_t>(v & 0xFF)
+        v >>= 8
+    return p + n
+
+
+# --- building -----------------------------------------------------------------------------------
+
+cdef inline Py_ssize_t _hsize(list hl):
+    cdef Py_ssize_t body = _vsize(len(hl)), hsz
+    cdef object h
+    for h in hl:
+        hsz = PyBytes_GET_SIZE(h[0])
+        body += _vsize(hsz) + hsz
+        if h[1] is None:
+            body += 1
+        else:
+            hsz = PyBytes_GET_SIZE(h[1])
+            body += _vsize(hsz) + hsz
+    return body
+
+
+cdef inline uint8_t* _bput(uint8_t* p, bytes b) noexcept:
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(b)
+    p = _vput(p, n)
+    memcpy(p, PyBytes_AS_STRING(b), n)
+    return p + n
+
+
+def build_records(object messages, list idxs, Py_ssize_t j0, list keys, int64_t now_ms,
+                  dict cids, Py_ssize_t max_bytes):
+    """Build one batch of `messages[idxs[j]]` for j from j0 while under `max_bytes`.
+
+    Returns (batch bytearray, j after the last message taken, max timestamp). One pass into a
+    growing C buffer; no Python object per record but the ones read from the message."""
+    cdef Py_ssize_t total = len(idxs), j = j0, nbytes = 0, body, cap = 65536, used = HEADER_SIZE
+    cdef Py_ssize_t i, need
+    cdef int64_t ts, first_ts = 0, max_ts = 0, delta, klen, vlen
+    cdef object m, key, payload, cid, h, qb, out, crc
+    cdef list hl
+    cdef uint8_t* buf = <uint8_t*>malloc(cap)
+    cdef uint8_t* p
+    cdef uint8_t* nb
+    if buf == NULL:
+        raise MemoryError()
+    try:
+        while j < total and nbytes < max_bytes:
+            i = idxs[j]
+            m = messages[i]
+            ts = m.timestamp_ms or now_ms
+            if j == j0:
+                first_ts = ts
+            if ts > max_ts:
+                max_ts = ts
+            key = keys[i]
+            payload = m.payload
+            if type(payload) is not bytes:
+                payload = bytes(payload)
+            hl = None
+            if m.properties is None and not m.retain:
+                cid = cids.get(m.client_id)
+                if cid is None:
+                    cid = cids[m.client_id] = PyUnicode_AsUTF8String(m.client_id)
+                qb = _QOS_B[m.qos]
+                # 2 headers: mqtt.qos (8 bytes), mqtt.client_id (14 bytes)
+                need = 1 + 1 + 8 + 1 + 1 + 1 + 14 + _vsize(PyBytes_GET_SIZE(cid))
+                need += PyBytes_GET_SIZE(cid)
+            else:
+                hl = [(PyUnicode_AsUTF8String(h[0]), h[1]) for h in _headers_for(m)]
+                need = _hsize(hl)
+            delta = ts - first_ts
+            klen = -1 if key is None else PyBytes_GET_SIZE(key)
+            vlen = PyBytes_GET_SIZE(payload)
+            body = 1 + _vsize(delta) + _vsize(j - j0) + _vsize(klen) + (klen if klen > 0 else 0)
+            body += _vsize(vlen) + vlen + need
+            if used + body + 10 > cap:
+                while used + body + 10 > cap:
+                    cap *= 2
+                nb = <uint8_t*>realloc(buf, cap)
+                if nb == NULL:
+                    raise MemoryError()
+                buf = nb
+            p = _vput(buf + used, body)
+            p[0] = 0
+            p = _vput(p + 1, delta)
+            p = _vput(p, j - j0)
+            if key is None:
+                p = _vput(p, -1)
+            else:
+                p = _bput(p, key)
+            p = _bput(p, payload)
+            if hl is None:
+                p = _vput(p, 2)
+                p = _bput(p, _H_QOS)
+                p = _bput(p, qb)
+                p = _bput(p, _H_CID)
+                p = _bput(p, cid)
+            else:
+                p = _vput(p, len(hl))
+                for h in hl:
+                    p = _bput(p, h[0])
+                    if h[1] is None:
+                        p = _vput(p, -1)
+                    else:
+                        p = _bput(p, h[1])
+            used = p - buf
+            nbytes += vlen + (klen if klen > 0 else 0) + 40
+            j += 1
+        count = j - j0
+        p = buf
+        p = _be(p, 0, 8)  # base offset
+        p = _be(p, <uint64_t>(used - 12), 4)  # batch length
+        p = _be(p, <uint64_t>-1, 4)  # partition leader epoch
+        p[0] = 2  # magic
+        p += 1
+        p = _be(p, 0, 4)  # crc, below
+        p = _be(p, 0, 2)  # attributes
+        p = _be(p, <uint64_t>(count - 1), 4)  # last offset delta
+        p = _be(p, <uint64_t>first_ts, 8)
+        p = _be(p, <uint64_t>max_ts, 8)
+        p = _be(p, <uint64_t>-1, 8)  # producer id
+        p = _be(p, 0xFFFF, 2)  # producer epoch
+        p = _be(p, <uint64_t>-1, 4)  # base sequence
+        p = _be(p, <uint64_t>count, 4)
+        out = PyByteArray_FromStringAndSize(<char*>buf, used)
+    finally:
+        free(buf)
+    crc = _crc(memoryview(out)[ATTRIBUTES_OFFSET:])
+    _be(<uint8_t*>PyByteArray_AS_STRING(out) + 17, <uint64_t>crc, 4)
+    return out, j, max_ts
+
+
+# --- indexing -----------------------------------------------------------------------------------
+
+cdef inline Py_ssize_t _skip_bytes(const uint8_t* b, Py_ssize_t q, Py_ssize_t end) except -1:
+    """Past one varint-length-prefixed field (-1 = null) that must end by `end`."""
+    cdef int64_t n = _vget(b, &q, end)
+    if n > end - q or n < -1:
+        raise ValueError("record field runs past its record")
+    return q + (n if n > 0 else 0)
+
+
+def index_batch(const uint8_t[::1] data, Py_ssize_t pos, Py_ssize_t size, int64_t base,
+                int64_t c, int64_t end, Py_ssize_t n, Py_ssize_t budget, dict tcache,
+                object targets_for, bytes vpfx, int cut, object put, int64_t stamp,
+                list grown, object gate_key, str t, int p):
+    """Index the records of the uncompressed batch at `data[pos:pos+size]` in [c, end).
+
+    Returns (offset where the budget ran out or -1, records indexed so far). Raises ValueError
+    for records that do not parse (the caller counts the batch as corrupt)."""
+    cdef const uint8_t* b = &data[0]
+    cdef Py_ssize_t bend = pos + size, q0 = pos + HEADER_SIZE, rec_end
+    cdef int64_t count, length, off, klen, i, nh, h
+    cdef object key, targets, q, w, val, gate
+    cdef Py_ssize_t vlen = PyBytes_GET_SIZE(vpfx), olen = 8 - cut
+    cdef uint64_t uoff, nxt
+    cdef bytes kp, kk
+    cdef uint8_t* vp
+    if size < HEADER_SIZE or bend > data.shape[0]:
+        raise ValueError("batch runs past the buffer")
+    count = (<int64_t>b[pos + 57] << 24) | (b[pos + 58] << 16) | (b[pos + 59] << 8) | b[pos + 60]
+    # First walk: every record parses (as the pure path decodes them all before indexing any).
+    for i in range(count):
+        length = _vget(b, &q0, bend)
+        rec_end = q0 + length
+        if length < 1 or rec_end > bend:
+            raise ValueError("record runs past its batch")
+        q0 += 1
+        _vget(b, &q0, rec_end)
+        _vget(b, &q0, rec_end)
+        q0 = _skip_bytes(b, q0, rec_end)  # key
+        q0 = _skip_bytes(b, q0, rec_end)  # value
+        nh = _vget(b, &q0, rec_end)
+        if nh < 0:
+            raise ValueError("negative header count")
+        for h in range(nh):
+            q0 = _skip_bytes(b, q0, rec_end)
+            q0 = _skip_bytes(b, q0, rec_end)
+        if q0 != rec_end:
+            raise ValueError("record length mismatch")
+    q0 = pos + HEADER_SIZE
+    for i in range(count):
+        length = _vget(b, &q0, bend)
+        rec_end = q0 + length
+        if length < 0 or rec_end > bend:
+            raise ValueError("record runs past its batch")
+        q0 += 1  # attributes
+        _vget(b, &q0, rec_end)  # timestamp delta
+        off = base + _vget(b, &q0, rec_end)
+        klen = _vget(b, &q0, rec_end)
+        if klen > rec_end - q0:
+            raise ValueError("record key runs past its record")
+        if off < c:
+            q0 = rec_end
+            continue
+        if off >= end:
+            break
+        if n >= budget:
+            return off, n
+        if klen < 0:
+            key = None
+        else:
+            key = PyBytes_FromStringAndSize(<char*>(b + q0), klen)
+        q0 = rec_end
+        targets = tcache.get(key)
+        if targets is None:
+            targets = tcache[key] = targets_for(key)
+        val = PyBytes_FromStringAndSize(NULL, vlen + olen)
+        vp = <uint8_t*>PyBytes_AS_STRING(val)
+        memcpy(vp, PyBytes_AS_STRING(vpfx), vlen)
+        _be(vp + vlen, <uint64_t>off, <int>olen)
+        for q in targets:
+            if gate_key is not None:
+                gate = q.gate
+                if gate is not None and off < gate.get(gate_key, 0):
+                    continue
+            kp = q.kpfx
+            nxt = q.next
+            kk = PyBytes_FromStringAndSize(NULL, PyBytes_GET_SIZE(kp) + 8)
+            memcpy(PyBytes_AS_STRING(kk), PyBytes_AS_STRING(kp), PyBytes_GET_SIZE(kp))
+            _be(<uint8_t*>PyBytes_AS_STRING(kk) + PyBytes_GET_SIZE(kp), nxt, 8)
+            put(kk, val)
+            w = q.watch
+            if w is not None:
+                w.append((t, p, off))
+            q.next = nxt + 1
+            if q.touched != stamp:
+                q.touched = stamp
+                grown.append(q)
+        n += 1
+    return -1, n
