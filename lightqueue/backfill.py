@@ -33,6 +33,7 @@ from lightqueue.dispatcher import aborted_check, is_system_topic, mqtt_topic_of,
 from lightqueue.keys import P_FILTER, entry_value_prefix, offset_bytes, pack_u64
 from lightqueue.topic_trie import topic_matches
 from store import OffsetOutOfRangeError
+from store.backend import FetchPending
 from store.mapping import escape_level
 from store.record_batch import CONTROL_MASK, HEADER, TRANSACTIONAL_MASK, iter_batches
 
@@ -125,6 +126,9 @@ class Backfill:
                 except OffsetOutOfRangeError:
                     c = max(c, store.log_start_offset(t, p))
                     continue
+                except FetchPending:
+                    waiting = True  # cluster log: fetched meanwhile, the next step reads it
+                    break
                 if not data:
                     break
                 c, k = self._index(t, p, data, c, d, share - n, wb)

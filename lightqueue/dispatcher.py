@@ -53,6 +53,7 @@ from lightqueue.keys import (
 )
 from lightqueue.topic_trie import FilterTrie
 from store import OffsetOutOfRangeError, UnknownTopicOrPartitionError
+from store.backend import FetchPending
 from store.latency import LatencyHistogram
 from store.mapping import mqtt_view
 from store.record_batch import (
@@ -305,6 +306,8 @@ class Dispatcher:
                     if c >= end:
                         break
                     continue
+                except FetchPending:
+                    break  # cluster log: the fetch's append-listener call wakes us again
                 if not data:
                     break
                 c, k = self._index(t, p, data, c, end, share - n, wb, stamp, grown)

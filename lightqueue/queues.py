@@ -390,6 +390,18 @@ class LightQueues:
         except UnknownTopicOrPartitionError:
             return 1 << 62
 
+    @property
+    def remote_reads(self) -> bool:
+        """The log answers reads from memory and the network (store.backend): `prefetch`
+        before `resolve`, or records not fetched yet resolve to None."""
+        return bool(getattr(self.store, "remote_reads", False))
+
+    async def prefetch(self, entries: list[Entry | None]) -> None:
+        """Bring the records of `entries` into memory (cluster log), batched per partition."""
+        missing = self.resolver.uncached(entries)
+        if missing:
+            await self.store.prefetch(missing)
+
     def resolve(self, entries: list[Entry | None]) -> list[StoredMessage | None]:
         """Messages for `entries` (aligned; None for void or deleted records)."""
         return self.resolver.resolve(entries)

@@ -25,6 +25,7 @@ file, then swapped in. If we crash...
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import shutil
 import time
@@ -218,6 +219,12 @@ async def rebuild_queues(data_dir: Path,
     if own:
         store = await Store.open(Path(data_dir), store_config)
     try:
+        if getattr(store, "remote_reads", False):
+            # A cluster log (store.kafka_log) fetches on its event loop: the rebuild runs in a
+            # thread, where its reads wait for their fetches.
+            return await asyncio.to_thread(
+                rebuild_sync, Path(data_dir), store, progress, batch_records
+            )
         return rebuild_sync(Path(data_dir), store, progress, batch_records)
     finally:
         if own:

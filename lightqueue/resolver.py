@@ -16,6 +16,7 @@ from typing import Any
 from lightqueue.dispatcher import mqtt_topic_of
 from lightqueue.model import Entry, StoredMessage
 from store import OffsetOutOfRangeError, UnknownTopicOrPartitionError
+from store.backend import FetchPending
 from store.mapping import H_CLIENT_ID, H_QOS, mqtt_view
 from store.record_batch import (
     COMPRESSION_MASK,
@@ -54,6 +55,11 @@ class Resolver:
             del self._cache[k]
         for tp in [tp for tp in self._avg if tp[0] == topic]:
             del self._avg[tp]
+
+    def uncached(self, entries: list[Entry | None]) -> list[Entry]:
+        """Entries whose records are not decoded here yet (what a cluster log must fetch)."""
+        cache = self._cache
+        return [e for e in entries if e is not None and (e[0], e[1], e[2]) not in cache]
 
     def resolve(self, entries: list[Entry | None]) -> list[StoredMessage | None]:
         """One message per entry (None: void entry, or its record is gone from the log)."""
@@ -125,8 +131,8 @@ class Resolver:
             want = int(min(_MAX_READ, max(_MIN_READ, (offs[j] - o + 1) * avg * 1.2)))
             try:
                 data = self.store.read(t, p, o, want)
-            except (OffsetOutOfRangeError, UnknownTopicOrPartitionError):
-                data = b""
+            except (OffsetOutOfRangeError, UnknownTopicOrPartitionError, FetchPending):
+                data = b""  # FetchPending: a caller that did not `prefetch` (cluster log)
             self.reads += 1
             got = self._decode(t, p, data) if data else 0
             if got:

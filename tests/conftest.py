@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from gateway_process import GatewayProcess
+from tansu import Tansu, start_tansu
 
 
 @pytest.fixture
@@ -30,3 +31,13 @@ def gateway_factory(tmp_path: Path) -> Iterator[Callable[..., GatewayProcess]]:
 @pytest.fixture
 def gateway(gateway_factory: Callable[..., GatewayProcess]) -> GatewayProcess:
     return gateway_factory()
+
+
+@pytest.fixture
+def tansu(tmp_path: Path) -> Iterator[Tansu]:
+    """A real Kafka-compatible cluster (Tansu, memory storage) on a free port, stopped by PID."""
+    t = start_tansu(tmp_path)
+    try:
+        yield t
+    finally:
+        t.stop()
