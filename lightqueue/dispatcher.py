@@ -53,7 +53,7 @@ from lightqueue.keys import (
 )
 from lightqueue.topic_trie import FilterTrie
 from store import OffsetOutOfRangeError, UnknownTopicOrPartitionError
-from store.backend import FetchPending
+from store.backend import FetchPending, LogBackend
 from store.latency import LatencyHistogram
 from store.mapping import mqtt_view
 from store.record_batch import (
@@ -130,7 +130,7 @@ class Dispatcher:
     def __init__(
         self,
         qdb: QueueDB,
-        store: Any,
+        store: LogBackend,
         trie: FilterTrie[Queue],
         sink: EventSink | None = None,
         batch_records: int = 20_000,

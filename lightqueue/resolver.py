@@ -16,7 +16,7 @@ from typing import Any
 from lightqueue.dispatcher import mqtt_topic_of
 from lightqueue.model import Entry, StoredMessage
 from store import OffsetOutOfRangeError, UnknownTopicOrPartitionError
-from store.backend import FetchPending
+from store.backend import FetchPending, LogBackend
 from store.mapping import H_CLIENT_ID, H_QOS, mqtt_view
 from store.record_batch import (
     COMPRESSION_MASK,
@@ -41,7 +41,7 @@ _MAX_READ = 1 << 20
 class Resolver:
     """Event-loop-only; `Store.read` is synchronous page-cache I/O."""
 
-    def __init__(self, store: Any, cache_records: int = 100_000) -> None:
+    def __init__(self, store: LogBackend, cache_records: int = 100_000) -> None:
         self.store = store
         self._cache: OrderedDict[tuple[str, int, int], Any] = OrderedDict()
         self._max = cache_records

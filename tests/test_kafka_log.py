@@ -171,3 +171,43 @@ def test_unreachable_cluster_exits_nonzero_without_ready_line(tmp_path: Path) ->
     assert "ready" not in out.stdout
     assert "retrying" in out.stderr and "cannot reach the Kafka cluster" in out.stderr
     assert time.monotonic() - t0 < 30
+
+
+async def test_reads_for_delivery_batch_by_partition(tmp_path: Path, tansu: Tansu) -> None:
+    """10k records behind a light queue resolve with a handful of fetches, not one each; and
+    the light queues, the dispatcher and the resolver are the local log's, unchanged."""
+    from lightqueue import LightQueues
+    from store import MqttMessage
+    from store.kafka_log import KafkaLog, KafkaLogConfig
+
+    cfg = KafkaLogConfig(tansu.bootstrap, topic_partitions=2, client={"enable_idempotence": False},
+                         connect_timeout_s=10)  # fmt: skip
+    kl = await KafkaLog.open(tmp_path / "d", cfg)
+    lq = LightQueues.open(tmp_path / "d", kl)
+    await lq.start()
+    try:
+        q = lq.acquire_filter("drain/#").queue
+        n = 10_000
+        res = [kl.append_mqtt([MqttMessage(f"drain/{i % 5}", b"x" * 100, 1, "c")
+                               for i in range(j, j + 1000)]) for j in range(0, n, 1000)]  # fmt: skip
+        await asyncio.gather(*(r.durable for r in res))
+        deadline = time.monotonic() + 20
+        while (lq.last_seq(q) or -1) < n - 1 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert lq.last_seq(q) == n - 1
+        kl.cache.__init__(kl.cache.max_bytes)  # as after a restart: nothing in memory
+        fetches0 = kl.fetches
+        got = 0
+        seq = 0
+        while seq < n:
+            r = lq.read(q, seq, 500)
+            await lq.prefetch(r.entries)
+            msgs = lq.resolve(r.entries)
+            assert all(m is not None for m in msgs)
+            got += len(msgs)
+            seq = r.first_seq + len(r.entries)
+        assert got == n
+        assert kl.fetches - fetches0 <= 20, kl.fetches - fetches0
+    finally:
+        await lq.close()
+        await kl.close()
