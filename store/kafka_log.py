@@ -37,13 +37,11 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.client import AIOKafkaClient
-from aiokafka.protocol.fetch import FetchRequest
-from aiokafka.protocol.offset import OffsetRequest
-from aiokafka.structs import TopicPartition
 
 from store.backend import AppendListener, FetchPending, LogBackend
 from store.batch_cache import BatchCache
 from store.cluster_produce import PrebuiltBatch
+from store.cluster_read import by_leader, fetch_raw, list_offsets
 from store.config import StoreError, UnknownTopicOrPartitionError
 from store.latency import LatencyHistogram
 from store.log import OffsetOutOfRangeError
@@ -216,11 +214,8 @@ class KafkaLog:
         self._closed = True
         for t in self._tasks:
             t.cancel()
-        for t in self._tasks:
-            try:
-                await t
-            except (asyncio.CancelledError, Exception):
-                pass
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=5)
         await self._stop_clients()
         if self._lock_fd >= 0:
             release_data_dir_lock(self._lock_fd)
@@ -258,29 +253,10 @@ class KafkaLog:
     async def _list_offsets(
         self, tps: list[tuple[str, int]], ts: int
     ) -> dict[tuple[str, int], int]:
-        """ListOffsets per leader: -1 latest, -2 earliest, else the first offset at/after `ts`
-        (-1 in the answer: none)."""
-        out: dict[tuple[str, int], int] = {}
-        for node, items in self._by_leader(tps).items():
-            topics: dict[str, list[tuple[int, int]]] = {}
-            for t, p in items:
-                topics.setdefault(t, []).append((p, ts))
-            resp = await self._client.send(node, OffsetRequest(-1, 0, list(topics.items())))
-            for t, parts in resp.topics:
-                for p, err, *info in parts:
-                    if err == 0:
-                        out[(t, p)] = info[-1]
-        return out
+        return await list_offsets(self._client, tps, ts)
 
     def _by_leader(self, tps: Any) -> dict[int, list[tuple[str, int]]]:
-        cluster = self._client.cluster
-        out: dict[int, list[tuple[str, int]]] = {}
-        for t, p in tps:
-            node = cluster.leader_for_partition(TopicPartition(t, p))
-            if node is None or node < 0:
-                continue
-            out.setdefault(node, []).append((t, p))
-        return out
+        return by_leader(self._client, tps)
 
     def topics(self) -> dict[str, int]:
         return dict(self._counts)
@@ -351,7 +327,7 @@ class KafkaLog:
 
     async def _sender(self) -> None:
         """Hand queued appends to the producer in call order (one build for all that queued)."""
-        while True:
+        while not self._closed:
             await self._send_wake.wait()
             self._send_wake.clear()
             while self._queue:
@@ -523,10 +499,13 @@ class KafkaLog:
     async def _fetcher(self) -> None:
         """Fetch what readers missed; when nobody asked for `poll_ms`, poll every tail."""
         poll = self.config.poll_ms / 1000
-        while True:
+        while not self._closed:
             if not self._wanted:
+                # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancel that
+                # lands as the event fires, and then close() waited for this task forever.
                 try:
-                    await asyncio.wait_for(self._kick.wait(), poll)
+                    async with asyncio.timeout(poll):
+                        await self._kick.wait()
                 except TimeoutError:
                     pass
             self._kick.clear()
@@ -555,46 +534,36 @@ class KafkaLog:
     async def _fetch_node(
         self, node: int, wanted: dict[tuple[str, int], int], tail: bool, keep: bool = True
     ) -> dict[tuple[str, int], bytes]:
-        fb = self.config.fetch_bytes
-        topics: dict[str, list[tuple[int, int, int]]] = {}
-        for (t, p), o in wanted.items():
-            topics.setdefault(t, []).append((p, o, fb))
         self.fetches += 1
-        # max_wait 1 ms, not 0: Tansu answers max_wait 0 with no partitions at all (Kafka
-        # answers with what it has); it never wakes a waiting fetch early, so no long polls.
-        resp = await self._client.send(
-            node, FetchRequest(1, 1, fb * len(wanted), 0, list(topics.items()))
-        )
+        v, parts = await fetch_raw(self._client, node, wanted, self.config.fetch_bytes)
         out: dict[tuple[str, int], bytes] = {}
-        v = resp.API_VERSION
-        for t, parts in resp.topics:
-            for part in parts:
-                p, err, hw = part[0], part[1], part[2]
-                tp = (t, p)
-                if tp not in self._hwm:
-                    continue
-                changed = False
-                if err == ERR_OFFSET_OUT_OF_RANGE:
-                    starts = await self._list_offsets([tp], -2)
-                    if tp in starts and starts[tp] != self._start[tp]:
-                        self._start[tp] = starts[tp]
-                        changed = True
-                elif err:
-                    log.warning("fetch %s-%d: error %d", t, p, err)
-                    continue
-                if v >= 5 and part[4] >= 0 and part[4] > self._start[tp]:
-                    self._start[tp] = part[4]
-                    self.cache.drop_below(t, p, part[4])
+        for t, part in parts:
+            p, err, hw = part[0], part[1], part[2]
+            tp = (t, p)
+            if tp not in self._hwm:
+                continue
+            changed = False
+            if err == ERR_OFFSET_OUT_OF_RANGE:
+                starts = await self._list_offsets([tp], -2)
+                if tp in starts and starts[tp] != self._start[tp]:
+                    self._start[tp] = starts[tp]
                     changed = True
-                if hw > self._hwm[tp]:
-                    self._hwm[tp] = hw
-                    changed = True
-                data = part[-1] or b""
-                out[tp] = data
-                if data and keep and self.cache.insert(t, p, data) >= 0:
-                    changed = changed or not tail
-                if changed:
-                    self._fire(tp)
+            elif err:
+                log.warning("fetch %s-%d: error %d", t, p, err)
+                continue
+            if v >= 5 and part[4] >= 0 and part[4] > self._start[tp]:
+                self._start[tp] = part[4]
+                self.cache.drop_below(t, p, part[4])
+                changed = True
+            if hw > self._hwm[tp]:
+                self._hwm[tp] = hw
+                changed = True
+            data = part[-1] or b""
+            out[tp] = data
+            if data and keep and self.cache.insert(t, p, data) >= 0:
+                changed = changed or not tail
+            if changed:
+                self._fire(tp)
         return out
 
     async def _fetch_one(self, tp: tuple[str, int], offset: int, keep: bool) -> bytes:
