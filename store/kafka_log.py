@@ -484,6 +484,16 @@ class KafkaLog:
             out[t] = (0, out.get(t, (0, 0))[1] + h - self._start[(t, _p)])
         return out
 
+    def stats(self) -> dict[str, int]:
+        """For /metrics: Fetch requests sent, the batch cache's bytes, hits and misses."""
+        c = self.cache
+        return {
+            "kafka_log_fetches": self.fetches,
+            "kafka_log_cache_bytes": c.bytes,
+            "kafka_log_cache_hits": c.hits,
+            "kafka_log_cache_misses": c.misses,
+        }
+
     def _fire(self, tp: tuple[str, int]) -> None:
         for cb in list(self._listeners):
             cb(tp[0], tp[1], self._hwm[tp])

@@ -48,7 +48,9 @@ def test_batch_read_from_the_cluster(spark, tansu: Tansu, tmp_path: Path) -> Non
     )
     rows = df.collect()
     assert len(rows) == 31
-    mqtt = sorted((r.mqtt_topic, r.client_id, r.qos, int(r.value)) for r in rows if r.value != b"raw")
+    mqtt = sorted(
+        (r.mqtt_topic, r.client_id, r.qos, int(r.value)) for r in rows if r.value != b"raw"
+    )
     assert mqtt == sorted((f"sensors/dev{i % 3}/t", f"dev{i % 3}", i % 3, i) for i in range(30))
     (raw,) = [r for r in rows if r.value == b"raw"]
     assert (raw.topic, raw.partition, raw.key) == ("sensors", 0, b"k1")
