@@ -55,7 +55,7 @@ from lightqueue.topic_trie import FilterTrie
 from store import OffsetOutOfRangeError, UnknownTopicOrPartitionError
 from store.backend import FetchPending, LogBackend
 from store.latency import LatencyHistogram
-from store.mapping import mqtt_view
+from store.mapping import H_RETAIN, mqtt_view
 from store.record_batch import (
     COMPRESSION_MASK,
     CONTROL_MASK,
@@ -141,6 +141,7 @@ class Dispatcher:
         self.trie = trie
         self.sink = sink
         self.watch_sink: WatchSink | None = None
+        self.retained: Any = None  # RetainedStore to derive retained messages into (cluster log)
         self.batch_records = batch_records
         self.read_bytes = read_bytes
         self.hwm: dict[tuple[str, int], int] = {}
@@ -386,6 +387,7 @@ class Dispatcher:
         pack = pack_u64
         n = 0
         gated = self.gated
+        derive = self.retained
         aborted = aborted_check(self.store)
         for pos, size in iter_batches(data):
             h = HEADER.unpack_from(data, pos)
@@ -420,6 +422,11 @@ class Dispatcher:
                     self.records += n
                     return off, n
                 key = r.key
+                if derive is not None and r.headers:
+                    for h in r.headers:
+                        if h[0] == H_RETAIN:
+                            self._retain(derive, t, p, r)
+                            break
                 targets = tcache.get(key)
                 if targets is None:
                     targets = tcache[key] = self._targets_for(t, key, wb)
@@ -439,6 +446,15 @@ class Dispatcher:
             c = min(last + 1, end)
         self.records += n
         return c, n
+
+    @staticmethod
+    def _retain(retained: Any, t: str, p: int, r: Any) -> None:
+        """A record published with MQTT's retain flag: it is now the topic's retained message
+        (an empty payload clears it), wherever on the cluster it was published."""
+        v = mqtt_view(t, r.key, list(r.headers))
+        if v.retain:
+            retained.set(v.topic, r.value or b"", v.qos, v.client_id, v.properties, r.timestamp,
+                         (t, p, r.offset))  # fmt: skip
 
     def _targets_for(self, t: str, key: bytes | None, wb: Any) -> tuple[Queue, ...]:
         topic = mqtt_topic_of(t, key)

@@ -97,6 +97,10 @@ class LightQueues:
         self.resolver = Resolver(store, config.resolve_cache_records)
         self.sessions = SessionStore(qdb.db)
         self.retained = RetainedStore(qdb.db)
+        if getattr(store, "remote_reads", False):
+            # A cluster log is shared by several nodes: each derives retained messages from
+            # the records it indexes, so every node serves the same (docs/deployment.md).
+            self.dispatcher.retained = self.retained
         self._filters: dict[str, Queue] = {}  # filter and replay queues that are not dropped
         self._backfills: dict[str, Backfill] = {}
         self._tasks: list[asyncio.Task[Any]] = []

@@ -53,7 +53,7 @@ from store.store import AppendResult, Run, Store, release_data_dir_lock, take_da
 log = logging.getLogger("lightgate.store.kafka_log")
 
 ERR_OFFSET_OUT_OF_RANGE = 1
-METADATA_EVERY_S = 5.0
+METADATA_EVERY_S = 1.0  # new topics (other nodes, other clients) are found this fast
 
 
 class ClusterUnreachableError(StoreError):

@@ -211,3 +211,28 @@ async def test_reads_for_delivery_batch_by_partition(tmp_path: Path, tansu: Tans
     finally:
         await lq.close()
         await kl.close()
+
+
+def test_two_nodes_on_one_cluster_share_messages_and_retained(tmp_path: Path, tansu: Tansu) -> None:
+    """Each node builds its light queues from the same topics: a message published on node A
+    reaches a subscriber on node B, and B serves the retained message A received."""
+    a = start(tmp_path, tansu, "a")
+    b = start(tmp_path, tansu, "b")
+    try:
+        watch = Client(b.port("mqtt"), "watch").connect()
+        watch.subscribe("hall/#", qos=1)
+        pub = Client(a.port("mqtt"), "pa").connect()
+        pub.publish("hall/door", b"open", qos=1, retain=True)
+        assert watch.expect(1, timeout=15)[0].payload == b"open"  # B has indexed it
+        sub = Client(b.port("mqtt"), "sb").connect()
+        sub.subscribe("hall/#", qos=1)
+        pub.publish("hall/light", b"on", qos=1)
+        got = [(m.topic, m.payload, m.retain) for m in sub.expect(2, timeout=15)]
+        assert got == [("hall/door", b"open", True), ("hall/light", b"on", False)]
+        sub.expect_none(0.5)
+        pub.disconnect()
+        sub.disconnect()
+        watch.disconnect()
+    finally:
+        a.stop()
+        b.stop()
