@@ -117,7 +117,8 @@ class KafkaLog:
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
         self.fsync_latency = LatencyHistogram()  # produce → acks=all, per send (for /metrics)
-        self.fetches = 0  # Fetch requests sent (tests check batching)
+        self.fetches = 0  # Fetch requests sent for readers (tests check batching), not polls
+        self.polls = 0  # tail polls (one Fetch per leader every poll_ms when idle)
         self._meta_at = 0.0
 
     # --- lifecycle ------------------------------------------------------------------------------
@@ -244,6 +245,15 @@ class KafkaLog:
         if new:
             ends = await self._list_offsets(new, -1)
             starts = await self._list_offsets(new, -2)
+            # Tansu answers ListOffsets(latest) with the last batch's base offset + 1, not the
+            # last offset + 1: a Fetch from just below it reports the true high watermark.
+            probe = {tp: max(starts.get(tp, 0), ends.get(tp, 0) - 1) for tp in new}
+            for node, tps in self._by_leader(new).items():
+                _v, parts = await fetch_raw(self._client, node, {tp: probe[tp] for tp in tps},
+                                            1 << 16)  # fmt: skip
+                for t, part in parts:
+                    if part[2] > ends.get((t, part[0]), 0):
+                        ends[(t, part[0])] = part[2]
             for tp in new:
                 self._start[tp] = starts.get(tp, 0)
                 self._hwm[tp] = max(ends.get(tp, 0), self._start[tp])
@@ -489,6 +499,7 @@ class KafkaLog:
         c = self.cache
         return {
             "kafka_log_fetches": self.fetches,
+            "kafka_log_polls": self.polls,
             "kafka_log_cache_bytes": c.bytes,
             "kafka_log_cache_hits": c.hits,
             "kafka_log_cache_misses": c.misses,
@@ -544,7 +555,10 @@ class KafkaLog:
     async def _fetch_node(
         self, node: int, wanted: dict[tuple[str, int], int], tail: bool, keep: bool = True
     ) -> dict[tuple[str, int], bytes]:
-        self.fetches += 1
+        if tail:
+            self.polls += 1
+        else:
+            self.fetches += 1
         v, parts = await fetch_raw(self._client, node, wanted, self.config.fetch_bytes)
         out: dict[tuple[str, int], bytes] = {}
         for t, part in parts:

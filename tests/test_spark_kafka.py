@@ -55,3 +55,40 @@ def test_batch_read_from_the_cluster(spark, tansu: Tansu, tmp_path: Path) -> Non
     (raw,) = [r for r in rows if r.value == b"raw"]
     assert (raw.topic, raw.partition, raw.key) == ("sensors", 0, b"k1")
     assert len({(r.partition, r.offset) for r in rows}) == 31
+    # Streaming (AvailableNow) from the cluster: everything once, then only what is new.
+    ckpt = tmp_path / "ckpt"
+
+    def run() -> list[int]:
+        seen: list[int] = []
+
+        def collect(df, batch_id: int) -> None:  # noqa: ANN001
+            seen.extend(r.offset for r in df.select("offset").collect())
+
+        q = (
+            spark.readStream.format("lightgate")
+            .option("kafka.bootstrap.servers", tansu.bootstrap)
+            .option("topics", "sensors")
+            .option("startingOffsets", "earliest")
+            .load()
+            .writeStream.foreachBatch(collect)
+            .option("checkpointLocation", str(ckpt))
+            .trigger(availableNow=True)
+            .start()
+        )
+        q.awaitTermination(120)
+        assert q.exception() is None
+        return seen
+
+    assert len(run()) == 31
+
+    async def more() -> None:
+        p = AIOKafkaProducer(bootstrap_servers=tansu.bootstrap)
+        await p.start()
+        try:
+            for v in (b"n1", b"n2"):
+                await p.send_and_wait("sensors", v, partition=1)
+        finally:
+            await p.stop()
+
+    asyncio.run(more())
+    assert len(run()) == 2
