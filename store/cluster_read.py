@@ -25,6 +25,8 @@ from store.config import StoreError
 from store.record_batch import HEADER, iter_batches
 
 FETCH_BYTES = 8 << 20
+READER_WAIT_MS = 200  # max_wait of a fetch that expects records (answered at once when there)
+EMPTY_RETRIES = 5  # empty answers in a row below the high watermark before giving up
 
 
 def by_leader(client: Any, tps: Any) -> dict[int, list[tuple[str, int]]]:
@@ -56,14 +58,17 @@ async def list_offsets(
 
 
 async def fetch_raw(client: Any, node: int, wanted: dict[tuple[str, int], int],
-                    max_bytes: int) -> tuple[int, list[Any]]:  # fmt: skip
-    """One Fetch to `node`: (API version, [(topic, partition response)]). max_wait is 1 ms:
-    Tansu answers max_wait 0 with no partitions at all (Kafka answers with what it has)."""
+                    max_bytes: int, max_wait_ms: int = 1) -> tuple[int, list[Any]]:  # fmt: skip
+    """One Fetch to `node`: (API version, [(topic, partition response)]). min_bytes is 1, so
+    the answer comes as soon as there is data. max_wait is never 0: Tansu answers that with no
+    partitions at all (Kafka answers with what it has); and under load Tansu can answer a 1 ms
+    wait with no records even where there are some, so readers that expect data wait longer
+    (READER_WAIT_MS) and retry an empty answer."""
     topics: dict[str, list[tuple[int, int, int]]] = {}
     for (t, p), o in wanted.items():
         topics.setdefault(t, []).append((p, o, max_bytes))
     resp = await client.send(
-        node, FetchRequest(1, 1, max_bytes * len(wanted), 0, list(topics.items()))
+        node, FetchRequest(max_wait_ms, 1, max_bytes * len(wanted), 0, list(topics.items()))
     )
     return resp.API_VERSION, [(t, part) for t, parts in resp.topics for part in parts]
 
@@ -113,12 +118,15 @@ def iter_range(bootstrap: str, topic: str, partition: int, start: int, end: int,
         client = loop.run_until_complete(_client(bootstrap, kwargs))
         tp = (topic, partition)
         pos = start
+        empty = 0
         while pos < end:
             nodes = by_leader(client, [tp])
             if not nodes:
                 raise StoreError(f"no leader for {topic}-{partition}")
             (node,) = nodes
-            _v, parts = loop.run_until_complete(fetch_raw(client, node, {tp: pos}, FETCH_BYTES))
+            _v, parts = loop.run_until_complete(
+                fetch_raw(client, node, {tp: pos}, FETCH_BYTES, READER_WAIT_MS)
+            )
             data = b""
             for _t, part in parts:
                 if part[0] == partition:
@@ -137,8 +145,15 @@ def iter_range(bootstrap: str, topic: str, partition: int, start: int, end: int,
                 yield mv[bpos : bpos + size]
                 pos = last + 1
                 moved = True
-            if not moved:
-                return  # nothing more below `end` (records deleted meanwhile)
+            if moved:
+                empty = 0
+                continue
+            empty += 1  # nothing: a slow broker's empty answer, or records deleted meanwhile
+            if empty > EMPTY_RETRIES:
+                raise StoreError(
+                    f"{topic}-{partition}: no records at offset {pos} (below {end}) after "
+                    f"{EMPTY_RETRIES} fetches"
+                )
     finally:
         if client is not None:
             loop.run_until_complete(client.close())

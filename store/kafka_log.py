@@ -41,7 +41,13 @@ from aiokafka.client import AIOKafkaClient
 from store.backend import AppendListener, FetchPending, LogBackend
 from store.batch_cache import BatchCache
 from store.cluster_produce import PrebuiltBatch
-from store.cluster_read import by_leader, fetch_raw, list_offsets
+from store.cluster_read import (
+    EMPTY_RETRIES,
+    READER_WAIT_MS,
+    by_leader,
+    fetch_raw,
+    list_offsets,
+)
 from store.config import StoreError, UnknownTopicOrPartitionError
 from store.latency import LatencyHistogram
 from store.log import OffsetOutOfRangeError
@@ -444,13 +450,19 @@ class KafkaLog:
         if offset < self._start[tp]:
             raise OffsetOutOfRangeError(topic, partition, offset, self._start[tp], self._hwm[tp])
         if threading.get_ident() != self._thread:
-            fut = asyncio.run_coroutine_threadsafe(self._fetch_one(tp, offset, False), self._loop)
-            return fut.result()
-        data = self.cache.read(topic, partition, offset, max_bytes)
-        if data is None:
+            for _ in range(EMPTY_RETRIES + 1):  # a slow broker may answer with no records
+                fut = asyncio.run_coroutine_threadsafe(
+                    self._fetch_one(tp, offset, False), self._loop
+                )
+                got = fut.result()
+                if got:
+                    return got
+            raise StoreError(f"{topic}-{partition}: offset {offset} not fetched")
+        cached = self.cache.read(topic, partition, offset, max_bytes)
+        if cached is None:
             self._want(tp, offset)
             raise FetchPending(f"{topic}-{partition} offset {offset}")
-        return data
+        return cached
 
     async def prefetch(self, wants: Sequence[tuple[str, int, int]]) -> None:
         """Fetch what `read` would miss, one run per partition: each fetch brings
@@ -461,9 +473,13 @@ class KafkaLog:
 
         async def one(tp: tuple[str, int], offs: list[int]) -> None:
             for o in sorted(offs):
-                if o >= self._hwm.get(tp, 0) or o < self._start.get(tp, 0):
-                    continue
-                if self.cache.find(tp[0], tp[1], o) is None:
+                tries = 0
+                while self._start.get(tp, 0) <= o < self._hwm.get(tp, 0):
+                    if self.cache.find(tp[0], tp[1], o) is not None:
+                        break
+                    if tries > EMPTY_RETRIES:  # the delivery that asked retries later
+                        raise StoreError(f"{tp[0]}-{tp[1]}: offset {o} not fetched")
+                    tries += 1
                     await self._fetch_one(tp, o, True)
 
         await asyncio.gather(*(one(tp, offs) for tp, offs in by_tp.items()))
@@ -559,7 +575,8 @@ class KafkaLog:
             self.polls += 1
         else:
             self.fetches += 1
-        v, parts = await fetch_raw(self._client, node, wanted, self.config.fetch_bytes)
+        v, parts = await fetch_raw(self._client, node, wanted, self.config.fetch_bytes,
+                                   1 if tail else READER_WAIT_MS)  # fmt: skip
         out: dict[tuple[str, int], bytes] = {}
         for t, part in parts:
             p, err, hw = part[0], part[1], part[2]
