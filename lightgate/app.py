@@ -23,7 +23,7 @@ from lightgate.health import HealthWatch
 from lightgate.http import HttpServer
 from lightgate.metrics import Figures
 from lightgate.tls import certificate_cn, check_tls_files, server_context, tls_context
-from store import Store, StoreConfig, StoreLockedError
+from store import Store, StoreConfig, StoreError, StoreLockedError
 from store.auth import AuthFileError, Security
 
 if TYPE_CHECKING:
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from mqtt_proxy.server import MqttServer
     from notify import InProcessNotifier
     from store.kafka.server import KafkaServer
+    from store.kafka_log import KafkaLog
 
 log = logging.getLogger("lightgate")
 
@@ -51,7 +52,7 @@ class Gateway:
         self.cfg = cfg
         self.started_at = time.time()
         self.version = __version__
-        self.store: Store | None = None
+        self.store: Store | KafkaLog | None = None  # KafkaLog: log = "kafka"
         self.queues: LightQueues | None = None
         self.notifier: InProcessNotifier | None = None
         self.mqtt: MqttServer | None = None  # one-process shape
@@ -69,7 +70,10 @@ class Gateway:
 
     async def start(self) -> None:
         cfg = self.cfg
-        self.store = await Store.open(cfg.data_path, StoreConfig.from_object(cfg))
+        if cfg.log == "kafka":
+            self.store = await open_cluster_log(cfg)
+        else:
+            self.store = await Store.open(cfg.data_path, StoreConfig.from_object(cfg))
         self._closers.append(self.store)
         self._stats_sources.append(("", self.store))
         self.figures.seed(self.store)
@@ -115,6 +119,8 @@ class Gateway:
         notifier = self.notifier = InProcessNotifier(last_seq_of=queues.last_seq)
         queues.set_sink(notifier.publish)
         await queues.start()
+        if cfg.log == "kafka":
+            await catch_up(queues)
         notifier.start()
         self._closers.append(notifier)
         self._stats_sources.append(("", queues))
@@ -147,7 +153,7 @@ class Gateway:
         from lightgate.core_link import CoreLink
         from lightgate.split import core_address, core_link_security
 
-        assert self.store is not None
+        assert isinstance(self.store, Store)  # log = "kafka" runs in one process for now
         secret, ssl_ctx = core_link_security(self.cfg, server=True)
         link = self.link = CoreLink(self.store, queues, notifier, secret=secret, ssl_ctx=ssl_ctx)
         publish, on_round = notifier.publish, link.queue_service.on_round
@@ -182,12 +188,12 @@ class Gateway:
     async def _start_kafka(self) -> None:
         cfg = self.cfg
         tls_port = cfg.kafka_tls_port if cfg.tls_cert else -1
-        if cfg.kafka_port == -1 and tls_port == -1:
-            return
+        if (cfg.kafka_port == -1 and tls_port == -1) or cfg.log == "kafka":
+            return  # log = "kafka": Kafka clients use the cluster itself
         from store.kafka.config import KafkaConfig
         from store.kafka.server import KafkaServer
 
-        assert self.store is not None
+        assert isinstance(self.store, Store)  # not with log = "kafka" (returned above)
         kcfg = KafkaConfig(
             max_frame_bytes=cfg.kafka_max_frame_bytes,
             auto_create_topics=cfg.kafka_auto_create_topics,
@@ -281,6 +287,53 @@ class Gateway:
             except Exception:
                 log.exception("error while closing", extra={"component": type(closer).__name__})
         self._closers.clear()
+
+
+async def open_cluster_log(cfg: GatewayConfig) -> KafkaLog:
+    """`log = "kafka"`: the log on the cluster at `kafka_bootstrap` (store.kafka_log)."""
+    from store.kafka_log import KafkaLog, KafkaLogConfig
+
+    if cfg.mqtt_processes != 0 or cfg.core_listen:
+        raise ConfigError(
+            'log = "kafka" runs in one process for now (mqtt_processes = 0, no core_listen)'
+        )
+    kcfg = KafkaLogConfig(
+        bootstrap=cfg.kafka_bootstrap,
+        topic_partitions=cfg.kafka_topic_partitions or cfg.default_partitions,
+        replication_factor=cfg.kafka_replication_factor,
+        client=dict(cfg.extra.get("kafka_client", {})),
+        connect_timeout_s=float(cfg.kafka_connect_timeout_s),
+    )
+    return await KafkaLog.open(cfg.data_path, kcfg)
+
+
+async def catch_up(queues: Any, every_s: float = 2.0) -> None:
+    """Before `ready`: index the cluster's log up to its end as found now (all of it when the
+    data dir was new or lost: the light queues are rebuilt from the cluster), logging progress."""
+    disp = queues.dispatcher
+    disp.refresh()
+    target = {tp: h for tp, h in disp.hwm.items()}
+    total = sum(max(0, h - disp.position(*tp)) for tp, h in target.items())
+    if not total:
+        return
+    log.info("indexing %d records from the cluster before ready", total)
+    t0 = last = time.monotonic()
+    while True:
+        left = sum(max(0, h - disp.position(*tp)) for tp, h in target.items())
+        if not left:
+            break
+        now = time.monotonic()
+        if now - last >= every_s:
+            last = now
+            log.info(
+                "indexing from the cluster: %d of %d records (%.0f s)",
+                total - left,
+                total,
+                now - t0,
+            )
+        disp._wake.set()
+        await asyncio.sleep(0.05)
+    log.info("indexed %d records from the cluster in %.1f s", total, time.monotonic() - t0)
 
 
 def has_mqtt_listeners(cfg: GatewayConfig) -> bool:
@@ -385,7 +438,7 @@ async def serve(cfg: GatewayConfig) -> int:
         print(f"lightgate: {exc}", file=sys.stderr)
         await gateway.close()
         return 2
-    except StoreLockedError as exc:
+    except (StoreLockedError, StoreError) as exc:
         print(f"lightgate: {exc}", file=sys.stderr)
         await gateway.close()
         return 1
@@ -453,10 +506,16 @@ async def rebuild_queues(cfg: GatewayConfig) -> int:
                 current[phase] = (None, task)
 
     try:
-        stats = await rebuild(
-            cfg.data_path, progress=progress, store_config=StoreConfig.from_object(cfg)
-        )
-    except StoreLockedError as exc:
+        store = await open_cluster_log(cfg) if cfg.log == "kafka" else None
+        try:
+            stats = await rebuild(
+                cfg.data_path, progress=progress, store=store,
+                store_config=StoreConfig.from_object(cfg),
+            )  # fmt: skip
+        finally:
+            if store is not None:
+                await store.close()
+    except (StoreLockedError, StoreError) as exc:
         close_bars()
         print(f"lightgate: {exc}", file=sys.stderr)
         return 1

@@ -164,7 +164,7 @@ def _config_from(ns: argparse.Namespace) -> GatewayConfig:
         key = key.strip().replace("-", "_")
         if not sep:
             raise ConfigError(f"--set {item!r}: expected KEY=VALUE")
-        if key not in KEYS:
+        if key not in KEYS and not key.startswith("kafka_client_"):
             raise unknown_key_error(key, "--set")
         overrides[key] = value
     return load_config(ns.config, overrides=overrides)

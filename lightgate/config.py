@@ -136,6 +136,38 @@ class GatewayConfig:
     )
 
     # Store (commitlog).
+    log: str = key(
+        "local",
+        "where the log lives: `local` (segments in the data dir) or `kafka` (the topics of a "
+        "Kafka cluster at `kafka_bootstrap`; Lightgate's own Kafka listener is then off; "
+        "docs/deployment.md). `kafka_client_<name>` keys are handed to the Kafka client as its "
+        'keyword `<name>` (e.g. `kafka_client_security_protocol = "SASL_SSL"`)',
+        choices=("local", "kafka"),
+    )
+    kafka_bootstrap: str = key(
+        "",
+        '`log = "kafka"`: the cluster\'s bootstrap servers',
+        allowed='`"host:port,..."`',
+    )
+    kafka_topic_partitions: int = key(
+        0,
+        '`log = "kafka"`: partitions of a log topic Lightgate creates on the cluster; '
+        "`0`: `default_partitions`",
+        lo=0,
+        hi=1024,
+    )
+    kafka_replication_factor: int = key(
+        -1,
+        '`log = "kafka"`: replicas of a log topic Lightgate creates; `-1`: the cluster\'s default',
+        lo=-1,
+        hi=32,
+    )
+    kafka_connect_timeout_s: int = key(
+        60,
+        '`log = "kafka"`: `serve` retries an unreachable cluster this long, then exits non-zero',
+        lo=1,
+        hi=86_400,
+    )
     default_partitions: int = key(
         4, "partitions of a log topic created on first use", lo=1, hi=1024
     )
@@ -462,7 +494,7 @@ def unknown_env_names(env: dict[str, str] | os._Environ[str] | None = None) -> l
         if not name.startswith("LIGHTGATE_") or name in ENV_NOT_KEYS:
             continue
         bare = name[len("LIGHTGATE_") :].lower()
-        if bare in KEYS:
+        if bare in KEYS or bare.startswith(CLIENT_PREFIX):
             continue
         near = closest_key(bare)
         hint = f"; did you mean LIGHTGATE_{near.upper()}?" if near else ""
@@ -535,6 +567,7 @@ def load_config(
     """Build the config: defaults < TOML file < `LIGHTGATE_*` env < explicit overrides (CLI flags)."""
     env = dict(os.environ if env is None else env)
     values: dict[str, Any] = {}
+    client: dict[str, Any] = {}  # kafka_client_<name> -> the Kafka client's keyword <name>
     path = config_file or env.get("LIGHTGATE_CONFIG")
     if path:
         try:
@@ -548,6 +581,9 @@ def load_config(
             raise ConfigError(f"config file {path}: {exc}") from None
         for name, value in _flatten(table).items():
             bare = name
+            if name.startswith(CLIENT_PREFIX):
+                client[name[len(CLIENT_PREFIX) :]] = value
+                continue
             if bare not in KEYS and "_" in name:
                 # `[store] fsync = ...` flattens to store_fsync; accept the bare key as well.
                 bare = name.split("_", 1)[1]
@@ -558,15 +594,40 @@ def load_config(
         env_value = env.get(f"LIGHTGATE_{name.upper()}")
         if env_value is not None:
             values[name] = _coerce(name, env_value)
+    for env_name, env_value in env.items():
+        if env_name.startswith("LIGHTGATE_KAFKA_CLIENT_"):
+            client[env_name[len("LIGHTGATE_KAFKA_CLIENT_") :].lower()] = _client_value(env_value)
     for name, value in (overrides or {}).items():
         if value is None:
+            continue
+        if name.startswith(CLIENT_PREFIX):
+            client[name[len(CLIENT_PREFIX) :]] = _client_value(value)
             continue
         if name not in KEYS:
             raise unknown_key_error(name, "--set")
         values[name] = _coerce(name, value)
     cfg = GatewayConfig(**values)
+    if client:
+        cfg.extra["kafka_client"] = client
     _validate(cfg)
     return cfg
+
+
+CLIENT_PREFIX = "kafka_client_"
+
+
+def _client_value(value: Any) -> Any:
+    """A `kafka_client_*` value from the environment or --set (a string): true/false and
+    integers as such, anything else as given."""
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    try:
+        return int(text)
+    except ValueError:
+        return text
 
 
 def _validate(cfg: GatewayConfig) -> None:
@@ -583,6 +644,8 @@ def _validate(cfg: GatewayConfig) -> None:
             raise ConfigError(
                 f"{name} needs tls_ca: the CA certificates that sign client certificates"
             )
+    if cfg.log == "kafka" and not cfg.kafka_bootstrap:
+        raise ConfigError('log = "kafka" needs kafka_bootstrap ("host:port,...")')
     if cfg.core_secret and cfg.core_secret_file:
         raise ConfigError("core_secret and core_secret_file: set one, not both")
 

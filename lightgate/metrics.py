@@ -29,6 +29,7 @@ from store.mapping import is_system_topic
 if TYPE_CHECKING:
     from lightgate.app import Gateway
     from store import Store
+    from store.kafka_log import KafkaLog
 
 # snapshot key -> (Prometheus name, help)
 HISTOGRAMS: dict[str, tuple[str, str]] = {
@@ -83,7 +84,7 @@ class Figures:
         self._samples: deque[tuple[float, dict[str, float]]] = deque([(time.monotonic(), {})])
         self.rates: dict[str, Any] = {}
 
-    def seed(self, store: Store) -> None:
+    def seed(self, store: Store | KafkaLog) -> None:
         recs = {f"topic.{t}": float(n) for t, (_b, n) in store.disk_usage().items()}
         self._samples = deque([(time.monotonic(), recs)])
 

@@ -33,18 +33,18 @@ from lightqueue.dispatcher import aborted_check, is_system_topic, mqtt_topic_of,
 from lightqueue.keys import P_FILTER, entry_value_prefix, offset_bytes, pack_u64
 from lightqueue.topic_trie import topic_matches
 from store import OffsetOutOfRangeError
+from store.backend import FetchPending, LogBackend
 from store.mapping import escape_level
 from store.record_batch import CONTROL_MASK, HEADER, TRANSACTIONAL_MASK, iter_batches
 
 if TYPE_CHECKING:
     from lightqueue.db import Queue
     from lightqueue.queues import LightQueues
-    from store import Store
 
 log = logging.getLogger("lightgate.lightqueue.backfill")
 
 
-def relevant_topics(store: Store, filt: str) -> list[str]:
+def relevant_topics(store: LogBackend, filt: str) -> list[str]:
     first = filt.split("/", 1)[0]
     topics = [t for t in store.topics() if not is_system_topic(t)]
     if first in ("+", "#"):
@@ -53,7 +53,7 @@ def relevant_topics(store: Store, filt: str) -> list[str]:
     return sorted(t for t in topics if t in names)
 
 
-def start_vector(store: Store, filt: str, since_ms: int) -> dict[tuple[str, int], int]:
+def start_vector(store: LogBackend, filt: str, since_ms: int) -> dict[tuple[str, int], int]:
     """Per relevant partition: first offset with timestamp ≥ since_ms (≥ log start)."""
     out = {}
     for t in relevant_topics(store, filt):
@@ -126,6 +126,9 @@ class Backfill:
                 except OffsetOutOfRangeError:
                     c = max(c, store.log_start_offset(t, p))
                     continue
+                except FetchPending:
+                    waiting = True  # cluster log: fetched meanwhile, the next step reads it
+                    break
                 if not data:
                     break
                 c, k = self._index(t, p, data, c, d, share - n, wb)

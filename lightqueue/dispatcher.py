@@ -53,8 +53,9 @@ from lightqueue.keys import (
 )
 from lightqueue.topic_trie import FilterTrie
 from store import OffsetOutOfRangeError, UnknownTopicOrPartitionError
+from store.backend import FetchPending, LogBackend
 from store.latency import LatencyHistogram
-from store.mapping import PROBE_TOPIC, SYSTEM_TOPIC_PREFIX, mqtt_view
+from store.mapping import H_RETAIN, PROBE_TOPIC, SYSTEM_TOPIC_PREFIX, mqtt_view
 from store.record_batch import (
     COMPRESSION_MASK,
     CONTROL_MASK,
@@ -67,7 +68,7 @@ from store.record_batch import (
 from store.speedups import load
 
 if TYPE_CHECKING:
-    from store import Store
+    pass
 
 try:  # the Cython reader behind store.record_batch; 0.25 us/record vs ~3 for pure Python
     from aiokafka.record._crecords import DefaultRecordBatch as _CReader
@@ -123,11 +124,13 @@ def _index_batch_py(
     gate_key: tuple[int, int] | None,
     t: str,
     p: int,
+    derive: Callable[[Any], None] | None = None,
 ) -> tuple[int, int]:
     """Index the records of the batch at `data[pos:pos+size]` that lie in [c, end): one entry
     per target queue of the record's key. Returns (the offset where `budget` ran out, or -1;
     records indexed so far, `n` included). Decodes every record before indexing any (a batch
-    that does not decode raises, untouched). Twin of `store._speedups.index_batch`."""
+    that does not decode raises, untouched). Twin of `store._speedups.index_batch`, which has no
+    `derive`: the records carrying MQTT's retain header are handed to it (log = "kafka")."""
     try:
         recs = list(records_of(data, pos, size))
     except InvalidRecordError:
@@ -144,6 +147,11 @@ def _index_batch_py(
         if n >= budget:
             return off, n
         key = r.key
+        if derive is not None and r.headers:
+            for hd in r.headers:
+                if hd[0] == H_RETAIN:
+                    derive(r)
+                    break
         targets = tcache.get(key)
         if targets is None:
             targets = tcache[key] = targets_for(key)
@@ -171,7 +179,7 @@ def _never(topic: str, partition: int, producer_id: int, offset: int) -> bool:
     return False
 
 
-def aborted_check(store: Store) -> Callable[[str, int, int, int], bool]:
+def aborted_check(store: object) -> Callable[[str, int, int, int], bool]:
     """`(topic, partition, producer id, offset) -> bool`: is that transactional batch aborted?"""
     index = getattr(store, "txn_index", None)
     return _never if index is None else index.is_aborted  # type: ignore[no-any-return]
@@ -196,7 +204,7 @@ class Dispatcher:
     def __init__(
         self,
         qdb: QueueDB,
-        store: Store,
+        store: LogBackend,
         trie: FilterTrie[Queue],
         sink: EventSink | None = None,
         batch_records: int = 20_000,
@@ -207,6 +215,7 @@ class Dispatcher:
         self.trie = trie
         self.sink = sink
         self.watch_sink: WatchSink | None = None
+        self.retained: Any = None  # RetainedStore to derive retained messages into (cluster log)
         self.batch_records = batch_records
         self.read_bytes = read_bytes
         self.hwm: dict[tuple[str, int], int] = {}
@@ -372,6 +381,8 @@ class Dispatcher:
                     if c >= end:
                         break
                     continue
+                except FetchPending:
+                    break  # cluster log: the fetch's append-listener call wakes us again
                 if not data:
                     break
                 c, k = self._index(t, p, data, c, end, share - n, wb, stamp, grown)
@@ -449,6 +460,9 @@ class Dispatcher:
         put = wb.put
         n = 0
         gated = self.gated
+        derive = self.retained
+        # log = "kafka": retained messages are derived from the records (the Python loop).
+        keep = None if derive is None else (lambda r: self._retain(derive, t, p, r))
         aborted = aborted_check(self.store)
         for pos, size in iter_batches(data):
             h = HEADER.unpack_from(data, pos)
@@ -463,13 +477,19 @@ class Dispatcher:
             # Offsets as big-endian bytes, as wide as the batch's last one needs (decoding
             # ignores leading zeros): one pack + slice, 0.1 us less than int.to_bytes per record.
             cut = 8 - len(offset_bytes(last))
-            index = _index_batch_py if h[5] & COMPRESSION_MASK else _index_batch
             try:
-                stop, n = index(
-                    data, pos, size, base, c, end, n, budget, tcache,
-                    lambda key: self._targets_for(t, key, wb), vpfx, cut, put, stamp, grown,
-                    (tid, p) if gated else None, t, p,
-                )  # fmt: skip
+                if h[5] & COMPRESSION_MASK or keep is not None:
+                    stop, n = _index_batch_py(
+                        data, pos, size, base, c, end, n, budget, tcache,
+                        lambda key: self._targets_for(t, key, wb), vpfx, cut, put, stamp, grown,
+                        (tid, p) if gated else None, t, p, keep,
+                    )  # fmt: skip
+                else:
+                    stop, n = _index_batch(
+                        data, pos, size, base, c, end, n, budget, tcache,
+                        lambda key: self._targets_for(t, key, wb), vpfx, cut, put, stamp, grown,
+                        (tid, p) if gated else None, t, p,
+                    )  # fmt: skip
             except (InvalidRecordError, ValueError) as exc:
                 # A batch nobody can decode (garbled records under a valid CRC, a broken
                 # compressed block): skip it, or it would stop dispatch for good.
@@ -484,6 +504,15 @@ class Dispatcher:
             c = min(last + 1, end)
         self.records += n
         return c, n
+
+    @staticmethod
+    def _retain(retained: Any, t: str, p: int, r: Any) -> None:
+        """A record published with MQTT's retain flag: it is now the topic's retained message
+        (an empty payload clears it), wherever on the cluster it was published."""
+        v = mqtt_view(t, r.key, list(r.headers))
+        if v.retain:
+            retained.set(v.topic, r.value or b"", v.qos, v.client_id, v.properties, r.timestamp,
+                         (t, p, r.offset))  # fmt: skip
 
     def _targets_for(self, t: str, key: bytes | None, wb: Any) -> tuple[Queue, ...]:
         topic = mqtt_topic_of(t, key)

@@ -48,9 +48,10 @@ from lightqueue.retained import RetainedStore
 from lightqueue.sessions import SessionStore
 from lightqueue.topic_trie import FilterError, FilterTrie, is_wildcard, validate_filter
 from store import UnknownTopicOrPartitionError
+from store.backend import LogBackend
 
 if TYPE_CHECKING:
-    from store import Store
+    pass
 
 log = logging.getLogger("lightgate.lightqueue")
 
@@ -89,7 +90,7 @@ def replay_queue_name(filt: str, since_ms: int | None = None,
 class LightQueues:
     """Dispatcher + queues + read/resolve + sessions + retained over one LevelDB."""
 
-    def __init__(self, qdb: QueueDB, store: Store, config: LightQueueConfig,
+    def __init__(self, qdb: QueueDB, store: LogBackend, config: LightQueueConfig,
                  sink: EventSink | None) -> None:  # fmt: skip
         self.qdb = qdb
         self.store = store
@@ -101,6 +102,10 @@ class LightQueues:
         self.resolver = Resolver(store, config.resolve_cache_records)
         self.sessions = SessionStore(qdb.db)
         self.retained = RetainedStore(qdb.db)
+        if getattr(store, "remote_reads", False):
+            # A cluster log is shared by several nodes: each derives retained messages from
+            # the records it indexes, so every node serves the same (docs/deployment.md).
+            self.dispatcher.retained = self.retained
         self._filters: dict[str, Queue] = {}  # filter and replay queues that are not dropped
         self._backfills: dict[str, Backfill] = {}
         self._tasks: list[asyncio.Task[Any]] = []
@@ -117,7 +122,7 @@ class LightQueues:
                 self._backfills[name] = Backfill(self, q, rec)
 
     @classmethod
-    def open(cls, data_dir: Path, store: Store, config: LightQueueConfig | None = None,
+    def open(cls, data_dir: Path, store: LogBackend, config: LightQueueConfig | None = None,
              sink: EventSink | None = None) -> LightQueues:  # fmt: skip
         """Open (or create) DATA/lightqueue. Call `start()` on the loop to begin dispatching."""
         recover_dirs(Path(data_dir))  # an interrupted rebuild-queues
@@ -192,8 +197,10 @@ class LightQueues:
     async def close(self) -> None:
         with contextlib.suppress(ValueError):
             self.store.remove_append_listener(self.dispatcher.on_append)
-        with contextlib.suppress(ValueError, AttributeError):
-            self.store.remove_topic_listener(self.on_topic_event)
+        remove = getattr(self.store, "remove_topic_listener", None)  # the local log has topics
+        if remove is not None:
+            with contextlib.suppress(ValueError):
+                remove(self.on_topic_event)
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
@@ -394,6 +401,18 @@ class LightQueues:
         except UnknownTopicOrPartitionError:
             return 1 << 62
 
+    @property
+    def remote_reads(self) -> bool:
+        """The log answers reads from memory and the network (store.backend): `prefetch`
+        before `resolve`, or records not fetched yet resolve to None."""
+        return bool(getattr(self.store, "remote_reads", False))
+
+    async def prefetch(self, entries: Sequence[Position | None]) -> None:
+        """Bring the records of `entries` into memory (cluster log), batched per partition."""
+        missing = self.resolver.uncached(entries)
+        if missing:
+            await self.store.prefetch(missing)
+
     def resolve(self, entries: Sequence[Position | None]) -> list[StoredMessage | None]:
         """Messages for `entries` (aligned; None for void or deleted records)."""
         return self.resolver.resolve(entries)
@@ -520,7 +539,7 @@ class LightQueues:
                     self._purge[q.qid] = q.start
 
 
-def open_light_queues(data_dir: Path, store: Store, sink: EventSink | None = None,
+def open_light_queues(data_dir: Path, store: LogBackend, sink: EventSink | None = None,
                       config: LightQueueConfig | None = None) -> LightQueues:  # fmt: skip
     """Convenience for wiring: `LightQueues.open`."""
     return LightQueues.open(data_dir, store, config, sink)

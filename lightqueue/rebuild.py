@@ -25,6 +25,7 @@ file, then swapped in. If we crash...
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import shutil
 import time
@@ -48,7 +49,7 @@ from lightqueue.keys import (
 from lightqueue.topic_trie import FilterTrie
 
 if TYPE_CHECKING:
-    from store import Store
+    from store.backend import LogBackend
 
 log = logging.getLogger("lightgate.lightqueue.rebuild")
 
@@ -109,7 +110,7 @@ def _gate_filters(qdb: QueueDB, trie: FilterTrie[Queue]) -> None:
 
 
 def _spans(
-    store: Store, limit: dict[tuple[str, int], int] | None
+    store: LogBackend, limit: dict[tuple[str, int], int] | None
 ) -> dict[tuple[str, int], tuple[int, int]]:
     """(log start, end) of every partition this pass reads."""
     out = {}
@@ -157,7 +158,7 @@ def _write_metas(qdb: QueueDB, old_meta: dict[str, tuple[int, int, int, int]],
     wb.write()
 
 
-def rebuild_sync(data_dir: Path, store: Store,
+def rebuild_sync(data_dir: Path, store: LogBackend,
                  progress: Callable[[RebuildProgress], None] | None = None,
                  batch_records: int = 100_000) -> RebuildStats:  # fmt: skip
     """The rebuild on an open store (event-loop thread, nothing else dispatching)."""
@@ -221,6 +222,12 @@ async def rebuild_queues(data_dir: Path,
     if own:
         store = await Store.open(Path(data_dir), store_config)
     try:
+        if getattr(store, "remote_reads", False):
+            # A cluster log (store.kafka_log) fetches on its event loop: the rebuild runs in a
+            # thread, where its reads wait for their fetches.
+            return await asyncio.to_thread(
+                rebuild_sync, Path(data_dir), store, progress, batch_records
+            )
         return rebuild_sync(Path(data_dir), store, progress, batch_records)
     finally:
         if own:

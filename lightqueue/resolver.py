@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from lightqueue.dispatcher import mqtt_topic_of
 from lightqueue.model import Position, StoredMessage
 from store import OffsetOutOfRangeError, UnknownTopicOrPartitionError
+from store.backend import FetchPending, LogBackend
 from store.mapping import H_CLIENT_ID, H_QOS, mqtt_view
 from store.record_batch import (
     COMPRESSION_MASK,
@@ -28,7 +29,7 @@ from store.record_batch import (
 )
 
 if TYPE_CHECKING:
-    from store import Store
+    pass
 
 try:  # see dispatcher.py: the Cython reader, without the per-record NamedTuple re-wrap
     from aiokafka.record._crecords import DefaultRecordBatch as _CReader
@@ -44,7 +45,7 @@ _MAX_READ = 1 << 20
 class Resolver:
     """Event-loop-only; `Store.read` is synchronous page-cache I/O."""
 
-    def __init__(self, store: Store, cache_records: int = 100_000) -> None:
+    def __init__(self, store: LogBackend, cache_records: int = 100_000) -> None:
         self.store = store
         self._cache: OrderedDict[tuple[str, int, int], Any] = OrderedDict()
         self._max = cache_records
@@ -58,6 +59,11 @@ class Resolver:
             del self._cache[k]
         for tp in [tp for tp in self._avg if tp[0] == topic]:
             del self._avg[tp]
+
+    def uncached(self, entries: Sequence[Position | None]) -> list[Position]:
+        """Entries whose records are not decoded here yet (what a cluster log must fetch)."""
+        cache = self._cache
+        return [e for e in entries if e is not None and (e[0], e[1], e[2]) not in cache]
 
     def resolve(self, entries: Sequence[Position | None]) -> list[StoredMessage | None]:
         """One message per entry (None: void entry, or its record is gone from the log)."""
@@ -129,8 +135,8 @@ class Resolver:
             want = int(min(_MAX_READ, max(_MIN_READ, (offs[j] - o + 1) * avg * 1.2)))
             try:
                 data = self.store.read(t, p, o, want)
-            except (OffsetOutOfRangeError, UnknownTopicOrPartitionError):
-                data = b""
+            except (OffsetOutOfRangeError, UnknownTopicOrPartitionError, FetchPending):
+                data = b""  # FetchPending: a caller that did not `prefetch` (cluster log)
             self.reads += 1
             got = self._decode(t, p, data) if data else 0
             if got:

@@ -283,11 +283,25 @@ class LocalBackend(Backend):
     def load(self, queue: str, from_seq: int, max_n: int, done: LoadDone) -> None:
         self._resolve(queue, self.queues.read(queue, from_seq, max_n), done)
 
-    def _resolve(self, queue: str, res: ReadResult, done: LoadDone) -> None:
+    def _resolve(self, queue: str, res: ReadResult, done: LoadDone, fetched: bool = False) -> None:
         msgs, missing = self._from_recent(res.entries)
         if missing:
             entries = res.entries
-            got = self.queues.resolve([entries[i] for i in missing])
+            want = [entries[i] for i in missing]
+            if not fetched and self.queues.remote_reads:
+                # The log is a Kafka cluster: fetch the records first (one fetch per partition
+                # run, store.backend), then resolve in one go; `done` runs later, as remotely.
+                def fetched_cb(f: asyncio.Future[None]) -> None:
+                    if f.cancelled() or f.exception() is not None:
+                        log.warning("fetching %d records from the cluster failed: %r",
+                                    len(want), None if f.cancelled() else f.exception())  # fmt: skip
+                        done(None, None)
+                        return
+                    self._resolve(queue, res, done, True)
+
+                asyncio.ensure_future(self.queues.prefetch(want)).add_done_callback(fetched_cb)
+                return
+            got = self.queues.resolve(want)
             for i, m in zip(missing, got, strict=True):
                 msgs[i] = m
         done(res, msgs)

@@ -30,6 +30,7 @@ KNOWN = {
     "maxrecordspertrigger",
     "minpartitions",
     "maxrecordsperpartition",
+    "kafka.bootstrap.servers",
 }
 
 
@@ -48,6 +49,7 @@ class ReadOptions:
     max_records_per_trigger: int | None
     min_partitions: int | None
     max_records_per_partition: int
+    bootstrap: str | None = None  # read a Kafka cluster (`log = "kafka"`), not a data dir
 
 
 def _offsets(name: str, raw: str | None, default: int, allow_earliest: bool = True) -> OffsetSpec:
@@ -96,11 +98,20 @@ def parse_options(options: Mapping[str, str], streaming: bool) -> ReadOptions:
     if unknown:
         raise OptionError(f"unknown option(s) {sorted(unknown)}; known: {sorted(KNOWN)}")
     path = opts.get("path")
-    if not path:
-        raise OptionError("no data dir: use .load(DATA_DIR) or .option('path', DATA_DIR)")
+    bootstrap = opts.get("kafka.bootstrap.servers") or None
+    if not path and not bootstrap:
+        raise OptionError(
+            "no data dir: use .load(DATA_DIR) or .option('path', DATA_DIR), or read a cluster"
+            " with .option('kafka.bootstrap.servers', 'host:port')"
+        )
     topics = None
     if opts.get("topics"):
         topics = tuple(t.strip() for t in opts["topics"].split(",") if t.strip())
+    if bootstrap and not topics:
+        raise OptionError("kafka.bootstrap.servers: name the topics (option 'topics'), as "
+                          "with Spark's Kafka source")  # fmt: skip
+    if bootstrap and opts.get("startingtimestamp") is not None:
+        raise OptionError("startingTimestamp is not supported with kafka.bootstrap.servers yet")
     flt = opts.get("mqtttopicfilter") or None
     if flt is not None:
         validate_filter(flt)
@@ -114,7 +125,8 @@ def parse_options(options: Mapping[str, str], streaming: bool) -> ReadOptions:
     if not streaming and "maxrecordspertrigger" in opts:
         raise OptionError("maxRecordsPerTrigger is for streaming queries only")
     return ReadOptions(
-        data_dir=path,
+        data_dir=path or "",
+        bootstrap=bootstrap,
         topics=topics,
         mqtt_filter=flt,
         starting=_offsets(

@@ -29,6 +29,7 @@ from pyspark.sql.types import StructType
 
 from spark_analytics.arrow_decode import SCHEMA, ChunkBuilder, to_record_batch
 from spark_analytics.logdir import (
+    Batch,
     LogDirError,
     PartitionTail,
     iter_batches,
@@ -50,6 +51,8 @@ from spark_analytics.options import (
     offset_for,
     parse_options,
 )
+from store import cluster_read
+from store.record_batch import HEADER
 
 CHUNK_RECORDS = 131_072  # records per Arrow batch handed to the JVM
 CHUNK_BYTES = 16 << 20
@@ -92,6 +95,22 @@ def _select_topics(log: Path, opts: ReadOptions, strict: bool) -> list[tuple[str
     return [(t, known[t]) for t in names]
 
 
+def cluster_ranges(opts: ReadOptions) -> dict[tuple[str, int], tuple[int, int]]:
+    """(topic, partition) -> (log start, high watermark) on the cluster, MQTT-pruned."""
+    assert opts.bootstrap is not None and opts.topics is not None
+    names = list(opts.topics)
+    if opts.mqtt_filter is not None:
+        names = topics_for_filter(opts.mqtt_filter, names)
+    return cluster_read.partition_spans(opts.bootstrap, names)
+
+
+def _cluster_batches(opts: ReadOptions, r: LogRange) -> Iterator[Batch]:
+    assert opts.bootstrap is not None
+    for mv in cluster_read.iter_range(opts.bootstrap, r.topic, r.partition, r.start, r.end):
+        h = HEADER.unpack_from(mv, 0)
+        yield Batch(h[0], h[0] + h[6], h[5], h[7], h[8], h[12], -1, mv)
+
+
 def read_range(opts: ReadOptions, r: InputPartition) -> Iterator[pa.RecordBatch]:
     """Executor side: decode one LogRange into Arrow batches of at most ~64k records."""
     if not isinstance(r, LogRange):
@@ -109,7 +128,11 @@ def read_range(opts: ReadOptions, r: InputPartition) -> Iterator[pa.RecordBatch]
         rb = to_record_batch(dec, r.start, r.end, plan, skip_dollar)
         return rb if rb.num_rows else None
 
-    for batch in iter_batches(log, r.topic, r.partition, r.start, r.end, r.hint):
+    if opts.bootstrap:
+        batches = _cluster_batches(opts, r)
+    else:
+        batches = iter_batches(log, r.topic, r.partition, r.start, r.end, r.hint)
+    for batch in batches:
         chunk.add(batch)
         if chunk.records >= CHUNK_RECORDS or len(chunk.buf) >= CHUNK_BYTES:
             rb = emit()
@@ -127,9 +150,18 @@ class LightgateBatchReader(DataSourceReader):
 
     def partitions(self) -> list[InputPartition]:
         opts = self.opts
-        log = log_dir(opts.data_dir)
         ranges: list[tuple[str, int, int, int]] = []
         tails: dict[tuple[str, int], PartitionTail] = {}
+        if opts.bootstrap:
+            for (topic, p), (lo, hwm) in sorted(cluster_ranges(opts).items()):
+                start = offset_for(opts.starting, topic, p, EARLIEST)
+                start = max(lo, {EARLIEST: lo, LATEST: hwm}.get(start, start))
+                end = offset_for(opts.ending, topic, p, LATEST)
+                end = hwm if end == LATEST else min(end, hwm)
+                if start < end:
+                    ranges.append((topic, p, start, end))
+            return _split(ranges, opts, {})
+        log = log_dir(opts.data_dir)
         for topic, count in _select_topics(log, opts, strict=True):
             for p in range(count):
                 tail = tails[(topic, p)] = PartitionTail(log, topic, p)
@@ -147,19 +179,26 @@ class LightgateBatchReader(DataSourceReader):
                 start = max(start, lo)
                 if start < end:
                     ranges.append((topic, p, start, end))
-        total = sum(e - s for _, _, s, e in ranges)
-        step = opts.max_records_per_partition
-        if opts.min_partitions and total:
-            step = min(step, max(1, math.ceil(total / opts.min_partitions)))
-        out: list[InputPartition] = []
-        for topic, p, start, end in ranges:
-            for lo in range(start, end, step):
-                hi = min(end, lo + step)
-                out.append(LogRange(topic, p, lo, hi, None, tails[(topic, p)].aborted(lo, hi)))
-        return out
+        return _split(ranges, opts, tails)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return read_range(self.opts, partition)
+
+
+def _split(ranges: list[tuple[str, int, int, int]], opts: ReadOptions,
+           tails: dict[tuple[str, int], PartitionTail]) -> list[InputPartition]:  # fmt: skip
+    """One task per `maxRecordsPerPartition` offsets (fewer with `minPartitions`)."""
+    total = sum(e - s for _, _, s, e in ranges)
+    step = opts.max_records_per_partition
+    if opts.min_partitions and total:
+        step = min(step, max(1, math.ceil(total / opts.min_partitions)))
+    out: list[InputPartition] = []
+    for topic, p, start, end in ranges:
+        tail = tails.get((topic, p))
+        for lo in range(start, end, step):
+            hi = min(end, lo + step)
+            out.append(LogRange(topic, p, lo, hi, None, tail.aborted(lo, hi) if tail else ()))
+    return out
 
 
 Offsets = dict[str, dict[str, int]]
@@ -171,15 +210,22 @@ class LightgateStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
     def __init__(self, opts: ReadOptions) -> None:
         self.opts = opts
         root = Path(opts.data_dir)
-        if not root.is_dir():
+        if not opts.bootstrap and not root.is_dir():
             raise LogDirError(f"data dir {root} does not exist")
         self.log = root / "log"
         self.tails: dict[tuple[str, int], PartitionTail] = {}
+        self.starts: dict[tuple[str, int], int] = {}  # log start per partition (cluster)
         self.target: Offsets | None = None
         self.last_latest: Offsets | None = None
 
     def _refresh(self) -> Offsets:
         latest: Offsets = {}
+        if self.opts.bootstrap:
+            for (topic, p), (lo, hwm) in cluster_ranges(self.opts).items():
+                self.starts[(topic, p)] = lo
+                latest.setdefault(topic, {})[str(p)] = hwm
+            self.last_latest = latest
+            return latest
         if not self.log.is_dir():
             return latest
         for topic, count in _select_topics(self.log, self.opts, strict=False):
@@ -194,7 +240,7 @@ class LightgateStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
 
     def _earliest(self, topic: str, p: str) -> int:
         tail = self.tails.get((topic, int(p)))
-        return tail.start_offset if tail else 0
+        return tail.start_offset if tail else self.starts.get((topic, int(p)), 0)
 
     def initialOffset(self) -> dict:
         opts = self.opts

@@ -64,6 +64,30 @@ TXN_BITS = TRANSACTIONAL_MASK | CONTROL_MASK
 Run = tuple[str, int, int, Sequence[int], int]  # topic, partition, base offset, indexes, bytes
 
 
+def take_data_dir_lock(data_dir: Path) -> int:
+    """Take DATA/LOCK (fcntl, non-blocking) for this process, write our pid in it; returns the fd.
+    Raises StoreLockedError naming the holder's pid. Both logs (local, cluster) take it."""
+    path = data_dir / "LOCK"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise StoreLockedError(
+            f"data dir {data_dir} is locked by another process (pid {holder}); "
+            "is another `lightgate serve` or `rebuild-queues` running on it?"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def release_data_dir_lock(fd: int) -> None:
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    os.close(fd)
+
+
 class AppendResult:
     """What an append returns: where its records went, and when they are durable.
 
@@ -123,6 +147,8 @@ class AppendResult:
 
 
 class Store(TopicAdmin, TransactionalReads):
+    remote_reads = False  # store.backend.LogBackend: every read answers from the files
+
     def __init__(self, data_dir: Path, config: StoreConfig) -> None:
         self.data_dir = Path(data_dir)
         self.log_dir = self.data_dir / "log"
@@ -162,25 +188,11 @@ class Store(TopicAdmin, TransactionalReads):
         return self
 
     def _take_lock(self) -> None:
-        path = self.data_dir / "LOCK"
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
-            raise StoreLockedError(
-                f"data dir {self.data_dir} is locked by another process (pid {holder}); "
-                "is another `lightgate serve` or `rebuild-queues` running on it?"
-            ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self._lock_fd = fd
+        self._lock_fd = take_data_dir_lock(self.data_dir)
 
     def _release_lock(self) -> None:
         if self._lock_fd >= 0:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
-            os.close(self._lock_fd)
+            release_data_dir_lock(self._lock_fd)
             self._lock_fd = -1
 
     def _recover_all(self) -> None:
@@ -490,6 +502,9 @@ class Store(TopicAdmin, TransactionalReads):
     def read(self, topic: str, partition: int, offset: int, max_bytes: int) -> bytes:
         """Whole batches from the one holding `offset` (see Log.read); b"" at the high watermark."""
         return self._log(topic, partition).read(offset, max_bytes)
+
+    async def prefetch(self, wants: Sequence[tuple[str, int, int]]) -> None:
+        """Nothing to do: reads answer from the files (store.backend.LogBackend)."""
 
     def high_watermark(self, topic: str, partition: int) -> int:
         """Next offset after the last visible (written) record."""

@@ -15,6 +15,7 @@ import pytest
 from gateway_process import GatewayProcess
 from mqtt_broker import InProcessBroker, ProcessBroker, serve_has_mqtt
 from spark_helpers import JAVA_MISSING
+from tansu import Tansu, start_tansu
 
 # Test modules run against both implementations of the compiled hot loops (store/speedups.py):
 # in-process tests once with the compiled functions and once with their pure-Python twins
@@ -164,3 +165,13 @@ def spark() -> Iterator[object]:
     spark_analytics.register(session)
     yield session
     session.stop()
+
+
+@pytest.fixture
+def tansu(tmp_path: Path) -> Iterator[Tansu]:
+    """A real Kafka-compatible cluster (Tansu, memory storage) on a free port, stopped by PID."""
+    t = start_tansu(tmp_path)
+    try:
+        yield t
+    finally:
+        t.stop()

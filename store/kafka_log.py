@@ -1,0 +1,635 @@
+"""KafkaLog: the log on a Kafka cluster (`log = "kafka"`), a `store.backend.LogBackend`.
+
+Theory of operation
+-------------------
+Writes. `append_mqtt` builds the batches `Store.append_mqtt` would write (store.mqtt_batches)
+and queues them; one sender task hands them, in call order, to aiokafka's producer (acks=all,
+idempotent unless `kafka_client_enable_idempotence = false`), which sends one request per
+broker for many partitions. Ticks queued while a request is out are merged into one build. The
+offsets arrive with the cluster's acknowledgement: `AppendResult.staged` and `durable` both
+resolve then (so a PUBACK waits for acks=all). Unknown log topics are created first, with
+`kafka_topic_partitions` partitions and `kafka_replication_factor` replicas.
+
+Reads. Batches live in a `BatchCache`, filled by one fetch task: it fetches what readers
+missed (`FetchPending`, `prefetch`) and, every `poll_ms` when idle, the tail of every partition
+(records produced by other clients, and our own). Every fetch response moves the partition's
+high watermark and log start, and wakes the partition's append listeners, so the dispatcher
+reads again. Fetches are raw Fetch requests through aiokafka's client: the record set comes
+back as the bytes the cluster stores, and is never decoded here.
+
+The data dir holds no log: only DATA/LOCK (taken as the local store takes it) and what the
+light queues keep (derived from the cluster, rebuilt when missing).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.client import AIOKafkaClient
+
+from store.backend import AppendListener, FetchPending, LogBackend
+from store.batch_cache import BatchCache
+from store.cluster_produce import PrebuiltBatch
+from store.cluster_read import (
+    EMPTY_RETRIES,
+    READER_WAIT_MS,
+    by_leader,
+    fetch_raw,
+    list_offsets,
+)
+from store.config import StoreError, UnknownTopicOrPartitionError
+from store.latency import LatencyHistogram
+from store.log import OffsetOutOfRangeError
+from store.mapping import MqttMessage, log_topic_for, partition_for_key
+from store.mqtt_batches import build_mqtt_batches
+from store.record_batch import split_batches
+from store.store import AppendResult, Run, Store, release_data_dir_lock, take_data_dir_lock
+
+log = logging.getLogger("lightgate.store.kafka_log")
+
+ERR_OFFSET_OUT_OF_RANGE = 1
+METADATA_EVERY_S = 1.0  # new topics (other nodes, other clients) are found this fast
+
+
+class ClusterUnreachableError(StoreError):
+    """The Kafka cluster did not answer within `kafka_connect_timeout_s`."""
+
+
+@dataclass(slots=True)
+class KafkaLogConfig:
+    bootstrap: str
+    topic_partitions: int = 4
+    replication_factor: int = -1  # the cluster's default
+    client: dict[str, Any] = field(default_factory=dict)  # kafka_client_<name> keywords
+    connect_timeout_s: float = 60.0
+    cache_bytes: int = 64 << 20
+    fetch_bytes: int = 4 << 20  # per partition and fetch
+    poll_ms: int = 20  # tail poll when nothing was asked for
+    auto_create_topics: bool = True
+
+
+def _kwargs_for(cls: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    names = inspect.signature(cls.__init__).parameters
+    return {k: v for k, v in kwargs.items() if k in names}
+
+
+class _Pending:
+    """One append call waiting for the sender: its messages or raw batch, and its result."""
+
+    __slots__ = ("msgs", "raw", "res", "now_ms")
+
+    def __init__(self, msgs: Any, raw: tuple[str, int, bytes] | None, res: AppendResult) -> None:
+        self.msgs = msgs
+        self.raw = raw
+        self.res = res
+        self.now_ms = int(time.time() * 1000)
+
+
+class KafkaLog:
+    """The cluster's topics as a LogBackend. Event-loop-only except where a method says so."""
+
+    remote_reads = True
+
+    def __init__(self, data_dir: Path, config: KafkaLogConfig) -> None:
+        self.data_dir = Path(data_dir)
+        self.config = config
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.get_ident()  # the loop's thread
+        self._lock_fd = -1
+        self._client: Any = None
+        self._producer: Any = None
+        self._admin: Any = None
+        self._counts: dict[str, int] = {}
+        self._hwm: dict[tuple[str, int], int] = {}
+        self._start: dict[tuple[str, int], int] = {}
+        self._creating: dict[str, asyncio.Future[None]] = {}
+        self._listeners: list[AppendListener] = []
+        self.cache = BatchCache(config.cache_bytes)
+        self._wanted: dict[tuple[str, int], int] = {}
+        self._kick = asyncio.Event()
+        self._queue: deque[_Pending] = deque()
+        self._send_wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._closed = False
+        self.fsync_latency = LatencyHistogram()  # produce → acks=all, per send (for /metrics)
+        self.fetches = 0  # Fetch requests sent for readers (tests check batching), not polls
+        self.polls = 0  # tail polls (one Fetch per leader every poll_ms when idle)
+        self._meta_at = 0.0
+
+    # --- lifecycle ------------------------------------------------------------------------------
+
+    @classmethod
+    async def open(cls, data_dir: Path, config: KafkaLogConfig) -> KafkaLog:
+        """Lock the data dir, connect (retrying until `connect_timeout_s`, logging why), learn the
+        topics and their offsets, start the sender and the fetcher."""
+        self = cls(Path(data_dir), config)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = take_data_dir_lock(self.data_dir)
+        try:
+            await self._connect()
+            await self._refresh_metadata()
+        except BaseException:
+            await self._stop_clients()
+            release_data_dir_lock(self._lock_fd)
+            self._lock_fd = -1
+            raise
+        self._tasks = [
+            asyncio.create_task(self._sender(), name="kafka-log-sender"),
+            asyncio.create_task(self._fetcher(), name="kafka-log-fetcher"),
+        ]
+        return self
+
+    async def _connect(self) -> None:
+        cfg = self.config
+        kw = dict(cfg.client)
+        idempotent = bool(kw.pop("enable_idempotence", True))
+        deadline = time.monotonic() + cfg.connect_timeout_s
+        attempt = 0
+        while True:
+            attempt += 1
+            client = AIOKafkaClient(
+                bootstrap_servers=cfg.bootstrap, **_kwargs_for(AIOKafkaClient, kw)
+            )
+            try:
+                left = max(0.1, deadline - time.monotonic())
+                await asyncio.wait_for(client.bootstrap(), left)
+                self._client = client
+                break
+            except Exception as exc:
+                await client.close()
+                if time.monotonic() >= deadline:
+                    raise ClusterUnreachableError(
+                        f"cannot reach the Kafka cluster at {cfg.bootstrap} within "
+                        f"{cfg.connect_timeout_s:g} s: {exc!r}"
+                    ) from None
+                log.warning(
+                    "Kafka cluster %s not reachable (attempt %d: %r); retrying",
+                    cfg.bootstrap, attempt, exc,
+                )  # fmt: skip
+                await asyncio.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+        pkw: dict[str, Any] = {"acks": "all", "enable_idempotence": idempotent, "linger_ms": 0}
+        pkw.update(_kwargs_for(AIOKafkaProducer, kw))
+        pkw["max_batch_size"] = max(int(pkw.get("max_batch_size", 0)), 2 << 20)
+        self._producer = AIOKafkaProducer(bootstrap_servers=cfg.bootstrap, **pkw)
+        try:
+            await self._producer.start()
+        except Exception as exc:
+            hint = (
+                " (the cluster refused InitProducerId; set kafka_client_enable_idempotence = false"
+                " for a cluster without idempotent producers, such as Tansu)"
+                if idempotent
+                else ""
+            )
+            raise StoreError(f"cannot start the Kafka producer: {exc!r}{hint}") from None
+        self._admin = AIOKafkaAdminClient(
+            bootstrap_servers=cfg.bootstrap, **_kwargs_for(AIOKafkaAdminClient, kw)
+        )
+        await self._admin.start()
+
+    async def _stop_clients(self) -> None:
+        for c in (self._producer, self._admin, self._client):
+            if c is not None:
+                try:
+                    await (c.stop() if c is self._producer else c.close())
+                except Exception:
+                    log.exception("closing a Kafka client")
+        self._producer = self._admin = self._client = None
+
+    async def close(self) -> None:
+        """Send what is queued, wait for its acks, stop the tasks and the clients, unlock."""
+        if self._closed:
+            return
+        while self._queue:
+            self._send_wake.set()
+            await asyncio.sleep(0.01)
+        if self._producer is not None:
+            try:
+                await self._producer.flush()
+            except Exception:
+                log.exception("flushing the Kafka producer")
+        self._closed = True
+        for t in self._tasks:
+            t.cancel()
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=5)
+        await self._stop_clients()
+        if self._lock_fd >= 0:
+            release_data_dir_lock(self._lock_fd)
+            self._lock_fd = -1
+
+    # --- topics ---------------------------------------------------------------------------------
+
+    async def _refresh_metadata(self) -> None:
+        """Learn topics and partitions (new ones from other clients too), and their offsets."""
+        self._meta_at = time.monotonic()
+        await self._client.force_metadata_update()
+        cluster = self._client.cluster
+        new: list[tuple[str, int]] = []
+        for t in cluster.topics():
+            if t.startswith("__") and not t.startswith("__lightgate"):
+                continue  # the cluster's own (__consumer_offsets, ...)
+            parts = cluster.partitions_for_topic(t) or set()
+            if not parts:
+                continue
+            n = max(parts) + 1
+            if self._counts.get(t, 0) < n:
+                self._counts[t] = n
+            for p in range(n):
+                if (t, p) not in self._hwm:
+                    new.append((t, p))
+        if new:
+            ends = await self._list_offsets(new, -1)
+            starts = await self._list_offsets(new, -2)
+            # Tansu answers ListOffsets(latest) with the last batch's base offset + 1, not the
+            # last offset + 1: a Fetch from just below it reports the true high watermark.
+            probe = {tp: max(starts.get(tp, 0), ends.get(tp, 0) - 1) for tp in new}
+            for node, tps in self._by_leader(new).items():
+                _v, parts = await fetch_raw(self._client, node, {tp: probe[tp] for tp in tps},
+                                            1 << 16)  # fmt: skip
+                for t, part in parts:
+                    if part[2] > ends.get((t, part[0]), 0):
+                        ends[(t, part[0])] = part[2]
+            for tp in new:
+                self._start[tp] = starts.get(tp, 0)
+                self._hwm[tp] = max(ends.get(tp, 0), self._start[tp])
+            for tp in new:
+                self._fire(tp)
+
+    async def _list_offsets(
+        self, tps: list[tuple[str, int]], ts: int
+    ) -> dict[tuple[str, int], int]:
+        return await list_offsets(self._client, tps, ts)
+
+    def _by_leader(self, tps: Any) -> dict[int, list[tuple[str, int]]]:
+        return by_leader(self._client, tps)
+
+    def topics(self) -> dict[str, int]:
+        return dict(self._counts)
+
+    def partitions(self, name: str) -> int | None:
+        return self._counts.get(name)
+
+    def ensure_topic(self, name: str, partitions: int | None = None) -> int:
+        """Known: its count. Else the topic is created on the cluster in the background (appends
+        to it wait for that); returns the count it is created with."""
+        n = self._counts.get(name)
+        if n is not None:
+            return n
+        n = partitions or self.config.topic_partitions
+        self._counts[name] = n
+        for p in range(n):
+            self._hwm[(name, p)] = self._start[(name, p)] = 0
+        self._creating[name] = asyncio.ensure_future(self._create(name, n))
+        return n
+
+    async def _create(self, name: str, n: int) -> None:
+        nt = NewTopic(name, n, 1)
+        nt.replication_factor = self.config.replication_factor  # -1: the cluster's default
+        try:
+            resp = await self._admin.create_topics([nt])
+            for _t, code, *_rest in resp.topic_errors:
+                if code not in (0, 36):  # 36: TOPIC_ALREADY_EXISTS (another node made it)
+                    log.error("creating topic %s on the cluster: error %d %s", name, code, _rest)
+        except Exception:
+            log.exception("creating topic %s on the cluster", name)
+        await self._refresh_metadata()
+        self._creating.pop(name, None)
+
+    # --- append ---------------------------------------------------------------------------------
+
+    def append_mqtt(self, messages: Sequence[MqttMessage], sync: bool = True) -> AppendResult:
+        """Queue MQTT messages for the cluster; offsets and durability with its acks=all.
+        Raises TopicMappingError for an invalid topic before anything is queued."""
+        if self._closed:
+            raise StoreError("log is closed")
+        for m in messages:
+            lt = log_topic_for(m.topic)
+            if lt not in self._counts:
+                if not self.config.auto_create_topics:
+                    raise UnknownTopicOrPartitionError(f"log topic {lt!r} does not exist")
+                self.ensure_topic(lt)
+        return self._enqueue(list(messages), None, len(messages))
+
+    def append_batch(
+        self, topic: str, partition: int, batch: bytes, sync: bool = True
+    ) -> AppendResult:
+        """Produce already-built batches (base offset 0) to one partition."""
+        if self._closed:
+            raise StoreError("log is closed")
+        if topic not in self._counts:
+            self.ensure_topic(topic)
+        if not 0 <= partition < self._counts[topic]:
+            raise UnknownTopicOrPartitionError(f"unknown topic or partition {topic}-{partition}")
+        count = sum(h.record_count for h in split_batches(batch))
+        return self._enqueue(None, (topic, partition, bytes(batch)), count)
+
+    def _enqueue(self, msgs: Any, raw: Any, count: int) -> AppendResult:
+        loop = self._loop
+        res = AppendResult(None, count, loop.create_future(), loop.create_future())
+        self._queue.append(_Pending(msgs, raw, res))
+        self._send_wake.set()
+        return res
+
+    async def _sender(self) -> None:
+        """Hand queued appends to the producer in call order (one build for all that queued)."""
+        while not self._closed:
+            await self._send_wake.wait()
+            self._send_wake.clear()
+            while self._queue:
+                if self._creating:
+                    await asyncio.gather(*self._creating.values(), return_exceptions=True)
+                items = list(self._queue)
+                self._queue.clear()
+                try:
+                    await self._send(items)
+                except Exception as exc:
+                    log.error("producing %d appends to the cluster failed: %r", len(items), exc)
+                    for it in items:
+                        _fail(it.res, exc)
+
+    async def _send(self, items: list[_Pending]) -> None:
+        counts = self._counts
+        msgs: list[MqttMessage] = []
+        owner: list[tuple[_Pending, int]] = []  # combined index -> (append, its index)
+        now = items[0].now_ms
+        sends: list[tuple[str, int, Any, list[int] | None, _Pending | None]] = []
+        for it in items:
+            if it.raw is not None:
+                t, p, data = it.raw
+                sends.append((t, p, PrebuiltBatch(data, it.res.count), None, it))
+            else:
+                for i, m in enumerate(it.msgs):
+                    msgs.append(m)
+                    owner.append((it, i))
+
+        def route(topic: str) -> tuple[tuple[str, int], bytes]:
+            lt = log_topic_for(topic)
+            key = topic.encode()
+            return (lt, partition_for_key(key, counts[lt])), key
+
+        if msgs:
+            for slot, buf, n, _ts, idxs in build_mqtt_batches(msgs, route, now):
+                sends.append((slot[0], slot[1], PrebuiltBatch(buf, n), idxs, None))
+        t0 = time.perf_counter()
+        futs = []
+        for t, p, batch, _idxs, _it in sends:
+            futs.append(await self._producer.send_batch(batch, t, partition=p))
+        done = asyncio.gather(*futs, return_exceptions=True)
+        done.add_done_callback(lambda f: self._acked(f.result(), sends, items, owner, t0))
+
+    def _acked(self, results: list[Any], sends: list[Any], items: list[_Pending],
+               owner: list[tuple[_Pending, int]], t0: float) -> None:  # fmt: skip
+        self.fsync_latency.observe(time.perf_counter() - t0)
+        runs: dict[_Pending, list[Run]] = {it: [] for it in items}
+        failed: dict[_Pending, BaseException] = {}
+        for md, (t, p, batch, idxs, it) in zip(results, sends, strict=True):
+            if isinstance(md, BaseException):
+                for x in [it] if it is not None else {owner[i][0] for i in idxs}:
+                    failed[x] = md
+                continue
+            base = md.offset
+            n = batch.record_count()
+            tp = (t, p)
+            if base + n > self._hwm.get(tp, 0):
+                self._hwm[tp] = base + n
+                self._want(tp, base)  # fetch what we just wrote: the dispatcher reads it next
+            if it is not None:
+                runs[it].append((t, p, base, range(n), batch.size()))
+                continue
+            # Split the batch into one run per append (consecutive records of one call).
+            k0 = 0
+            while k0 < n:
+                who = owner[idxs[k0]][0]
+                k1 = k0
+                local: list[int] = []
+                while k1 < n and owner[idxs[k1]][0] is who:
+                    local.append(owner[idxs[k1]][1])
+                    k1 += 1
+                runs[who].append((t, p, base + k0, local, batch.size() * (k1 - k0) // n))
+                k0 = k1
+        for it in items:
+            if it in failed:
+                _fail(it.res, failed[it])
+                continue
+            it.res.set_staged(runs[it], it.res.count)
+            if not it.res.durable.done():
+                it.res.durable.set_result(None)
+
+    # --- reads ----------------------------------------------------------------------------------
+
+    def _tp(self, topic: str, partition: int) -> tuple[str, int]:
+        tp = (topic, partition)
+        if tp not in self._hwm:
+            raise UnknownTopicOrPartitionError(f"unknown topic or partition {topic}-{partition}")
+        return tp
+
+    def high_watermark(self, topic: str, partition: int) -> int:
+        """The cluster's high watermark as last learned (fetch responses, our produce acks)."""
+        return self._hwm[self._tp(topic, partition)]
+
+    def log_start_offset(self, topic: str, partition: int) -> int:
+        return self._start[self._tp(topic, partition)]
+
+    def read(self, topic: str, partition: int, offset: int, max_bytes: int) -> bytes:
+        """From memory, else FetchPending (a fetch is started). Thread-safe for one other thread
+        (`rebuild-queues` runs the dispatcher in one): there, it waits for the fetch instead."""
+        tp = self._tp(topic, partition)
+        if offset >= self._hwm[tp]:
+            return b""
+        if offset < self._start[tp]:
+            raise OffsetOutOfRangeError(topic, partition, offset, self._start[tp], self._hwm[tp])
+        if threading.get_ident() != self._thread:
+            for _ in range(EMPTY_RETRIES + 1):  # a slow broker may answer with no records
+                fut = asyncio.run_coroutine_threadsafe(
+                    self._fetch_one(tp, offset, False), self._loop
+                )
+                got = fut.result()
+                if got:
+                    return got
+            raise StoreError(f"{topic}-{partition}: offset {offset} not fetched")
+        cached = self.cache.read(topic, partition, offset, max_bytes)
+        if cached is None:
+            self._want(tp, offset)
+            raise FetchPending(f"{topic}-{partition} offset {offset}")
+        return cached
+
+    async def prefetch(self, wants: Sequence[tuple[str, int, int]]) -> None:
+        """Fetch what `read` would miss, one run per partition: each fetch brings
+        `fetch_bytes` from the first missing offset, which covers the offsets after it."""
+        by_tp: dict[tuple[str, int], list[int]] = {}
+        for t, p, o in wants:
+            by_tp.setdefault((t, p), []).append(o)
+
+        async def one(tp: tuple[str, int], offs: list[int]) -> None:
+            for o in sorted(offs):
+                tries = 0
+                while self._start.get(tp, 0) <= o < self._hwm.get(tp, 0):
+                    if self.cache.find(tp[0], tp[1], o) is not None:
+                        break
+                    if tries > EMPTY_RETRIES:  # the delivery that asked retries later
+                        raise StoreError(f"{tp[0]}-{tp[1]}: offset {o} not fetched")
+                    tries += 1
+                    await self._fetch_one(tp, o, True)
+
+        await asyncio.gather(*(one(tp, offs) for tp, offs in by_tp.items()))
+
+    def offset_for_timestamp(self, topic: str, partition: int, ts_ms: int) -> int | None:
+        """Not answerable synchronously from the cluster: the first offset at/after `ts_ms`
+        among cached batches, else the log start (replay then reads from there and filters by
+        time). See `offsets_for_times` for the cluster's own answer."""
+        self._tp(topic, partition)
+        return None if ts_ms > int(time.time() * 1000) else self._start[(topic, partition)]
+
+    async def offsets_for_times(
+        self, tps: list[tuple[str, int]], ts_ms: int
+    ) -> dict[tuple[str, int], int]:
+        """ListOffsets by time (-1: every record is older)."""
+        return await self._list_offsets(tps, ts_ms)
+
+    def add_append_listener(self, cb: AppendListener) -> None:
+        self._listeners.append(cb)
+
+    def remove_append_listener(self, cb: AppendListener) -> None:
+        self._listeners.remove(cb)
+
+    def disk_usage(self) -> dict[str, tuple[int, int]]:
+        """Log topic -> (0: the bytes are on the cluster, records between log start and end)."""
+        out: dict[str, tuple[int, int]] = {}
+        for (t, _p), h in self._hwm.items():
+            out[t] = (0, out.get(t, (0, 0))[1] + h - self._start[(t, _p)])
+        return out
+
+    def stats(self) -> dict[str, int]:
+        """For /metrics: Fetch requests sent, the batch cache's bytes, hits and misses."""
+        c = self.cache
+        return {
+            "kafka_log_fetches": self.fetches,
+            "kafka_log_polls": self.polls,
+            "kafka_log_cache_bytes": c.bytes,
+            "kafka_log_cache_hits": c.hits,
+            "kafka_log_cache_misses": c.misses,
+        }
+
+    def _fire(self, tp: tuple[str, int]) -> None:
+        for cb in list(self._listeners):
+            cb(tp[0], tp[1], self._hwm[tp])
+
+    # --- fetching -------------------------------------------------------------------------------
+
+    def _want(self, tp: tuple[str, int], offset: int) -> None:
+        o = self._wanted.get(tp)
+        if o is None or offset < o:
+            self._wanted[tp] = offset
+        self._kick.set()
+
+    async def _fetcher(self) -> None:
+        """Fetch what readers missed; when nobody asked for `poll_ms`, poll every tail."""
+        poll = self.config.poll_ms / 1000
+        while not self._closed:
+            if not self._wanted:
+                # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancel that
+                # lands as the event fires, and then close() waited for this task forever.
+                try:
+                    async with asyncio.timeout(poll):
+                        await self._kick.wait()
+                except TimeoutError:
+                    pass
+            self._kick.clear()
+            try:
+                if time.monotonic() - self._meta_at > METADATA_EVERY_S:
+                    await self._refresh_metadata()
+                wanted, self._wanted = self._wanted, {}
+                tail = not wanted
+                if tail:
+                    wanted = dict(self._hwm)
+                await self._fetch(wanted, tail)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("fetching from the Kafka cluster failed: %r; retrying", exc)
+                await asyncio.sleep(0.5)
+
+    async def _fetch(self, wanted: dict[tuple[str, int], int], tail: bool) -> None:
+        await asyncio.gather(
+            *(
+                self._fetch_node(node, {tp: wanted[tp] for tp in tps}, tail)
+                for node, tps in self._by_leader(wanted).items()
+            )
+        )
+
+    async def _fetch_node(
+        self, node: int, wanted: dict[tuple[str, int], int], tail: bool, keep: bool = True
+    ) -> dict[tuple[str, int], bytes]:
+        if tail:
+            self.polls += 1
+        else:
+            self.fetches += 1
+        v, parts = await fetch_raw(self._client, node, wanted, self.config.fetch_bytes,
+                                   1 if tail else READER_WAIT_MS)  # fmt: skip
+        out: dict[tuple[str, int], bytes] = {}
+        for t, part in parts:
+            p, err, hw = part[0], part[1], part[2]
+            tp = (t, p)
+            if tp not in self._hwm:
+                continue
+            changed = False
+            if err == ERR_OFFSET_OUT_OF_RANGE:
+                starts = await self._list_offsets([tp], -2)
+                if tp in starts and starts[tp] != self._start[tp]:
+                    self._start[tp] = starts[tp]
+                    changed = True
+            elif err:
+                log.warning("fetch %s-%d: error %d", t, p, err)
+                continue
+            if v >= 5 and part[4] >= 0 and part[4] > self._start[tp]:
+                self._start[tp] = part[4]
+                self.cache.drop_below(t, p, part[4])
+                changed = True
+            if hw > self._hwm[tp]:
+                self._hwm[tp] = hw
+                changed = True
+            data = part[-1] or b""
+            out[tp] = data
+            if data and keep and self.cache.insert(t, p, data) >= 0:
+                changed = changed or not tail
+            if changed:
+                self._fire(tp)
+        return out
+
+    async def _fetch_one(self, tp: tuple[str, int], offset: int, keep: bool) -> bytes:
+        """One partition from `offset`: into the cache (`keep`), or just returned."""
+        nodes = self._by_leader([tp])
+        if not nodes:
+            await self._refresh_metadata()
+            nodes = self._by_leader([tp])
+            if not nodes:
+                raise StoreError(f"no leader for {tp[0]}-{tp[1]}")
+        (node,) = nodes
+        got = await self._fetch_node(node, {tp: offset}, False, keep)
+        return got.get(tp, b"")
+
+
+def _fail(res: AppendResult, exc: BaseException) -> None:
+    for f in (res.durable, res.staged):
+        if f is not None and not f.done():
+            f.set_exception(StoreError(f"the cluster did not take the append: {exc!r}"))
+            f.exception()  # retrieved here: callers may only look at one of the two
+
+
+def _both_are_log_backends(local: Store, cluster: KafkaLog) -> tuple[LogBackend, LogBackend]:
+    """Never called: mypy checks here that both logs satisfy the Protocol (STYLE 17)."""
+    return local, cluster
+
+
+__all__ = ["ClusterUnreachableError", "KafkaLog", "KafkaLogConfig"]

@@ -1,0 +1,244 @@
+"""`log = "kafka"`: the log on a real Kafka-compatible cluster (Tansu, tests/tansu.py).
+
+MQTT through Lightgate lands on the cluster's topics as the local log lays it out; records other
+Kafka clients produce reach MQTT subscribers; offline sessions drain from the cluster; a
+kill -9 loses nothing acknowledged and a lost data dir is rebuilt from the cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from gateway_process import ROOT, GatewayProcess
+from mqtt_helpers import V5, Client
+from tansu import Tansu, free_port, kafka_args
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def start(tmp: Path, t: Tansu, name: str = "data", *more: str) -> GatewayProcess:
+    return GatewayProcess(tmp / name, kafka_args(t, *more)).start()
+
+
+async def _consume_all(bootstrap: str, topic: str, n: int) -> list[Any]:
+    """Read `n` records of `topic` from the cluster (all partitions, from the start)."""
+    c = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
+                         group_id=None)  # fmt: skip
+    await c.start()
+    try:
+        out: list[Any] = []
+        deadline = time.monotonic() + 20
+        while len(out) < n and time.monotonic() < deadline:
+            for recs in (await c.getmany(timeout_ms=200)).values():
+                out.extend(recs)
+        return out
+    finally:
+        await c.stop()
+
+
+def test_mqtt_end_to_end_on_the_cluster(tmp_path: Path, tansu: Tansu) -> None:
+    gw = start(tmp_path, tansu)
+    try:
+        assert "kafka=" not in gw.ready_line
+        port = gw.port("mqtt")
+        sub = Client(port, "sub", version=V5).connect()
+        sub.subscribe("plant/#", qos=2)
+        pub = Client(port, "pub").connect()
+        for q in (0, 1, 2):
+            pub.publish(f"plant/line{q}", f"m{q}".encode(), qos=q)  # waits for PUBACK / PUBCOMP
+        got = sorted((m.topic, m.payload, m.qos) for m in sub.expect(3))
+        assert got == [
+            ("plant/line0", b"m0", 0),
+            ("plant/line1", b"m1", 1),
+            ("plant/line2", b"m2", 2),
+        ]
+        # The records are on the cluster, laid out as the local log lays them out.
+        recs = asyncio.run(_consume_all(tansu.bootstrap, "plant", 3))
+        assert sorted(r.value for r in recs) == [b"m0", b"m1", b"m2"]
+        r = next(r for r in recs if r.value == b"m1")
+        assert r.key == b"plant/line1"
+        assert dict(r.headers) == {"mqtt.qos": b"1", "mqtt.client_id": b"pub"}
+        assert r.timestamp_type == 0 and abs(r.timestamp - time.time() * 1000) < 60_000
+        pub.disconnect()
+        sub.disconnect()
+    finally:
+        gw.stop()
+
+
+def test_records_from_other_kafka_clients_reach_mqtt(tmp_path: Path, tansu: Tansu) -> None:
+    gw = start(tmp_path, tansu)
+    try:
+        sub = Client(gw.port("mqtt"), "sub2").connect()
+        sub.subscribe("sensors/#", qos=1)
+
+        async def produce() -> None:
+            p = AIOKafkaProducer(bootstrap_servers=tansu.bootstrap, acks="all")
+            await p.start()
+            try:
+                await p.send_and_wait("sensors", b"21.5", key=b"sensors/t1")
+            finally:
+                await p.stop()
+
+        asyncio.run(produce())
+        (m,) = sub.expect(1, timeout=15)
+        assert (m.topic, m.payload) == ("sensors/t1", b"21.5")
+        sub.disconnect()
+    finally:
+        gw.stop()
+
+
+def test_offline_session_drains_from_the_cluster(tmp_path: Path, tansu: Tansu) -> None:
+    gw = start(tmp_path, tansu)
+    try:
+        port = gw.port("mqtt")
+        sub = Client(port, "offline").connect(clean=False)
+        sub.subscribe("fleet/+/pos", qos=1)
+        sub.disconnect()
+        pub = Client(port, "truck").connect()
+        n = 2000
+        for i in range(n):
+            pub.publish(f"fleet/t{i % 7}/pos", str(i).encode(), qos=1, wait=(i == n - 1))
+        pub.disconnect()
+        # A restart between: nothing is in the node's memory, the records come from the cluster
+        # (and its high watermarks are learned right: Tansu's ListOffsets(latest) is not).
+        gw.stop()
+        gw = start(tmp_path, tansu)
+        sub = Client(gw.port("mqtt"), "offline").connect(clean=False)
+        assert sub.session_present
+        got = sub.expect(n, timeout=60)
+        assert sorted(int(m.payload) for m in got) == list(range(n))
+        sub.expect_none(0.5)
+        assert "commitlog shorter" not in gw.log_text()
+        sub.disconnect()
+    finally:
+        gw.stop()
+
+
+def test_kill9_loses_nothing_acknowledged_and_data_dir_rebuilds(
+    tmp_path: Path, tansu: Tansu
+) -> None:
+    gw = start(tmp_path, tansu)
+    port = gw.port("mqtt")
+    sub = Client(port, "keeper").connect(clean=False)
+    sub.subscribe("acked/#", qos=1)
+    sub.disconnect()
+    pub = Client(port, "writer").connect()
+    n = 300
+    for i in range(n):
+        pub.publish(f"acked/{i % 3}", str(i).encode(), qos=1)  # each waits for its PUBACK
+    gw.kill()
+    pub.kill()
+    # Every acknowledged message is on the cluster.
+    recs = asyncio.run(_consume_all(tansu.bootstrap, "acked", n))
+    assert sorted(int(r.value) for r in recs) == list(range(n))
+    # The light queues are derived: without them, `lightgate rebuild-queues` rebuilds them from
+    # the cluster, and `serve` on an empty data dir indexes the cluster before it is ready.
+    env = {"LIGHTGATE_LOG": "kafka", "LIGHTGATE_KAFKA_BOOTSTRAP": tansu.bootstrap,
+           "LIGHTGATE_KAFKA_CLIENT_ENABLE_IDEMPOTENCE": "false"}  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "lightgate", "rebuild-queues", "--data-dir", str(tmp_path / "data")],
+        cwd=ROOT, env={**__import__("os").environ, **env}, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert f"{n} records" in out.stderr
+    shutil.rmtree(tmp_path / "data")
+    gw2 = start(tmp_path, tansu)
+    try:
+        assert "indexed" in gw2.log_text() and "from the cluster" in gw2.log_text()
+        sub = Client(gw2.port("mqtt"), "late").connect()
+        sub.subscribe("acked/#", qos=1)
+        pub = Client(gw2.port("mqtt"), "writer2").connect()
+        pub.publish("acked/x", b"after", qos=1)
+        assert sub.expect(1)[0].payload == b"after"
+        pub.disconnect()
+        sub.disconnect()
+    finally:
+        gw2.stop()
+
+
+def test_unreachable_cluster_exits_nonzero_without_ready_line(tmp_path: Path) -> None:
+    dead = free_port()
+    t0 = time.monotonic()
+    out = subprocess.run(
+        [sys.executable, "-m", "lightgate", "serve", "--data-dir", str(tmp_path / "d"),
+         "--mqtt-port", "0", "--http-port", "-1", "--set", "log=kafka",
+         "--set", f"kafka_bootstrap=127.0.0.1:{dead}", "--set", "kafka_connect_timeout_s=2"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode != 0
+    assert "ready" not in out.stdout
+    assert "retrying" in out.stderr and "cannot reach the Kafka cluster" in out.stderr
+    assert time.monotonic() - t0 < 30
+
+
+async def test_reads_for_delivery_batch_by_partition(tmp_path: Path, tansu: Tansu) -> None:
+    """10k records behind a light queue resolve with a handful of fetches, not one each; and
+    the light queues, the dispatcher and the resolver are the local log's, unchanged."""
+    from lightqueue import LightQueues
+    from store import MqttMessage
+    from store.kafka_log import KafkaLog, KafkaLogConfig
+
+    cfg = KafkaLogConfig(tansu.bootstrap, topic_partitions=2, client={"enable_idempotence": False},
+                         connect_timeout_s=10)  # fmt: skip
+    kl = await KafkaLog.open(tmp_path / "d", cfg)
+    lq = LightQueues.open(tmp_path / "d", kl)
+    await lq.start()
+    try:
+        q = lq.acquire_filter("drain/#").queue
+        n = 10_000
+        res = [kl.append_mqtt([MqttMessage(f"drain/{i % 5}", b"x" * 100, 1, "c")
+                               for i in range(j, j + 1000)]) for j in range(0, n, 1000)]  # fmt: skip
+        await asyncio.gather(*(r.durable for r in res))
+        deadline = time.monotonic() + 20
+        while (lq.last_seq(q) or -1) < n - 1 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert lq.last_seq(q) == n - 1
+        kl.cache.__init__(kl.cache.max_bytes)  # as after a restart: nothing in memory
+        fetches0 = kl.fetches
+        got = 0
+        seq = 0
+        while seq < n:
+            r = lq.read(q, seq, 500)
+            await lq.prefetch(r.entries)
+            msgs = lq.resolve(r.entries)
+            assert all(m is not None for m in msgs)
+            got += len(msgs)
+            seq = r.first_seq + len(r.entries)
+        assert got == n
+        assert kl.fetches - fetches0 <= 20, kl.fetches - fetches0
+    finally:
+        await lq.close()
+        await kl.close()
+
+
+def test_two_nodes_on_one_cluster_share_messages_and_retained(tmp_path: Path, tansu: Tansu) -> None:
+    """Each node builds its light queues from the same topics: a message published on node A
+    reaches a subscriber on node B, and B serves the retained message A received."""
+    a = start(tmp_path, tansu, "a")
+    b = start(tmp_path, tansu, "b")
+    try:
+        watch = Client(b.port("mqtt"), "watch").connect()
+        watch.subscribe("hall/#", qos=1)
+        pub = Client(a.port("mqtt"), "pa").connect()
+        pub.publish("hall/door", b"open", qos=1, retain=True)
+        assert watch.expect(1, timeout=15)[0].payload == b"open"  # B has indexed it
+        sub = Client(b.port("mqtt"), "sb").connect()
+        sub.subscribe("hall/#", qos=1)
+        pub.publish("hall/light", b"on", qos=1)
+        got = [(m.topic, m.payload, m.retain) for m in sub.expect(2, timeout=15)]
+        assert got == [("hall/door", b"open", True), ("hall/light", b"on", False)]
+        sub.expect_none(0.5)
+        pub.disconnect()
+        sub.disconnect()
+        watch.disconnect()
+    finally:
+        a.stop()
+        b.stop()

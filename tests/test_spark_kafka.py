@@ -1,0 +1,94 @@
+"""The `lightgate` Spark source reading a Kafka cluster (`kafka.bootstrap.servers`): Tansu."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from aiokafka import AIOKafkaProducer
+from tansu import Tansu
+
+from tests.spark_helpers import spark  # noqa: F401
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+
+async def _write(t: Tansu, data_dir: Path) -> None:
+    """MQTT messages through the cluster log, plus a plain Kafka record from another client."""
+    from store import MqttMessage
+    from store.kafka_log import KafkaLog, KafkaLogConfig
+
+    cfg = KafkaLogConfig(t.bootstrap, topic_partitions=2, client={"enable_idempotence": False},
+                         connect_timeout_s=10)  # fmt: skip
+    kl = await KafkaLog.open(data_dir, cfg)
+    try:
+        res = kl.append_mqtt(
+            [MqttMessage(f"sensors/dev{i % 3}/t", str(i).encode(), i % 3, f"dev{i % 3}")
+             for i in range(30)]
+        )  # fmt: skip
+        await res.durable
+    finally:
+        await kl.close()
+    p = AIOKafkaProducer(bootstrap_servers=t.bootstrap)
+    await p.start()
+    try:
+        await p.send_and_wait("sensors", b"raw", key=b"k1", partition=0)
+    finally:
+        await p.stop()
+
+
+def test_batch_read_from_the_cluster(spark, tansu: Tansu, tmp_path: Path) -> None:  # noqa: F811
+    asyncio.run(_write(tansu, tmp_path / "d"))
+    df = (
+        spark.read.format("lightgate")
+        .option("kafka.bootstrap.servers", tansu.bootstrap)
+        .option("topics", "sensors")
+        .load()
+    )
+    rows = df.collect()
+    assert len(rows) == 31
+    mqtt = sorted(
+        (r.mqtt_topic, r.client_id, r.qos, int(r.value)) for r in rows if r.value != b"raw"
+    )
+    assert mqtt == sorted((f"sensors/dev{i % 3}/t", f"dev{i % 3}", i % 3, i) for i in range(30))
+    (raw,) = [r for r in rows if r.value == b"raw"]
+    assert (raw.topic, raw.partition, raw.key) == ("sensors", 0, b"k1")
+    assert len({(r.partition, r.offset) for r in rows}) == 31
+    # Streaming (AvailableNow) from the cluster: everything once, then only what is new.
+    ckpt = tmp_path / "ckpt"
+
+    def run() -> list[int]:
+        seen: list[int] = []
+
+        def collect(df, batch_id: int) -> None:  # noqa: ANN001
+            seen.extend(r.offset for r in df.select("offset").collect())
+
+        q = (
+            spark.readStream.format("lightgate")
+            .option("kafka.bootstrap.servers", tansu.bootstrap)
+            .option("topics", "sensors")
+            .option("startingOffsets", "earliest")
+            .load()
+            .writeStream.foreachBatch(collect)
+            .option("checkpointLocation", str(ckpt))
+            .trigger(availableNow=True)
+            .start()
+        )
+        q.awaitTermination(120)
+        assert q.exception() is None
+        return seen
+
+    assert len(run()) == 31
+
+    async def more() -> None:
+        p = AIOKafkaProducer(bootstrap_servers=tansu.bootstrap)
+        await p.start()
+        try:
+            for v in (b"n1", b"n2"):
+                await p.send_and_wait("sensors", v, partition=1)
+        finally:
+            await p.stop()
+
+    asyncio.run(more())
+    assert len(run()) == 2
