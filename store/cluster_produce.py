@@ -1,4 +1,4 @@
-"""Producing to a Kafka cluster the bytes the local log would have written.
+"""Producing to a Kafka cluster the bytes the local log would have written (KafkaLog's appends).
 
 `PrebuiltBatch` hands aiokafka's producer a RecordBatch v2 built by `store.mqtt_batches` (the
 same builder `Store.append_mqtt` uses), so a record produced for an MQTT PUBLISH is the one
@@ -13,11 +13,24 @@ again over the stamped bytes), retries, one request per broker for many partitio
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import struct
+import time
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
 
 from aiokafka.producer.message_accumulator import BatchBuilder
 
-from store.record_batch import _OFFSETS, ATTRIBUTES_OFFSET, CRC_OFFSET, batch_crc
+from store.config import StoreError, UnknownTopicOrPartitionError
+from store.latency import LatencyHistogram
+from store.mapping import MqttMessage, log_topic_for, partition_for_key
+from store.mqtt_batches import build_mqtt_batches
+from store.record_batch import _OFFSETS, ATTRIBUTES_OFFSET, CRC_OFFSET, batch_crc, split_batches
+from store.store import AppendResult, Run
+
+log = logging.getLogger("lightgate.store.kafka_log")
 
 _PRODUCER = struct.Struct(">qhi")  # producer id, producer epoch, base sequence
 _PRODUCER_OFFSET = _OFFSETS["producer_id"]
@@ -62,3 +75,164 @@ class PrebuiltBatch(BatchBuilder):  # type: ignore[misc]
 
     def closed(self) -> bool:
         return True
+
+
+class _Pending:
+    """One append call waiting for the sender: its messages or raw batch, and its result."""
+
+    __slots__ = ("msgs", "raw", "res", "now_ms")
+
+    def __init__(self, msgs: Any, raw: tuple[str, int, bytes] | None, res: AppendResult) -> None:
+        self.msgs = msgs
+        self.raw = raw
+        self.res = res
+        self.now_ms = int(time.time() * 1000)
+
+
+class ClusterAppends:
+    """KafkaLog's write half: appends queued in call order, one sender task, offsets and
+    durability with the cluster's acks=all (theory of operation: store/kafka_log.py)."""
+
+    _closed: bool
+    _counts: dict[str, int]
+    _hwm: dict[tuple[str, int], int]
+    _loop: asyncio.AbstractEventLoop
+    _queue: deque[_Pending]
+    _send_wake: asyncio.Event
+    _creating: dict[str, asyncio.Future[None]]
+    _producer: Any
+    config: Any
+    fsync_latency: LatencyHistogram
+
+    def ensure_topic(self, name: str, partitions: int | None = None) -> int:
+        raise NotImplementedError
+
+    def _want(self, tp: tuple[str, int], offset: int) -> None:
+        raise NotImplementedError
+
+    # --- append ---------------------------------------------------------------------------------
+
+    def append_mqtt(self, messages: Sequence[MqttMessage], sync: bool = True) -> AppendResult:
+        """Queue MQTT messages for the cluster; offsets and durability with its acks=all.
+        Raises TopicMappingError for an invalid topic before anything is queued."""
+        if self._closed:
+            raise StoreError("log is closed")
+        for m in messages:
+            lt = log_topic_for(m.topic)
+            if lt not in self._counts:
+                if not self.config.auto_create_topics:
+                    raise UnknownTopicOrPartitionError(f"log topic {lt!r} does not exist")
+                self.ensure_topic(lt)
+        return self._enqueue(list(messages), None, len(messages))
+
+    def append_batch(
+        self, topic: str, partition: int, batch: bytes, sync: bool = True
+    ) -> AppendResult:
+        """Produce already-built batches (base offset 0) to one partition."""
+        if self._closed:
+            raise StoreError("log is closed")
+        if topic not in self._counts:
+            self.ensure_topic(topic)
+        if not 0 <= partition < self._counts[topic]:
+            raise UnknownTopicOrPartitionError(f"unknown topic or partition {topic}-{partition}")
+        count = sum(h.record_count for h in split_batches(batch))
+        return self._enqueue(None, (topic, partition, bytes(batch)), count)
+
+    def _enqueue(self, msgs: Any, raw: Any, count: int) -> AppendResult:
+        loop = self._loop
+        res = AppendResult(None, count, loop.create_future(), loop.create_future())
+        self._queue.append(_Pending(msgs, raw, res))
+        self._send_wake.set()
+        return res
+
+    async def _sender(self) -> None:
+        """Hand queued appends to the producer in call order (one build for all that queued)."""
+        while not self._closed:
+            await self._send_wake.wait()
+            self._send_wake.clear()
+            while self._queue:
+                if self._creating:
+                    await asyncio.gather(*self._creating.values(), return_exceptions=True)
+                items = list(self._queue)
+                self._queue.clear()
+                try:
+                    await self._send(items)
+                except Exception as exc:
+                    log.error("producing %d appends to the cluster failed: %r", len(items), exc)
+                    for it in items:
+                        _fail(it.res, exc)
+
+    async def _send(self, items: list[_Pending]) -> None:
+        counts = self._counts
+        msgs: list[MqttMessage] = []
+        owner: list[tuple[_Pending, int]] = []  # combined index -> (append, its index)
+        now = items[0].now_ms
+        sends: list[tuple[str, int, Any, list[int] | None, _Pending | None]] = []
+        for it in items:
+            if it.raw is not None:
+                t, p, data = it.raw
+                sends.append((t, p, PrebuiltBatch(data, it.res.count), None, it))
+            else:
+                for i, m in enumerate(it.msgs):
+                    msgs.append(m)
+                    owner.append((it, i))
+
+        def route(topic: str) -> tuple[tuple[str, int], bytes]:
+            lt = log_topic_for(topic)
+            key = topic.encode()
+            return (lt, partition_for_key(key, counts[lt])), key
+
+        if msgs:
+            for slot, buf, n, _ts, idxs in build_mqtt_batches(msgs, route, now):
+                sends.append((slot[0], slot[1], PrebuiltBatch(buf, n), idxs, None))
+        t0 = time.perf_counter()
+        futs = []
+        for t, p, batch, _idxs, _it in sends:
+            futs.append(await self._producer.send_batch(batch, t, partition=p))
+        done = asyncio.gather(*futs, return_exceptions=True)
+        done.add_done_callback(lambda f: self._acked(f.result(), sends, items, owner, t0))
+
+    def _acked(self, results: list[Any], sends: list[Any], items: list[_Pending],
+               owner: list[tuple[_Pending, int]], t0: float) -> None:  # fmt: skip
+        self.fsync_latency.observe(time.perf_counter() - t0)
+        runs: dict[_Pending, list[Run]] = {it: [] for it in items}
+        failed: dict[_Pending, BaseException] = {}
+        for md, (t, p, batch, idxs, it) in zip(results, sends, strict=True):
+            if isinstance(md, BaseException):
+                for x in [it] if it is not None else {owner[i][0] for i in idxs}:
+                    failed[x] = md
+                continue
+            base = md.offset
+            n = batch.record_count()
+            tp = (t, p)
+            if base + n > self._hwm.get(tp, 0):
+                self._hwm[tp] = base + n
+                self._want(tp, base)  # fetch what we just wrote: the dispatcher reads it next
+            if it is not None:
+                runs[it].append((t, p, base, range(n), batch.size()))
+                continue
+            # Split the batch into one run per append (consecutive records of one call).
+            k0 = 0
+            while k0 < n:
+                who = owner[idxs[k0]][0]
+                k1 = k0
+                local: list[int] = []
+                while k1 < n and owner[idxs[k1]][0] is who:
+                    local.append(owner[idxs[k1]][1])
+                    k1 += 1
+                runs[who].append((t, p, base + k0, local, batch.size() * (k1 - k0) // n))
+                k0 = k1
+        for it in items:
+            if it in failed:
+                _fail(it.res, failed[it])
+                continue
+            it.res.set_staged(runs[it], it.res.count)
+            if not it.res.durable.done():
+                it.res.durable.set_result(None)
+
+
+def _fail(res: AppendResult, exc: BaseException) -> None:
+    for f in (res.durable, res.staged):
+        if f is not None and not f.done():
+            f.set_exception(StoreError(f"the cluster did not take the append: {exc!r}"))
+            f.exception()  # retrieved here: callers may only look at one of the two

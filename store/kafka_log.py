@@ -40,7 +40,7 @@ from aiokafka.client import AIOKafkaClient
 
 from store.backend import AppendListener, FetchPending, LogBackend
 from store.batch_cache import BatchCache
-from store.cluster_produce import PrebuiltBatch
+from store.cluster_produce import ClusterAppends, _Pending
 from store.cluster_read import (
     EMPTY_RETRIES,
     READER_WAIT_MS,
@@ -51,10 +51,7 @@ from store.cluster_read import (
 from store.config import StoreError, UnknownTopicOrPartitionError
 from store.latency import LatencyHistogram
 from store.log import OffsetOutOfRangeError
-from store.mapping import MqttMessage, log_topic_for, partition_for_key
-from store.mqtt_batches import build_mqtt_batches
-from store.record_batch import split_batches
-from store.store import AppendResult, Run, Store, release_data_dir_lock, take_data_dir_lock
+from store.store import Store, release_data_dir_lock, take_data_dir_lock
 
 log = logging.getLogger("lightgate.store.kafka_log")
 
@@ -84,19 +81,7 @@ def _kwargs_for(cls: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in kwargs.items() if k in names}
 
 
-class _Pending:
-    """One append call waiting for the sender: its messages or raw batch, and its result."""
-
-    __slots__ = ("msgs", "raw", "res", "now_ms")
-
-    def __init__(self, msgs: Any, raw: tuple[str, int, bytes] | None, res: AppendResult) -> None:
-        self.msgs = msgs
-        self.raw = raw
-        self.res = res
-        self.now_ms = int(time.time() * 1000)
-
-
-class KafkaLog:
+class KafkaLog(ClusterAppends):
     """The cluster's topics as a LogBackend. Event-loop-only except where a method says so."""
 
     remote_reads = True
@@ -306,126 +291,6 @@ class KafkaLog:
         await self._refresh_metadata()
         self._creating.pop(name, None)
 
-    # --- append ---------------------------------------------------------------------------------
-
-    def append_mqtt(self, messages: Sequence[MqttMessage], sync: bool = True) -> AppendResult:
-        """Queue MQTT messages for the cluster; offsets and durability with its acks=all.
-        Raises TopicMappingError for an invalid topic before anything is queued."""
-        if self._closed:
-            raise StoreError("log is closed")
-        for m in messages:
-            lt = log_topic_for(m.topic)
-            if lt not in self._counts:
-                if not self.config.auto_create_topics:
-                    raise UnknownTopicOrPartitionError(f"log topic {lt!r} does not exist")
-                self.ensure_topic(lt)
-        return self._enqueue(list(messages), None, len(messages))
-
-    def append_batch(
-        self, topic: str, partition: int, batch: bytes, sync: bool = True
-    ) -> AppendResult:
-        """Produce already-built batches (base offset 0) to one partition."""
-        if self._closed:
-            raise StoreError("log is closed")
-        if topic not in self._counts:
-            self.ensure_topic(topic)
-        if not 0 <= partition < self._counts[topic]:
-            raise UnknownTopicOrPartitionError(f"unknown topic or partition {topic}-{partition}")
-        count = sum(h.record_count for h in split_batches(batch))
-        return self._enqueue(None, (topic, partition, bytes(batch)), count)
-
-    def _enqueue(self, msgs: Any, raw: Any, count: int) -> AppendResult:
-        loop = self._loop
-        res = AppendResult(None, count, loop.create_future(), loop.create_future())
-        self._queue.append(_Pending(msgs, raw, res))
-        self._send_wake.set()
-        return res
-
-    async def _sender(self) -> None:
-        """Hand queued appends to the producer in call order (one build for all that queued)."""
-        while not self._closed:
-            await self._send_wake.wait()
-            self._send_wake.clear()
-            while self._queue:
-                if self._creating:
-                    await asyncio.gather(*self._creating.values(), return_exceptions=True)
-                items = list(self._queue)
-                self._queue.clear()
-                try:
-                    await self._send(items)
-                except Exception as exc:
-                    log.error("producing %d appends to the cluster failed: %r", len(items), exc)
-                    for it in items:
-                        _fail(it.res, exc)
-
-    async def _send(self, items: list[_Pending]) -> None:
-        counts = self._counts
-        msgs: list[MqttMessage] = []
-        owner: list[tuple[_Pending, int]] = []  # combined index -> (append, its index)
-        now = items[0].now_ms
-        sends: list[tuple[str, int, Any, list[int] | None, _Pending | None]] = []
-        for it in items:
-            if it.raw is not None:
-                t, p, data = it.raw
-                sends.append((t, p, PrebuiltBatch(data, it.res.count), None, it))
-            else:
-                for i, m in enumerate(it.msgs):
-                    msgs.append(m)
-                    owner.append((it, i))
-
-        def route(topic: str) -> tuple[tuple[str, int], bytes]:
-            lt = log_topic_for(topic)
-            key = topic.encode()
-            return (lt, partition_for_key(key, counts[lt])), key
-
-        if msgs:
-            for slot, buf, n, _ts, idxs in build_mqtt_batches(msgs, route, now):
-                sends.append((slot[0], slot[1], PrebuiltBatch(buf, n), idxs, None))
-        t0 = time.perf_counter()
-        futs = []
-        for t, p, batch, _idxs, _it in sends:
-            futs.append(await self._producer.send_batch(batch, t, partition=p))
-        done = asyncio.gather(*futs, return_exceptions=True)
-        done.add_done_callback(lambda f: self._acked(f.result(), sends, items, owner, t0))
-
-    def _acked(self, results: list[Any], sends: list[Any], items: list[_Pending],
-               owner: list[tuple[_Pending, int]], t0: float) -> None:  # fmt: skip
-        self.fsync_latency.observe(time.perf_counter() - t0)
-        runs: dict[_Pending, list[Run]] = {it: [] for it in items}
-        failed: dict[_Pending, BaseException] = {}
-        for md, (t, p, batch, idxs, it) in zip(results, sends, strict=True):
-            if isinstance(md, BaseException):
-                for x in [it] if it is not None else {owner[i][0] for i in idxs}:
-                    failed[x] = md
-                continue
-            base = md.offset
-            n = batch.record_count()
-            tp = (t, p)
-            if base + n > self._hwm.get(tp, 0):
-                self._hwm[tp] = base + n
-                self._want(tp, base)  # fetch what we just wrote: the dispatcher reads it next
-            if it is not None:
-                runs[it].append((t, p, base, range(n), batch.size()))
-                continue
-            # Split the batch into one run per append (consecutive records of one call).
-            k0 = 0
-            while k0 < n:
-                who = owner[idxs[k0]][0]
-                k1 = k0
-                local: list[int] = []
-                while k1 < n and owner[idxs[k1]][0] is who:
-                    local.append(owner[idxs[k1]][1])
-                    k1 += 1
-                runs[who].append((t, p, base + k0, local, batch.size() * (k1 - k0) // n))
-                k0 = k1
-        for it in items:
-            if it in failed:
-                _fail(it.res, failed[it])
-                continue
-            it.res.set_staged(runs[it], it.res.count)
-            if not it.res.durable.done():
-                it.res.durable.set_result(None)
-
     # --- reads ----------------------------------------------------------------------------------
 
     def _tp(self, topic: str, partition: int) -> tuple[str, int]:
@@ -618,13 +483,6 @@ class KafkaLog:
         (node,) = nodes
         got = await self._fetch_node(node, {tp: offset}, False, keep)
         return got.get(tp, b"")
-
-
-def _fail(res: AppendResult, exc: BaseException) -> None:
-    for f in (res.durable, res.staged):
-        if f is not None and not f.done():
-            f.set_exception(StoreError(f"the cluster did not take the append: {exc!r}"))
-            f.exception()  # retrieved here: callers may only look at one of the two
 
 
 def _both_are_log_backends(local: Store, cluster: KafkaLog) -> tuple[LogBackend, LogBackend]:
