@@ -9,8 +9,6 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from tansu import Tansu
 
-from tests.spark_helpers import spark  # noqa: F401
-
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 
