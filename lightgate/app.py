@@ -153,7 +153,7 @@ class Gateway:
         from lightgate.core_link import CoreLink
         from lightgate.split import core_address, core_link_security
 
-        assert isinstance(self.store, Store)  # log = "kafka" runs in one process for now
+        assert self.store is not None
         secret, ssl_ctx = core_link_security(self.cfg, server=True)
         link = self.link = CoreLink(self.store, queues, notifier, secret=secret, ssl_ctx=ssl_ctx)
         publish, on_round = notifier.publish, link.queue_service.on_round
@@ -293,10 +293,6 @@ async def open_cluster_log(cfg: GatewayConfig) -> KafkaLog:
     """`log = "kafka"`: the log on the cluster at `kafka_bootstrap` (store.kafka_log)."""
     from store.kafka_log import KafkaLog, KafkaLogConfig
 
-    if cfg.mqtt_processes != 0 or cfg.core_listen:
-        raise ConfigError(
-            'log = "kafka" runs in one process for now (mqtt_processes = 0, no core_listen)'
-        )
     kcfg = KafkaLogConfig(
         bootstrap=cfg.kafka_bootstrap,
         topic_partitions=cfg.kafka_topic_partitions or cfg.default_partitions,
