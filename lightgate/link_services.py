@@ -280,10 +280,27 @@ class LightQueueService:
         await self.queues.prefetch(entries)
         return lw.encode_messages(self.queues.resolve(entries))
 
-    def _acquire(self, peer: RpcPeer, body: bytes) -> bytes:
+    def _acquire(self, peer: RpcPeer, body: bytes) -> bytes | Awaitable[bytes]:
+        items = lw.decode_acquire(body)
+        if self.queues.needs_prepare(items):
+            return self._acquire_prepared(peer, items)
+        return self._acquire_now(peer, items)
+
+    async def _acquire_prepared(self, peer: RpcPeer, items: list[tuple[str, int | None]]) -> bytes:
+        """The cluster log: where each replay starts is asked of it first (its answer is not
+        synchronous); the holds are then taken at once, as for the local log."""
+        try:
+            await self.queues.prepare_acquire(items)
+        except Exception as exc:
+            log.warning("finding replay starts on the cluster failed: %r", exc)
+        if peer.is_closing():
+            return b""  # the link went away meanwhile: take no hold it cannot release
+        return self._acquire_now(peer, items)
+
+    def _acquire_now(self, peer: RpcPeer, items: list[tuple[str, int | None]]) -> bytes:
         holds: Counter[str] = peer.state.setdefault("holds", Counter())
         out: list[tuple[str, int] | str] = []
-        for filt, since_ms in lw.decode_acquire(body):
+        for filt, since_ms in items:
             try:
                 a = self.queues.acquire_filter(filt, since_ms)
             except Exception as exc:

@@ -22,7 +22,7 @@ from aiokafka.protocol.offset import OffsetRequest
 from aiokafka.structs import TopicPartition
 
 from store.config import StoreError
-from store.record_batch import HEADER, iter_batches
+from store.record_batch import HEADER, TIMESTAMP_TYPE_MASK, iter_batches, iter_records
 
 FETCH_BYTES = 8 << 20
 READER_WAIT_MS = 200  # max_wait of a fetch that expects records (answered at once when there)
@@ -71,6 +71,24 @@ async def fetch_raw(client: Any, node: int, wanted: dict[tuple[str, int], int],
         node, FetchRequest(max_wait_ms, 1, max_bytes * len(wanted), 0, list(topics.items()))
     )
     return resp.API_VERSION, [(t, part) for t, parts in resp.topics for part in parts]
+
+
+def first_at_time(data: bytes, o: int, ts: int) -> tuple[int | None, int]:
+    """In fetched batches: (the first offset >= o whose timestamp >= ts, or None; the offset
+    to fetch next). Whole batches are skipped by their max timestamp."""
+    for pos, size in iter_batches(data):
+        h = HEADER.unpack_from(data, pos)
+        base, last, max_ts = h[0], h[0] + h[6], h[8]
+        if last < o:
+            continue
+        if max_ts >= ts:
+            if h[5] & TIMESTAMP_TYPE_MASK:  # LogAppendTime: one time for the whole batch
+                return max(base, o), last + 1
+            for r in iter_records(memoryview(data)[pos : pos + size]):
+                if r.offset >= o and r.timestamp >= ts:
+                    return int(r.offset), last + 1
+        o = last + 1
+    return None, o
 
 
 async def _client(bootstrap: str, kwargs: dict[str, Any] | None) -> Any:

@@ -46,6 +46,7 @@ from store.cluster_read import (
     READER_WAIT_MS,
     by_leader,
     fetch_raw,
+    first_at_time,
     list_offsets,
 )
 from store.config import StoreError, UnknownTopicOrPartitionError
@@ -102,6 +103,7 @@ class KafkaLog(ClusterAppends):
         self._listeners: list[AppendListener] = []
         self.cache = BatchCache(config.cache_bytes)
         self._wanted: dict[tuple[str, int], int] = {}
+        self._times: dict[tuple[str, int, int], int | None] = {}  # prefetch_times' answers
         self._kick = asyncio.Event()
         self._queue: deque[_Pending] = deque()
         self._send_wake = asyncio.Event()
@@ -350,17 +352,46 @@ class KafkaLog(ClusterAppends):
         await asyncio.gather(*(one(tp, offs) for tp, offs in by_tp.items()))
 
     def offset_for_timestamp(self, topic: str, partition: int, ts_ms: int) -> int | None:
-        """Not answerable synchronously from the cluster: the first offset at/after `ts_ms`
-        among cached batches, else the log start (replay then reads from there and filters by
-        time). See `offsets_for_times` for the cluster's own answer."""
-        self._tp(topic, partition)
-        return None if ts_ms > int(time.time() * 1000) else self._start[(topic, partition)]
+        """The cluster's answer as `prefetch_times` found it; without one (a caller that did
+        not ask first), the log start (None for a time in the future)."""
+        tp = self._tp(topic, partition)
+        key = (topic, partition, ts_ms)
+        if key in self._times:
+            return self._times[key]
+        return None if ts_ms > int(time.time() * 1000) else self._start[tp]
 
-    async def offsets_for_times(
-        self, tps: list[tuple[str, int]], ts_ms: int
-    ) -> dict[tuple[str, int], int]:
-        """ListOffsets by time (-1: every record is older)."""
-        return await self._list_offsets(tps, ts_ms)
+    async def prefetch_times(self, wants: Sequence[tuple[str, int, int]]) -> None:
+        """Find the first offset at/after each (topic, partition, ts_ms) on the cluster, for
+        `offset_for_timestamp`: ListOffsets by time, then the batches' timestamps from there
+        (Tansu answers every timestamp with offset 0, so the answer is only where to start)."""
+        if len(self._times) > 10_000:
+            self._times.clear()
+        todo: dict[int, list[tuple[str, int]]] = {}
+        for t, p, ts in wants:
+            if (t, p) in self._hwm and (t, p, ts) not in self._times:
+                todo.setdefault(ts, []).append((t, p))
+        for ts, tps in todo.items():
+            answers = await self._list_offsets(tps, ts)
+            found = await asyncio.gather(
+                *(self._scan_time(tp, answers.get(tp, self._start[tp]), ts) for tp in tps)
+            )
+            for tp, o in zip(tps, found, strict=True):
+                self._times[(tp[0], tp[1], ts)] = o
+
+    async def _scan_time(self, tp: tuple[str, int], o: int, ts: int) -> int | None:
+        """The first offset >= o whose timestamp >= ts (None: every record is older)."""
+        if o < 0:
+            return None  # Kafka: every record is older
+        o, empty = max(o, self._start[tp]), 0
+        while o < self._hwm[tp]:
+            found, nxt = first_at_time(await self._fetch_one(tp, o, False), o, ts)
+            if found is not None:
+                return found
+            empty = 0 if nxt > o else empty + 1  # none: a slow broker's empty answer
+            if empty > EMPTY_RETRIES:
+                raise StoreError(f"{tp[0]}-{tp[1]}: no records at offset {o}")
+            o = nxt
+        return None
 
     def add_append_listener(self, cb: AppendListener) -> None:
         self._listeners.append(cb)

@@ -242,3 +242,39 @@ def test_two_nodes_on_one_cluster_share_messages_and_retained(tmp_path: Path, ta
     finally:
         a.stop()
         b.stop()
+
+
+def replay_from_time(port: int) -> None:
+    """Records before and after a time T on the cluster: `$replay/T/...` gets only the later
+    ones; a replay from after every record gets none of them (then live)."""
+    pub = Client(port, "histpub").connect()
+    for i in range(6):
+        pub.publish(f"hist/{'ab'[i % 2]}", f"old{i}".encode(), qos=1)
+    time.sleep(0.3)
+    t = int(time.time() * 1000)
+    time.sleep(0.3)
+    for i in range(6):
+        pub.publish(f"hist/{'ab'[i % 2]}", f"new{i}".encode(), qos=1)
+    time.sleep(0.3)
+    t_end = int(time.time() * 1000)
+    time.sleep(0.3)
+    sub = Client(port, "replayer").connect()
+    sub.subscribe(f"$replay/{t}/hist/#", qos=1)
+    got = sorted(m.payload for m in sub.expect(6, timeout=15))
+    assert got == [f"new{i}".encode() for i in range(6)]
+    sub.expect_none(0.5)
+    late = Client(port, "late-replayer").connect()
+    late.subscribe(f"$replay/{t_end}/hist/#", qos=1)
+    late.expect_none(0.5)
+    pub.publish("hist/a", b"live", qos=1)
+    assert late.expect(1)[0].payload == b"live"
+    for c in (pub, sub, late):
+        c.disconnect()
+
+
+def test_replay_from_a_time_on_the_cluster(tmp_path: Path, tansu: Tansu) -> None:
+    gw = start(tmp_path, tansu)
+    try:
+        replay_from_time(gw.port("mqtt"))
+    finally:
+        gw.stop()

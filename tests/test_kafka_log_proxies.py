@@ -15,7 +15,7 @@ import pytest
 from gateway_process import GatewayProcess
 from mqtt_helpers import V5, Client
 from tansu import Tansu, kafka_args
-from test_kafka_log import _consume_all
+from test_kafka_log import _consume_all, replay_from_time
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -79,5 +79,13 @@ def test_split_proxy_offline_drain_after_kill9(tmp_path: Path, tansu: Tansu) -> 
         assert sorted(int(m.payload) for m in got) == list(range(n))
         sub.expect_none(0.5)
         sub.disconnect()
+    finally:
+        gw.stop()
+
+
+def test_split_proxy_replay_from_a_time_on_the_cluster(tmp_path: Path, tansu: Tansu) -> None:
+    gw = start(tmp_path, tansu)
+    try:
+        replay_from_time(gw.port("mqtt"))
     finally:
         gw.stop()
