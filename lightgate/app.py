@@ -308,7 +308,7 @@ async def catch_up(queues: Any, every_s: float = 2.0) -> None:
     data dir was new or lost: the light queues are rebuilt from the cluster), logging progress."""
     disp = queues.dispatcher
     disp.refresh()
-    target = {tp: h for tp, h in disp.hwm.items()}
+    target = {tp: min(h, disp._stable(tp)) for tp, h in disp.hwm.items()}  # open txns wait
     total = sum(max(0, h - disp.position(*tp)) for tp, h in target.items())
     if not total:
         return

@@ -22,7 +22,7 @@ from aiokafka.protocol.offset import OffsetRequest
 from aiokafka.structs import TopicPartition
 
 from store.config import StoreError
-from store.record_batch import HEADER, TIMESTAMP_TYPE_MASK, iter_batches, iter_records
+from store.record_batch import HEADER, iter_batches
 
 FETCH_BYTES = 8 << 20
 READER_WAIT_MS = 200  # max_wait of a fetch that expects records (answered at once when there)
@@ -57,38 +57,21 @@ async def list_offsets(
     return out
 
 
-async def fetch_raw(client: Any, node: int, wanted: dict[tuple[str, int], int],
-                    max_bytes: int, max_wait_ms: int = 1) -> tuple[int, list[Any]]:  # fmt: skip
+async def fetch_raw(client: Any, node: int, wanted: dict[tuple[str, int], int], max_bytes: int,
+                    max_wait_ms: int = 1, isolation: int = 0) -> tuple[int, list[Any]]:  # fmt: skip
     """One Fetch to `node`: (API version, [(topic, partition response)]). min_bytes is 1, so
     the answer comes as soon as there is data. max_wait is never 0: Tansu answers that with no
     partitions at all (Kafka answers with what it has); and under load Tansu can answer a 1 ms
     wait with no records even where there are some, so readers that expect data wait longer
-    (READER_WAIT_MS) and retry an empty answer."""
+    (READER_WAIT_MS) and retry an empty answer. `isolation` 1: read_committed (records below
+    the last stable offset only)."""
     topics: dict[str, list[tuple[int, int, int]]] = {}
     for (t, p), o in wanted.items():
         topics.setdefault(t, []).append((p, o, max_bytes))
     resp = await client.send(
-        node, FetchRequest(max_wait_ms, 1, max_bytes * len(wanted), 0, list(topics.items()))
+        node, FetchRequest(max_wait_ms, 1, max_bytes * len(wanted), isolation, list(topics.items()))
     )
     return resp.API_VERSION, [(t, part) for t, parts in resp.topics for part in parts]
-
-
-def first_at_time(data: bytes, o: int, ts: int) -> tuple[int | None, int]:
-    """In fetched batches: (the first offset >= o whose timestamp >= ts, or None; the offset
-    to fetch next). Whole batches are skipped by their max timestamp."""
-    for pos, size in iter_batches(data):
-        h = HEADER.unpack_from(data, pos)
-        base, last, max_ts = h[0], h[0] + h[6], h[8]
-        if last < o:
-            continue
-        if max_ts >= ts:
-            if h[5] & TIMESTAMP_TYPE_MASK:  # LogAppendTime: one time for the whole batch
-                return max(base, o), last + 1
-            for r in iter_records(memoryview(data)[pos : pos + size]):
-                if r.offset >= o and r.timestamp >= ts:
-                    return int(r.offset), last + 1
-        o = last + 1
-    return None, o
 
 
 async def _client(bootstrap: str, kwargs: dict[str, Any] | None) -> Any:

@@ -278,3 +278,58 @@ def test_replay_from_a_time_on_the_cluster(tmp_path: Path, tansu: Tansu) -> None
         replay_from_time(gw.port("mqtt"))
     finally:
         gw.stop()
+
+
+def test_aborted_transactions_of_other_producers_do_not_reach_mqtt(
+    tmp_path: Path, tansu: Tansu
+) -> None:
+    """A transactional Kafka producer (confluent-kafka) on the cluster: committed records reach
+    MQTT subscribers, aborted ones never do, and records after an open transaction wait for
+    its marker (read_committed, as the local log's transaction index does)."""
+    from confluent_kafka import Producer
+
+    gw = start(tmp_path, tansu)
+    try:
+        boot = {"bootstrap.servers": tansu.bootstrap, "log_level": 3}
+        sub = Client(gw.port("mqtt"), "txnsub").connect()
+        sub.subscribe("txn/#", qos=1)
+        plain = Producer(boot)
+        plain.produce("txn", b"p0", key=b"txn/a", partition=0)
+        plain.flush(10)
+        assert sub.expect(1, timeout=15)[0].payload == b"p0"  # the node has found the topic
+        tx = Producer({**boot, "transactional.id": "lightgate-test-tx"})
+        tx.init_transactions(10)
+
+        def in_txn(values: list[bytes], commit: bool) -> None:
+            tx.begin_transaction()
+            for v in values:
+                tx.produce("txn", v, key=b"txn/a", partition=0)
+            tx.flush(10)
+            (tx.commit_transaction if commit else tx.abort_transaction)(10)
+
+        in_txn([b"c1"], True)
+        in_txn([b"a1", b"a2"], False)
+        plain.produce("txn", b"p1", key=b"txn/a", partition=0)
+        plain.flush(10)
+        in_txn([b"c2"], True)
+        got = sorted(m.payload for m in sub.expect(3, timeout=15))
+        assert got == [b"c1", b"c2", b"p1"]
+        sub.expect_none(1.0)
+        # An open transaction holds back what follows it until its marker.
+        tx.begin_transaction()
+        tx.produce("txn", b"o1", key=b"txn/a", partition=0)
+        tx.flush(10)
+        plain.produce("txn", b"p2", key=b"txn/a", partition=0)
+        plain.flush(10)
+        sub.expect_none(1.0)
+        tx.commit_transaction(10)
+        assert sorted(m.payload for m in sub.expect(2, timeout=15)) == [b"o1", b"p2"]
+        in_txn([b"a3"], False)
+        plain.produce("txn", b"p3", key=b"txn/a", partition=0)
+        plain.flush(10)
+        assert [m.payload for m in sub.expect(1, timeout=15)] == [b"p3"]
+        sub.expect_none(0.5)
+        sub.disconnect()
+        tx = plain = None  # librdkafka closes its connections (else the broker's stop waits 5 s)
+    finally:
+        gw.stop()
