@@ -21,6 +21,7 @@ from store.record_batch import CONTROL_MASK, HEADER, TRANSACTIONAL_MASK, iter_ba
 from store.txn_index import ABORT, control_type
 
 MAX_MARKERS = 20_000  # per partition; older ones are forgotten (and their span with them)
+MAX_SPANS = 1_000  # disjoint seen ranges per partition (readers of old records add some)
 
 
 class _Part:
@@ -89,14 +90,15 @@ class ClusterTxns:
                 if k == len(ms) or ms[k][0] != base:
                     ms.insert(k, (base, kind == ABORT))
                     part.count += 1
-        if lo < 0:
-            return
+        if lo < 0 or tp not in self._txn:
+            return  # a partition without transactions: nothing to remember
         if part is None:
             part = self._parts[tp] = _Part()
         part.cover(lo, hi)
-        if part.count > MAX_MARKERS:
-            newest = sorted(m[0] for ms in part.markers.values() for m in ms)
-            part.forget_below(newest[len(newest) // 2])
+        if part.count > MAX_MARKERS or len(part.spans) > MAX_SPANS:
+            # Forgotten spans heal: an undecided batch is fetched and scanned again.
+            newest = sorted(m[0] for ms in part.markers.values() for m in ms) or [hi]
+            part.forget_below(max(newest[len(newest) // 2], part.spans[len(part.spans) // 2][0]))
 
     def decided(self, tp: tuple[str, int], pid: int, offset: int) -> bool | None:
         """Aborted (True), committed (False), or not known yet (None) for the transactional
