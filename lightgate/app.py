@@ -153,7 +153,7 @@ class Gateway:
         from lightgate.core_link import CoreLink
         from lightgate.split import core_address, core_link_security
 
-        assert isinstance(self.store, Store)  # log = "kafka" runs in one process for now
+        assert self.store is not None
         secret, ssl_ctx = core_link_security(self.cfg, server=True)
         link = self.link = CoreLink(self.store, queues, notifier, secret=secret, ssl_ctx=ssl_ctx)
         publish, on_round = notifier.publish, link.queue_service.on_round
@@ -293,10 +293,6 @@ async def open_cluster_log(cfg: GatewayConfig) -> KafkaLog:
     """`log = "kafka"`: the log on the cluster at `kafka_bootstrap` (store.kafka_log)."""
     from store.kafka_log import KafkaLog, KafkaLogConfig
 
-    if cfg.mqtt_processes != 0 or cfg.core_listen:
-        raise ConfigError(
-            'log = "kafka" runs in one process for now (mqtt_processes = 0, no core_listen)'
-        )
     kcfg = KafkaLogConfig(
         bootstrap=cfg.kafka_bootstrap,
         topic_partitions=cfg.kafka_topic_partitions or cfg.default_partitions,
@@ -312,7 +308,7 @@ async def catch_up(queues: Any, every_s: float = 2.0) -> None:
     data dir was new or lost: the light queues are rebuilt from the cluster), logging progress."""
     disp = queues.dispatcher
     disp.refresh()
-    target = {tp: h for tp, h in disp.hwm.items()}
+    target = {tp: min(h, disp._stable(tp)) for tp, h in disp.hwm.items()}  # open txns wait
     total = sum(max(0, h - disp.position(*tp)) for tp, h in target.items())
     if not total:
         return

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from lightqueue import LightQueues
     from notify import InProcessNotifier
     from store import Store
+    from store.kafka_log import KafkaLog
 
 log = logging.getLogger("lightgate.split")
 
@@ -38,7 +39,7 @@ class CoreLink:
 
     def __init__(
         self,
-        store: Store,
+        store: Store | KafkaLog,
         queues: LightQueues,
         notifier: InProcessNotifier,
         *,

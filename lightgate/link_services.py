@@ -15,7 +15,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, Any
 
 from lightqueue import wire as lw
 from notify import RouteTable
@@ -23,18 +24,24 @@ from notify import wire as nw
 from notify.link import Handler, RpcError, RpcPeer
 from store import wire as sw
 from store.config import UnknownTopicOrPartitionError
+from store.store import AppendResult
 
 if TYPE_CHECKING:
     from lightqueue import LightQueues
+    from lightqueue.model import Position
     from store import Store
+    from store.kafka_log import KafkaLog
 
 log = logging.getLogger("lightgate.store.remote")
 
 
 class StoreService:
-    """The core side: serves one `Store` to every link."""
+    """The core side: serves one log to every link: the local `Store`, or the cluster's
+    `KafkaLog` (`log = "kafka"`). For the cluster, offsets arrive with its acks and reads may
+    need a fetch: those calls answer once they are known (an awaitable reply), so a proxy
+    sees the same answers from either log."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store | KafkaLog) -> None:
         self.store = store
         self.peers: set[RpcPeer] = set()
         if hasattr(store, "add_topic_listener"):
@@ -76,31 +83,38 @@ class StoreService:
         except Exception as exc:
             raise RpcError(sw.error_code(exc), str(exc)) from None
 
-    def _append(self, peer: RpcPeer, body: bytes) -> bytes:
+    def _append(self, peer: RpcPeer, body: bytes) -> bytes | Awaitable[bytes]:
         token, sync, items = sw.decode_append(body)
         store = self.store
-        out: list[bytes] = []
+        results: list[AppendResult | str] = []
         waits: list[asyncio.Future[None]] = []
         for topic, part, batch in items:
             try:
                 res = store.append_batch(topic, part, batch, sync)
             except Exception as exc:
                 log.warning("append from %s to %s-%d refused: %s", peer.name, topic, part, exc)
-                sw.append_failed(out, str(exc) or type(exc).__name__)
+                results.append(str(exc) or type(exc).__name__)
                 continue
-            assert res.runs is not None  # in-process: known within the call
-            sw.append_ok(out, res.runs[0][2])
+            results.append(res)
             if sync:
                 waits.append(res.durable)
+        if all(isinstance(r, str) or r.runs is not None for r in results):
+            reply: bytes | Awaitable[bytes] = _append_reply(results)  # the local log: at once
+            first: list[asyncio.Future[Any]] = []
+        else:
+            # The cluster: offsets come with its acks. The REPLY goes out before the DURABLE
+            # (the proxy's acks wait for what it does on the reply: retained writes).
+            task = asyncio.ensure_future(_staged_reply(results))
+            reply, first = task, [task]
         if sync:
             if waits:
-                done = asyncio.gather(*waits)
+                done = asyncio.gather(*first, *waits)
                 done.add_done_callback(lambda f: self._durable(peer, token, f))
             else:
                 peer.send(sw.DURABLE, sw.encode_durable(token))
-        return b"".join(out)
+        return reply
 
-    def _durable(self, peer: RpcPeer, token: int, fut: asyncio.Future[list[None]]) -> None:
+    def _durable(self, peer: RpcPeer, token: int, fut: asyncio.Future[list[Any]]) -> None:
         err = ""
         if fut.cancelled():
             err = "not durable: cancelled"
@@ -108,9 +122,19 @@ class StoreService:
             err = f"not durable: {fut.exception()}"
         peer.send(sw.DURABLE, sw.encode_durable(token, err))
 
-    def _read(self, peer: RpcPeer, body: bytes) -> bytes:
+    def _read(self, peer: RpcPeer, body: bytes) -> bytes | Awaitable[bytes]:
         topic, part, offset, max_bytes = sw.decode_read(body)
+        if self.store.remote_reads:
+            return self._read_fetched(topic, part, offset, max_bytes)
         try:
+            return bytes(self.store.read(topic, part, offset, max_bytes))
+        except Exception as exc:
+            raise RpcError(sw.error_code(exc), str(exc)) from None
+
+    async def _read_fetched(self, topic: str, part: int, offset: int, max_bytes: int) -> bytes:
+        """The cluster log: fetch first, then read from memory (store.backend)."""
+        try:
+            await self.store.prefetch([(topic, part, offset)])
             return bytes(self.store.read(topic, part, offset, max_bytes))
         except Exception as exc:
             raise RpcError(sw.error_code(exc), str(exc)) from None
@@ -123,6 +147,33 @@ class StoreService:
             )
         except Exception as exc:
             raise RpcError(sw.error_code(exc), str(exc)) from None
+
+
+def _append_reply(results: list[AppendResult | str]) -> bytes:
+    out: list[bytes] = []
+    for r in results:
+        if isinstance(r, str):
+            sw.append_failed(out, r)
+        else:
+            assert r.runs is not None
+            sw.append_ok(out, r.runs[0][2])
+    return b"".join(out)
+
+
+async def _staged_reply(results: list[AppendResult | str]) -> bytes:
+    """The APPEND reply once every append has its offsets (or failed: said per append)."""
+    out: list[AppendResult | str] = []
+    for r in results:
+        if isinstance(r, str) or r.runs is not None or r.staged is None:
+            out.append(r)
+            continue
+        try:
+            await r.staged
+        except Exception as exc:
+            out.append(str(exc) or type(exc).__name__)
+            continue
+        out.append(r)
+    return _append_reply(out)
 
 
 class LightQueueService:
@@ -217,13 +268,39 @@ class LightQueueService:
         queue, from_seq, max_n = lw.decode_read(body)
         return lw.encode_read_reply(self.queues.read(queue, from_seq, max_n))
 
-    def _resolve(self, peer: RpcPeer, body: bytes) -> bytes:
-        return lw.encode_messages(self.queues.resolve(lw.decode_resolve(body)))
+    def _resolve(self, peer: RpcPeer, body: bytes) -> bytes | Awaitable[bytes]:
+        entries = lw.decode_resolve(body)
+        if self.queues.remote_reads:
+            return self._resolve_fetched(entries)
+        return lw.encode_messages(self.queues.resolve(entries))
 
-    def _acquire(self, peer: RpcPeer, body: bytes) -> bytes:
+    async def _resolve_fetched(self, entries: list[Position | None]) -> bytes:
+        """The cluster log: the records in memory first (one fetch per partition run), as
+        `mqtt_proxy.backend.LocalBackend` does in one process; the proxy does not know."""
+        await self.queues.prefetch(entries)
+        return lw.encode_messages(self.queues.resolve(entries))
+
+    def _acquire(self, peer: RpcPeer, body: bytes) -> bytes | Awaitable[bytes]:
+        items = lw.decode_acquire(body)
+        if self.queues.needs_prepare(items):
+            return self._acquire_prepared(peer, items)
+        return self._acquire_now(peer, items)
+
+    async def _acquire_prepared(self, peer: RpcPeer, items: list[tuple[str, int | None]]) -> bytes:
+        """The cluster log: where each replay starts is asked of it first (its answer is not
+        synchronous); the holds are then taken at once, as for the local log."""
+        try:
+            await self.queues.prepare_acquire(items)
+        except Exception as exc:
+            log.warning("finding replay starts on the cluster failed: %r", exc)
+        if peer.is_closing():
+            return b""  # the link went away meanwhile: take no hold it cannot release
+        return self._acquire_now(peer, items)
+
+    def _acquire_now(self, peer: RpcPeer, items: list[tuple[str, int | None]]) -> bytes:
         holds: Counter[str] = peer.state.setdefault("holds", Counter())
         out: list[tuple[str, int] | str] = []
-        for filt, since_ms in lw.decode_acquire(body):
+        for filt, since_ms in items:
             try:
                 a = self.queues.acquire_filter(filt, since_ms)
             except Exception as exc:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from lightqueue import codec
-from lightqueue.backfill import Backfill, start_vector
+from lightqueue.backfill import Backfill, relevant_topics, start_vector
 from lightqueue.db import LIGHTQUEUE_DIR, Queue, QueueDB
 from lightqueue.dispatcher import Dispatcher, EventSink, WatchSink
 from lightqueue.keys import (
@@ -271,6 +271,34 @@ class LightQueues:
             q = self._create(name, filt, KIND_REPLAY, vec, since_ms)
         self._hold(q)
         return Acquired(name, q.start)
+
+    def needs_prepare(self, items: Sequence[tuple[str, int | None]]) -> bool:
+        """Whether `prepare_acquire` must run before these acquires (a replay on the cluster)."""
+        return self.remote_reads and any(
+            since is not None or filt.startswith(REPLAY_PREFIX) for filt, since in items
+        )
+
+    async def prepare_acquire(self, items: Sequence[tuple[str, int | None]]) -> None:
+        """Before `acquire_filter` of these (filter or replay name, since_ms) on the cluster log:
+        ask it where each new replay starts (`LogBackend.prefetch_times`), so that the
+        synchronous acquire starts at since_ms rather than at the log start."""
+        if not self.remote_reads:
+            return
+        wants: list[tuple[str, int, int]] = []
+        for filt, since in items:
+            if since is None:  # a replay queue's name (a session's): re-created if gone
+                parts = filt.split("/", 2)
+                if not filt.startswith(REPLAY_PREFIX) or filt in self._filters:
+                    continue
+                if len(parts) != 3 or not parts[1].isdigit():
+                    continue
+                filt, since = parts[2], int(parts[1])
+            elif replay_queue_name(filt, since) in self._filters:
+                continue
+            for t in relevant_topics(self.store, filt):
+                wants.extend((t, p, since) for p in range(self.store.topics()[t]))
+        if wants:
+            await self.store.prefetch_times(wants)
 
     def _acquire_replay_name(self, name: str) -> Acquired:
         q = self._filters.get(name)

@@ -306,7 +306,18 @@ class LocalBackend(Backend):
                 msgs[i] = m
         done(res, msgs)
 
-    def acquire_many(self, specs: list[FilterSpec], done: Callable[[list[Acquired]], None]) -> None:
+    def acquire_many(self, specs: list[FilterSpec], done: Callable[[list[Acquired]], None],
+                     prepared: bool = False) -> None:  # fmt: skip
+        items = [(spec.filter, spec.replay_since_ms) for spec in specs]
+        if not prepared and self.queues.needs_prepare(items):
+            # The log is a Kafka cluster: ask it where each replay starts, then acquire.
+            def ready(f: asyncio.Future[None]) -> None:
+                if not f.cancelled() and f.exception() is not None:
+                    log.warning("finding replay starts on the cluster failed: %r", f.exception())
+                self.acquire_many(specs, done, True)
+
+            asyncio.ensure_future(self.queues.prepare_acquire(items)).add_done_callback(ready)
+            return
         out: list[Acquired] = []
         for spec in specs:
             try:

@@ -71,6 +71,11 @@ class LogBackend(Protocol):
         """First offset whose timestamp >= ts_ms; None when every record is older."""
         ...
 
+    async def prefetch_times(self, wants: Sequence[tuple[str, int, int]]) -> None:
+        """Make `offset_for_timestamp` of each (topic, partition, ts_ms) give the log's own
+        answer right after this returns (at once for the local log; the cluster asks it)."""
+        ...
+
     def topics(self) -> dict[str, int]:
         """Log topic -> partition count."""
         ...

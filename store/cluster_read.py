@@ -57,18 +57,19 @@ async def list_offsets(
     return out
 
 
-async def fetch_raw(client: Any, node: int, wanted: dict[tuple[str, int], int],
-                    max_bytes: int, max_wait_ms: int = 1) -> tuple[int, list[Any]]:  # fmt: skip
+async def fetch_raw(client: Any, node: int, wanted: dict[tuple[str, int], int], max_bytes: int,
+                    max_wait_ms: int = 1, isolation: int = 0) -> tuple[int, list[Any]]:  # fmt: skip
     """One Fetch to `node`: (API version, [(topic, partition response)]). min_bytes is 1, so
     the answer comes as soon as there is data. max_wait is never 0: Tansu answers that with no
     partitions at all (Kafka answers with what it has); and under load Tansu can answer a 1 ms
     wait with no records even where there are some, so readers that expect data wait longer
-    (READER_WAIT_MS) and retry an empty answer."""
+    (READER_WAIT_MS) and retry an empty answer. `isolation` 1: read_committed (records below
+    the last stable offset only)."""
     topics: dict[str, list[tuple[int, int, int]]] = {}
     for (t, p), o in wanted.items():
         topics.setdefault(t, []).append((p, o, max_bytes))
     resp = await client.send(
-        node, FetchRequest(max_wait_ms, 1, max_bytes * len(wanted), 0, list(topics.items()))
+        node, FetchRequest(max_wait_ms, 1, max_bytes * len(wanted), isolation, list(topics.items()))
     )
     return resp.API_VERSION, [(t, part) for t, parts in resp.topics for part in parts]
 

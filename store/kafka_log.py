@@ -13,8 +13,9 @@ resolve then (so a PUBACK waits for acks=all). Unknown log topics are created fi
 Reads. Batches live in a `BatchCache`, filled by one fetch task: it fetches what readers
 missed (`FetchPending`, `prefetch`) and, every `poll_ms` when idle, the tail of every partition
 (records produced by other clients, and our own). Every fetch response moves the partition's
-high watermark and log start, and wakes the partition's append listeners, so the dispatcher
-reads again. Fetches are raw Fetch requests through aiokafka's client: the record set comes
+high watermark, last stable offset and log start, and wakes the partition's append listeners,
+so the dispatcher reads again. Fetches are read_committed; which Kafka transactions were
+aborted is learned from their markers (store.cluster_txns). Fetches are raw Fetch requests through aiokafka's client: the record set comes
 back as the bytes the cluster stores, and is never decoded here.
 
 The data dir holds no log: only DATA/LOCK (taken as the local store takes it) and what the
@@ -48,6 +49,8 @@ from store.cluster_read import (
     fetch_raw,
     list_offsets,
 )
+from store.cluster_times import ClusterTimes
+from store.cluster_txns import ClusterTxns
 from store.config import StoreError, UnknownTopicOrPartitionError
 from store.latency import LatencyHistogram
 from store.log import OffsetOutOfRangeError
@@ -81,7 +84,7 @@ def _kwargs_for(cls: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in kwargs.items() if k in names}
 
 
-class KafkaLog(ClusterAppends):
+class KafkaLog(ClusterAppends, ClusterTimes):
     """The cluster's topics as a LogBackend. Event-loop-only except where a method says so."""
 
     remote_reads = True
@@ -102,6 +105,9 @@ class KafkaLog(ClusterAppends):
         self._listeners: list[AppendListener] = []
         self.cache = BatchCache(config.cache_bytes)
         self._wanted: dict[tuple[str, int], int] = {}
+        self._times: dict[tuple[str, int, int], int | None] = {}  # prefetch_times' answers
+        self._lso: dict[tuple[str, int], int] = {}  # where the cluster said LSO < HW
+        self.txn_index = ClusterTxns()  # aborted transactions (lightqueue's aborted_check)
         self._kick = asyncio.Event()
         self._queue: deque[_Pending] = deque()
         self._send_wake = asyncio.Event()
@@ -240,11 +246,12 @@ class KafkaLog(ClusterAppends):
             # last offset + 1: a Fetch from just below it reports the true high watermark.
             probe = {tp: max(starts.get(tp, 0), ends.get(tp, 0) - 1) for tp in new}
             for node, tps in self._by_leader(new).items():
-                _v, parts = await fetch_raw(self._client, node, {tp: probe[tp] for tp in tps},
-                                            1 << 16)  # fmt: skip
+                v, parts = await fetch_raw(self._client, node, {tp: probe[tp] for tp in tps},
+                                           1 << 16, 1, 1)  # fmt: skip
                 for t, part in parts:
                     if part[2] > ends.get((t, part[0]), 0):
                         ends[(t, part[0])] = part[2]
+                    self._note_lso((t, part[0]), v, part)
             for tp in new:
                 self._start[tp] = starts.get(tp, 0)
                 self._hwm[tp] = max(ends.get(tp, 0), self._start[tp])
@@ -306,6 +313,22 @@ class KafkaLog(ClusterAppends):
     def log_start_offset(self, topic: str, partition: int) -> int:
         return self._start[self._tp(topic, partition)]
 
+    def last_stable_offset(self, topic: str, partition: int) -> int:
+        """Below it every Kafka transaction is decided (the dispatcher indexes up to here)."""
+        tp = self._tp(topic, partition)
+        return min(self._lso.get(tp, self._hwm[tp]), self._hwm[tp])
+
+    def _note_lso(self, tp: tuple[str, int], v: int, part: Any) -> bool:
+        """The LSO of a fetch response (v4+); True when it moved."""
+        lso = part[3] if v >= 4 and 0 <= part[3] < part[2] else None
+        if lso == self._lso.get(tp):
+            return False
+        if lso is None:
+            del self._lso[tp]
+        else:
+            self._lso[tp] = lso
+        return True
+
     def read(self, topic: str, partition: int, offset: int, max_bytes: int) -> bytes:
         """From memory, else FetchPending (a fetch is started). Thread-safe for one other thread
         (`rebuild-queues` runs the dispatcher in one): there, it waits for the fetch instead."""
@@ -315,19 +338,31 @@ class KafkaLog(ClusterAppends):
         if offset < self._start[tp]:
             raise OffsetOutOfRangeError(topic, partition, offset, self._start[tp], self._hwm[tp])
         if threading.get_ident() != self._thread:
-            for _ in range(EMPTY_RETRIES + 1):  # a slow broker may answer with no records
-                fut = asyncio.run_coroutine_threadsafe(
-                    self._fetch_one(tp, offset, False), self._loop
-                )
-                got = fut.result()
-                if got:
-                    return got
+            at, empty = offset, 0
+            while empty <= EMPTY_RETRIES:  # a slow broker may answer with no records
+                got = asyncio.run_coroutine_threadsafe(
+                    self._fetch_one(tp, at, False), self._loop
+                ).result()
+                empty = 0 if got else empty + 1
+                if got and at == offset:
+                    first = got
+                if at == offset and not got:
+                    continue
+                data, at = self.txn_index.decided_prefix(tp, first, offset)
+                if data:
+                    return data
+                # else: fetch on for the marker of the first batch's transaction
             raise StoreError(f"{topic}-{partition}: offset {offset} not fetched")
         cached = self.cache.read(topic, partition, offset, max_bytes)
         if cached is None:
             self._want(tp, offset)
             raise FetchPending(f"{topic}-{partition} offset {offset}")
-        return cached
+        # Only batches whose Kafka transaction is known decided (store.cluster_txns).
+        data, marker_at = self.txn_index.decided_prefix(tp, cached, offset)
+        if not data:
+            self._want(tp, marker_at)
+            raise FetchPending(f"{topic}-{partition} offset {offset}: its transaction's marker")
+        return data
 
     async def prefetch(self, wants: Sequence[tuple[str, int, int]]) -> None:
         """Fetch what `read` would miss, one run per partition: each fetch brings
@@ -348,19 +383,6 @@ class KafkaLog(ClusterAppends):
                     await self._fetch_one(tp, o, True)
 
         await asyncio.gather(*(one(tp, offs) for tp, offs in by_tp.items()))
-
-    def offset_for_timestamp(self, topic: str, partition: int, ts_ms: int) -> int | None:
-        """Not answerable synchronously from the cluster: the first offset at/after `ts_ms`
-        among cached batches, else the log start (replay then reads from there and filters by
-        time). See `offsets_for_times` for the cluster's own answer."""
-        self._tp(topic, partition)
-        return None if ts_ms > int(time.time() * 1000) else self._start[(topic, partition)]
-
-    async def offsets_for_times(
-        self, tps: list[tuple[str, int]], ts_ms: int
-    ) -> dict[tuple[str, int], int]:
-        """ListOffsets by time (-1: every record is older)."""
-        return await self._list_offsets(tps, ts_ms)
 
     def add_append_listener(self, cb: AppendListener) -> None:
         self._listeners.append(cb)
@@ -441,7 +463,7 @@ class KafkaLog(ClusterAppends):
         else:
             self.fetches += 1
         v, parts = await fetch_raw(self._client, node, wanted, self.config.fetch_bytes,
-                                   1 if tail else READER_WAIT_MS)  # fmt: skip
+                                   1 if tail else READER_WAIT_MS, 1)  # fmt: skip
         out: dict[tuple[str, int], bytes] = {}
         for t, part in parts:
             p, err, hw = part[0], part[1], part[2]
@@ -464,8 +486,11 @@ class KafkaLog(ClusterAppends):
             if hw > self._hwm[tp]:
                 self._hwm[tp] = hw
                 changed = True
+            changed = self._note_lso(tp, v, part) or changed
             data = part[-1] or b""
             out[tp] = data
+            if data:
+                self.txn_index.scan(tp, data)
             if data and keep and self.cache.insert(t, p, data) >= 0:
                 changed = changed or not tail
             if changed:

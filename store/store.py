@@ -506,6 +506,9 @@ class Store(TopicAdmin, TransactionalReads):
     async def prefetch(self, wants: Sequence[tuple[str, int, int]]) -> None:
         """Nothing to do: reads answer from the files (store.backend.LogBackend)."""
 
+    async def prefetch_times(self, wants: Sequence[tuple[str, int, int]]) -> None:
+        """Nothing to do: `offset_for_timestamp` answers from the time indexes."""
+
     def high_watermark(self, topic: str, partition: int) -> int:
         """Next offset after the last visible (written) record."""
         return self._log(topic, partition).hwm

@@ -1,0 +1,101 @@
+"""Offsets by time on the Kafka cluster (KafkaLog's `offset_for_timestamp`, `prefetch_times`).
+
+`$replay/<since_ms>/...` needs the first offset at or after a time in every relevant partition,
+synchronously (the replay queue's start vector is fixed when it is created). The cluster's
+answer is asynchronous, so `LightQueues.prepare_acquire` awaits `prefetch_times` first and the
+answers wait here. ListOffsets by time gives where to start; the batches' timestamps from there
+give the answer, because Tansu answers every timestamp with offset 0 (docs/deployment.md): on
+Kafka that costs one fetch, on Tansu a scan from the log start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+
+from store.cluster_read import EMPTY_RETRIES
+from store.config import StoreError
+from store.record_batch import HEADER, TIMESTAMP_TYPE_MASK, iter_batches, iter_records
+
+
+def first_at_time(data: bytes, o: int, ts: int) -> tuple[int | None, int]:
+    """In fetched batches: (the first offset >= o whose timestamp >= ts, or None; the offset
+    to fetch next). Whole batches are skipped by their max timestamp."""
+    for pos, size in iter_batches(data):
+        h = HEADER.unpack_from(data, pos)
+        base, last, max_ts = h[0], h[0] + h[6], h[8]
+        if last < o:
+            continue
+        if max_ts >= ts:
+            if h[5] & TIMESTAMP_TYPE_MASK:  # LogAppendTime: one time for the whole batch
+                return max(base, o), last + 1
+            for r in iter_records(memoryview(data)[pos : pos + size]):
+                if r.offset >= o and r.timestamp >= ts:
+                    return int(r.offset), last + 1
+        o = last + 1
+    return None, o
+
+
+class ClusterTimes:
+    """KafkaLog's offsets-by-time half (theory: the module docstring)."""
+
+    _hwm: dict[tuple[str, int], int]
+    _start: dict[tuple[str, int], int]
+    _times: dict[tuple[str, int, int], int | None]
+
+    def _tp(self, topic: str, partition: int) -> tuple[str, int]:
+        raise NotImplementedError
+
+    def last_stable_offset(self, topic: str, partition: int) -> int:
+        raise NotImplementedError
+
+    async def _list_offsets(
+        self, tps: list[tuple[str, int]], ts: int
+    ) -> dict[tuple[str, int], int]:
+        raise NotImplementedError
+
+    async def _fetch_one(self, tp: tuple[str, int], offset: int, keep: bool) -> bytes:
+        raise NotImplementedError
+
+    def offset_for_timestamp(self, topic: str, partition: int, ts_ms: int) -> int | None:
+        """The cluster's answer as `prefetch_times` found it; without one (a caller that did
+        not ask first), the log start (None for a time in the future)."""
+        tp = self._tp(topic, partition)
+        key = (topic, partition, ts_ms)
+        if key in self._times:
+            return self._times[key]
+        return None if ts_ms > int(time.time() * 1000) else self._start[tp]
+
+    async def prefetch_times(self, wants: Sequence[tuple[str, int, int]]) -> None:
+        """Find the first offset at/after each (topic, partition, ts_ms) on the cluster, for
+        `offset_for_timestamp`: ListOffsets by time, then the batches' timestamps from there
+        (Tansu answers every timestamp with offset 0, so the answer is only where to start)."""
+        if len(self._times) > 10_000:
+            self._times.clear()
+        todo: dict[int, list[tuple[str, int]]] = {}
+        for t, p, ts in wants:
+            if (t, p) in self._hwm and (t, p, ts) not in self._times:
+                todo.setdefault(ts, []).append((t, p))
+        for ts, tps in todo.items():
+            answers = await self._list_offsets(tps, ts)
+            found = await asyncio.gather(
+                *(self._scan_time(tp, answers.get(tp, self._start[tp]), ts) for tp in tps)
+            )
+            for tp, o in zip(tps, found, strict=True):
+                self._times[(tp[0], tp[1], ts)] = o
+
+    async def _scan_time(self, tp: tuple[str, int], o: int, ts: int) -> int | None:
+        """The first offset >= o whose timestamp >= ts (None: every record is older)."""
+        if o < 0:
+            return None  # Kafka: every record is older
+        o, empty = max(o, self._start[tp]), 0
+        while o < self.last_stable_offset(*tp):  # read_committed: nothing above it
+            found, nxt = first_at_time(await self._fetch_one(tp, o, False), o, ts)
+            if found is not None:
+                return found
+            empty = 0 if nxt > o else empty + 1  # none: a slow broker's empty answer
+            if empty > EMPTY_RETRIES:
+                raise StoreError(f"{tp[0]}-{tp[1]}: no records at offset {o}")
+            o = nxt
+        return None
