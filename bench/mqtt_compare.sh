@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Lightgate at several commits (checked-out work trees) and Mosquitto, alternating, in one run:
+# the before/after check of a change, with the peer measured in the same window.
+# Usage: bench/mqtt_compare.sh REPS SUITE_INDEXES LABEL=TREE[,serve args...] ...
+#   e.g. bench/mqtt_compare.sh 2 0,1,4,6 main=/tmp/main new=. new-split=.,--set,mqtt_processes=1
+# Each TREE needs no venv of its own: this repo's .venv runs it with PYTHONPATH=TREE.
+set -eu
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+REPS=$1 ONLY=$2; shift 2
+OUT="$ROOT/bench/results/compare-$(date +%F-%H%M)"; mkdir -p "$OUT"
+PY="$ROOT/.venv/bin/python"
+BA="--duration 5 --warmup 2 --drain 1 --wait-idle 5"
+cd "$ROOT/bench/mqttbench"
+labels=()
+for rep in $(seq "$REPS"); do
+  for spec in "$@" mosquitto; do
+    label=${spec%%=*}
+    if [ "$label" = mosquitto ]; then
+      cmd=(mosquitto -c brokers/mosquitto.conf); port=18830
+    else
+      IFS=, read -r -a parts <<< "${spec#*=}"
+      tree=$(cd "${parts[0]}" && pwd)
+      # this repo's serve script and venv, that tree's code (PYTHONPATH comes first)
+      cmd=(env PYTHONPATH="$tree" bash "$ROOT/bench/mqtt_serve.sh" 18840
+           "/tmp/lightgate-compare-$label" "${parts[@]:1}"); port=18840
+    fi
+    [ "$rep" = 1 ] && labels+=("$OUT/$label.jsonl")
+    "$PY" baseline.py --label "$label" --port "$port" --only "$ONLY" --repeat 1 --bench-args "$BA" \
+        --out "$OUT/$label.jsonl" -- "${cmd[@]}" > "$OUT/$label-$rep.log" 2>&1
+  done
+done
+"$PY" baseline.py --table "${labels[@]}" | tee "$OUT/table.md"
