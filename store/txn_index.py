@@ -36,6 +36,7 @@ from typing import Any
 from store.record_batch import (
     CONTROL_MASK,
     HEADER,
+    LOG_OVERHEAD,
     TRANSACTIONAL_MASK,
     iter_batches,
     iter_records,
@@ -125,7 +126,7 @@ class TxnIndex:
             return
         marker = None
         if attrs & CONTROL_MASK:
-            marker = control_type(data, pos, h[1] + 12)
+            marker = control_type(data, pos, h[1] + LOG_OVERHEAD)
             if marker is None:
                 return
         self._part((topic, partition)).pending.append((base_offset, pid, marker))
