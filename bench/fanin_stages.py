@@ -18,7 +18,7 @@ STAGES = [
     ("parse", ("Connection.receive_data",)),
     ("build", ("build_mqtt_batches",)),
     ("dispatch", ("Dispatcher.",)),
-    ("delivery", ("Delivery.", "CachedMsg")),
+    ("delivery", ("Delivery.", "CohortPump.", "CachedMsg")),  # and GroupDelivery.
     ("append", ("Store.append_mqtt", "Inbound.flush", "Inbound._staged", "Backend.remember",
                 "Inbound._durable", "commit.py", "Log.", "store.py")),
     ("handle", ("MqttConnection._handle", "handle_publish", "make_message", "Inbound.add",

@@ -8,7 +8,6 @@ dispatcher, then flush and fsync the store.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 import signal
 import socket
@@ -22,9 +21,10 @@ from lightgate.config import ConfigError, GatewayConfig, proxy_count
 from lightgate.health import HealthWatch
 from lightgate.http import HttpServer
 from lightgate.metrics import Figures
+from lightgate.security import build_security, reload_security
 from lightgate.tls import certificate_cn, check_tls_files, server_context, tls_context
 from store import Store, StoreConfig, StoreError, StoreLockedError
-from store.auth import AuthFileError, Security
+from store.auth import Security
 
 if TYPE_CHECKING:
     from lightgate.core_link import CoreLink
@@ -342,54 +342,6 @@ def has_mqtt_listeners(cfg: GatewayConfig) -> bool:
     )
 
 
-def allow_anonymous(cfg: GatewayConfig) -> bool:
-    """`allow_anonymous`: `auto` is true only for a gateway reachable from this host alone (every
-    listener binds `host`, which must resolve to loopback addresses only) with no password file."""
-    if cfg.allow_anonymous != "auto":
-        return cfg.allow_anonymous == "true"
-    if cfg.password_file:
-        return False
-    return is_loopback(cfg.host)
-
-
-def is_loopback(host: str) -> bool:
-    if host in ("", "0.0.0.0", "::"):
-        return False
-    try:
-        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
-    except (socket.gaierror, UnicodeError):
-        return False
-    return bool(infos) and all(ipaddress.ip_address(i[4][0]).is_loopback for i in infos)
-
-
-def build_security(cfg: GatewayConfig) -> Security:
-    """The Security of this config; a file that does not parse is a ConfigError (path:line)."""
-    try:
-        return Security.load(
-            password_file=cfg.password_file,
-            acl_file=cfg.acl_file,
-            allow_anonymous=allow_anonymous(cfg),
-        )
-    except AuthFileError as exc:
-        raise ConfigError(str(exc)) from None
-
-
-def reload_security(security: Security) -> bool:
-    """Reload both files; one log line per outcome (the error names path:line)."""
-    errors = security.reload()
-    for error in errors:
-        log.error("reload refused, the previous users and ACL stay: %s", error)
-    if not errors:
-        log.info(
-            "users and ACL reloaded",
-            extra={
-                "users": len(security.passwords) if security.passwords is not None else 0,
-                "acl_rules": security.acl.rule_count(),
-            },
-        )
-    return not errors
-
-
 def check_data_dir(cfg: GatewayConfig, must_exist: bool = False) -> None:
     """A data dir that is a file (or under one) fails with the path named, not `[Errno 17]`."""
     path = cfg.data_path
@@ -452,74 +404,4 @@ async def serve(cfg: GatewayConfig) -> int:
     log.info("shutting down")
     await gateway.close()
     log.info("stopped")
-    return 0
-
-
-async def rebuild_queues(cfg: GatewayConfig) -> int:
-    from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TaskID,
-        TaskProgressColumn,
-        TextColumn,
-    )
-
-    from lightqueue import RebuildProgress
-    from lightqueue import rebuild_queues as rebuild
-
-    # One bar per pass ("count" what the old queues had, then "index" the whole log), on stderr;
-    # each bar is finished before the next log line so they never share a line.
-    current: dict[str, tuple[Progress | None, TaskID]] = {}  # phase -> (bar, task id); None: done
-
-    def progress(p: RebuildProgress) -> None:
-        if p.phase not in current:
-            bar = Progress(
-                TextColumn(f"rebuild-queues: {p.phase}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TextColumn("records"),
-                TaskProgressColumn(),
-                console=Console(stderr=True),
-                redirect_stdout=False,
-                redirect_stderr=False,
-            )
-            bar.start()
-            current[p.phase] = (bar, bar.add_task(p.phase, total=p.records_total))
-        shown, task = current[p.phase]
-        if shown is None:
-            return
-        shown.update(task, completed=p.records_done)
-        if p.records_done >= p.records_total:
-            shown.stop()
-            current[p.phase] = (None, task)
-
-    def close_bars() -> None:
-        for phase, (bar, task) in list(current.items()):
-            if bar is not None:
-                bar.stop()
-                current[phase] = (None, task)
-
-    try:
-        store = await open_cluster_log(cfg) if cfg.log == "kafka" else None
-        try:
-            stats = await rebuild(
-                cfg.data_path, progress=progress, store=store,
-                store_config=StoreConfig.from_object(cfg),
-            )  # fmt: skip
-        finally:
-            if store is not None:
-                await store.close()
-    except (StoreLockedError, StoreError) as exc:
-        close_bars()
-        print(f"lightgate: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        close_bars()
-    print(
-        f"rebuild-queues: {stats.records} records, {stats.queues} queues, {stats.entries} entries"
-        f" in {stats.seconds:.1f}s",
-        file=sys.stderr,
-    )
     return 0

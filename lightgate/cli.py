@@ -197,8 +197,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         tune_gc(cfg.gc_gen0)
         return _run(serve(cfg))
     if ns.command == "proxy":
-        from lightgate.app import build_security, reload_security
         from lightgate.proxy_main import exit_with_parent, run_proxy
+        from lightgate.security import build_security, reload_security
         from lightgate.tls import tls_context
 
         if ns.exit_with_parent:
@@ -225,7 +225,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         url = ns.url or f"http://{cfg.host}:{cfg.http_port}"
         return status_main(url, ns.watch, ns.count)
     if ns.command == "rebuild-queues":
-        from lightgate.app import check_data_dir, rebuild_queues
+        from lightgate.app import check_data_dir
+        from lightgate.rebuild_command import rebuild_queues
 
         try:
             check_data_dir(cfg, must_exist=True)

@@ -39,15 +39,14 @@ from lightqueue.keys import (
     decode_entry,
     entry_key,
     entry_key_seq,
-    entry_prefix,
 )
+from lightqueue.maintenance import QueueMaintenance
 from lightqueue.model import Entry, Position, ReadResult, StoredMessage
 from lightqueue.rebuild import recover_dirs
 from lightqueue.resolver import Resolver
 from lightqueue.retained import RetainedStore
 from lightqueue.sessions import SessionStore
 from lightqueue.topic_trie import FilterError, FilterTrie, is_wildcard, validate_filter
-from store import UnknownTopicOrPartitionError
 from store.backend import LogBackend
 
 if TYPE_CHECKING:
@@ -87,7 +86,7 @@ def replay_queue_name(filt: str, since_ms: int | None = None,
     return f"{REPLAY_PREFIX}{int(since_ms or 0)}/{filt}"
 
 
-class LightQueues:
+class LightQueues(QueueMaintenance):
     """Dispatcher + queues + read/resolve + sessions + retained over one LevelDB."""
 
     def __init__(self, qdb: QueueDB, store: LogBackend, config: LightQueueConfig,
@@ -359,25 +358,6 @@ class LightQueues:
         if invalidate:
             self.dispatcher.invalidate()
 
-    def _drop(self, q: Queue) -> None:
-        """Tombstone a filter/replay queue: out of the trie, entries purged in the background."""
-        qdb = self.qdb
-        if q.filter is not None:
-            self.trie.remove(q.filter, q)  # the filter's other queues stay fed
-        q.live = False
-        self.dispatcher.invalidate()
-        q.kind = KIND_DROPPED
-        q.start = q.next
-        wb = qdb.db.write_batch()
-        wb.put(q.mkey, q.meta())
-        wb.delete(P_FILTER + q.name.encode("utf-8"))
-        wb.write()
-        qdb.filters.pop(q.name, None)
-        self._filters.pop(q.name, None)
-        self._backfills.pop(q.name, None)
-        self._purge[q.qid] = q.start
-        log.info("dropped unheld filter queue %s (next seq %d kept)", q.name, q.next)
-
     # -- reading -----------------------------------------------------------------------------
     def read(self, queue: str, from_seq: int, max_n: int) -> ReadResult:
         """Up to `max_n` entries from `max(from_seq, start)`; see ReadResult.
@@ -422,12 +402,6 @@ class LightQueues:
         if skip:
             return ReadResult(entries[skip:], first + skip, nxt, first + skip)
         return ReadResult(entries, start, nxt, first)
-
-    def _log_start(self, t: str, p: int) -> int:
-        try:
-            return int(self.store.log_start_offset(t, p))
-        except UnknownTopicOrPartitionError:
-            return 1 << 62
 
     @property
     def remote_reads(self) -> bool:
@@ -479,92 +453,6 @@ class LightQueues:
         bf = self._backfills.get(queue)
         if bf is not None:
             await bf.done.wait()
-
-    # -- maintenance -------------------------------------------------------------------------
-    async def _maintenance(self) -> None:
-        while True:
-            await asyncio.sleep(self.config.maintenance_interval_s)
-            try:
-                self.maintain()
-            except Exception:
-                log.exception("light-queue maintenance failed")
-
-    def maintain(self, now: float | None = None) -> None:
-        """GC unheld filters, trim queues behind moved log starts, purge garbage entries."""
-        self.gc(now)
-        self.trim()
-        self.purge(self.config.purge_per_tick)
-
-    def gc(self, now: float | None = None) -> int:
-        now = time.monotonic() if now is None else now
-        grace = self.config.filter_grace_s
-        gone = [q for q in self._filters.values() if q.refs == 0 and now - q.released_at >= grace]
-        for q in gone:
-            self._drop(q)
-        return len(gone)
-
-    def trim(self, force: bool = False) -> int:
-        """Advance queue starts past entries whose records retention deleted; returns queues."""
-        starts = {tp: self._log_start(*tp) for tp in self.dispatcher.hwm}
-        if starts == self._log_starts and not force:
-            return 0
-        self._log_starts = starts
-        db = self.qdb.db
-        names = self.qdb.topic_names
-        wb = db.write_batch()
-        n = 0
-        for q in self.qdb.queues.values():
-            if q.kind == KIND_DROPPED or q.start >= q.next:
-                continue
-            new = q.start
-            for k, v in db.iterator(start=entry_key(q.qid, q.start), stop=entry_key(q.qid, q.next)):
-                e = decode_entry(v)
-                if e is not None and e[2] >= starts.get((names[e[0]], e[1]), 0):
-                    break
-                new = entry_key_seq(k) + 1
-            if new != q.start:
-                q.start = new
-                wb.put(q.mkey, q.meta())
-                self._purge[q.qid] = new
-                n += 1
-        wb.write()
-        return n
-
-    def purge(self, budget: int) -> int:
-        """Delete up to `budget` entries below their queue's start (trimmed or dropped)."""
-        db = self.qdb.db
-        done = 0
-        self._scrub(256)
-        for qid, upto in list(self._purge.items()):
-            wb = db.write_batch()
-            n = 0
-            for k in db.iterator(start=entry_prefix(qid), stop=entry_key(qid, upto),
-                                 include_value=False):  # fmt: skip
-                wb.delete(k)
-                n += 1
-                if done + n >= budget:
-                    break
-            wb.write()
-            done += n
-            if done >= budget:
-                break
-            del self._purge[qid]
-        return done
-
-    def _scrub(self, count: int) -> None:
-        """Find garbage left by a crash between a start move and its purge (a few queues/tick)."""
-        qs = list(self.qdb.by_qid.values())
-        if not qs:
-            return
-        db = self.qdb.db
-        for _ in range(min(count, len(qs))):
-            q = qs[self._scrub_pos % len(qs)]
-            self._scrub_pos += 1
-            if q.start > 0 and q.qid not in self._purge:
-                it = db.iterator(start=entry_prefix(q.qid), stop=entry_key(q.qid, q.start),
-                                 include_value=False)  # fmt: skip
-                if next(it, None) is not None:
-                    self._purge[q.qid] = q.start
 
 
 def open_light_queues(data_dir: Path, store: LogBackend, sink: EventSink | None = None,

@@ -14,10 +14,10 @@ Pumping a queue:
    maximum). A cohort's PUBLISH bytes for the whole range are joined once and the same `bytes`
    object is written to each member's transport: encode once, write many. With server-assigned
    topic aliases (topic_aliases.py) the run is encoded once with the aliases, and a member that
-   does not know one of them yet gets its own copy of that run instead.
+   does not know one of them yet gets its own copy of that run instead (cohorts.py).
 2. Everything else (QoS 1/2, overlap, no-local) goes message by message, still sharing each
    message's template per (QoS, retain, version, subscription ids); only the packet id is patched.
-3. Shared groups hand each message to one member with room (round robin).
+3. Shared groups hand each message to one member with room (round robin; shared_groups.py).
 With an acl_file, a subscription whose filter reaches topics its client may not read (a deny
 inside it, or a read rule narrower than it) leaves the cohorts and checks each message
 (`ClientAcl.can_read`, cached per topic); without one, `conn.acl` is None and nothing is checked.
@@ -32,25 +32,23 @@ sequence in `sub.pending` until the ack, and the stored position is the acked pr
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
 import time
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from itertools import islice
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING
 
 from lightqueue.model import ReadResult
-from mqtt_proxy.codec import PublishTemplate, publish_qos0, publish_qos0_alias
-from mqtt_proxy.outbound import delivery_properties
+from mqtt_proxy.cohorts import CohortPump
 from mqtt_proxy.ports import Entries, Message, PeerPort, QueuesPort
+from mqtt_proxy.queue_cache import PUMP_BATCHES, CachedMsg, QueueState
 from mqtt_proxy.session import Inflight, Session, Subscription
 from mqtt_proxy.settings import ProxySettings
+from mqtt_proxy.shared_groups import GroupDelivery, SharedGroup
 from mqtt_proxy.subscriptions import topic_matches
-from mqtt_proxy.topic_aliases import AliasBook, OutAliases
+from mqtt_proxy.topic_aliases import AliasBook
 from store.latency import LatencyHistogram
-from store.mapping import PROBE_TOPIC, SYSTEM_TOPIC_PREFIX, MqttProperties
+from store.mapping import PROBE_TOPIC, SYSTEM_TOPIC_PREFIX
 
 if TYPE_CHECKING:
     from mqtt_proxy.cluster import ProxyCluster
@@ -59,164 +57,8 @@ log = logging.getLogger("lightgate.mqtt.delivery")
 
 INTERNAL_TOPIC_PREFIX = SYSTEM_TOPIC_PREFIX
 PROBE_PREFIX = PROBE_TOPIC + "/"  # the gateway's latency probes: delivered (exact topic only)
-PUMP_BATCHES = 64  # reads of `read_batch` entries per reader per tick before yielding the loop
 SLOW_AFTER_S = 0.1  # a subscriber whose socket stays full this long is a slow consumer
 PUSHED_MAX = 1 << 17  # pushed entries kept per queue for readers behind the head
-
-
-class _Pick(enum.Enum):
-    UNREADABLE = 0  # _pick_member: no member of the group may read the message
-
-
-_UNREADABLE: Final = _Pick.UNREADABLE
-
-
-class CachedMsg:
-    """A resolved message plus its encoded PUBLISH templates, keyed by what differs per receiver."""
-
-    __slots__ = (
-        "topic",
-        "payload",
-        "qos",
-        "retain",
-        "client_id",
-        "props",
-        "ts_ms",
-        "expire_at_ms",
-        "templates",
-        "data0",
-        "alias0",
-    )
-
-    def __init__(
-        self,
-        topic: str,
-        payload: bytes,
-        qos: int,
-        retain: bool,
-        client_id: str,
-        props: MqttProperties | None,
-        ts_ms: int,
-    ) -> None:
-        self.topic = topic
-        self.payload = payload
-        self.qos = qos
-        self.retain = retain
-        self.client_id = client_id
-        self.props = props
-        self.ts_ms = ts_ms
-        expiry = props.message_expiry if props is not None else None
-        self.expire_at_ms = ts_ms + expiry * 1000 if expiry is not None else None
-        self.templates: dict[tuple[int, bool, bool, tuple[int, ...]], PublishTemplate] | None = None
-        self.data0: bytes | None = None  # QoS 0, 3.1.1, no retain: the common packet, cached
-        self.alias0: tuple[int, bytes] | None = None  # QoS 0, v5, aliased, no topic: cached
-
-    @classmethod
-    def from_stored(cls, m: Message) -> CachedMsg:
-        return cls(m.topic, m.payload, m.qos, m.retain, m.client_id, m.properties, m.timestamp_ms)
-
-    def expired(self, now_ms: int) -> bool:
-        return self.expire_at_ms is not None and now_ms >= self.expire_at_ms
-
-    def template(
-        self, qos: int, retain: bool, v5: bool, sub_ids: tuple[int, ...], now_ms: int
-    ) -> PublishTemplate:
-        """The PUBLISH for one kind of receiver, built once per (QoS, retain, version, ids).
-        A v5 message with an expiry is rebuilt per pump: its remaining lifetime changes."""
-        key = (qos, retain, v5, sub_ids)
-        templates = self.templates
-        if templates is None:
-            templates = self.templates = {}
-        tpl = templates.get(key)
-        if tpl is None or (v5 and self.expire_at_ms is not None):
-            props = None
-            if v5:
-                expiry = None
-                if self.expire_at_ms is not None:
-                    expiry = max(0, (self.expire_at_ms - now_ms + 999) // 1000)
-                props = delivery_properties(self.props, expiry, sub_ids)
-            tpl = PublishTemplate.build(
-                self.topic, self.payload, qos, retain, props, 5 if v5 else 4
-            )
-            templates[key] = tpl
-        return tpl
-
-    def qos0(self, retain: bool, v5: bool, sub_ids: tuple[int, ...], now_ms: int) -> bytes:
-        """The QoS 0 PUBLISH for a cohort: `template(0, ...).data`, but without a template
-        object where no property has to be carried (the fan-in/fan-out hot path)."""
-        if self.props is not None or sub_ids:
-            return self.template(0, retain, v5, sub_ids, now_ms).data
-        if retain or v5:
-            return publish_qos0(self.topic, self.payload, retain, v5)
-        d = self.data0
-        if d is None:
-            d = self.data0 = publish_qos0(self.topic, self.payload)
-        return d
-
-    def qos0_alias(
-        self, alias: int, first: bool, retain: bool, sub_ids: tuple[int, ...], now_ms: int
-    ) -> bytes:
-        """The v5 QoS 0 PUBLISH with a Topic Alias (and the topic name when `first`). The later
-        form is kept, as `data0`: cohorts that are not at one position (a fan-out whose
-        members read at different speeds) each need it, and every connection uses the same
-        alias (bench/RESULTS.md, "Topic aliases": the fan-out row)."""
-        if self.props is not None or sub_ids:
-            return self.template(0, retain, True, sub_ids, now_ms).aliased(alias, first)
-        if first or retain:
-            return publish_qos0_alias(self.topic, self.payload, alias, first, retain)
-        d = self.alias0
-        if d is None or d[0] != alias:
-            d = self.alias0 = (alias, publish_qos0_alias(self.topic, self.payload, alias, False))
-        return d[1]
-
-
-@dataclass(slots=True, eq=False)
-class SharedGroup:
-    """`$share/<group>/<filter>`: one position, each message to one member."""
-
-    key: str  # "<group>/<filter>"
-    queue: str
-    pos: int = 0
-    members: list[Subscription] = field(default_factory=list)
-    pending: dict[int, tuple[Session, int]] = field(default_factory=dict)  # seq -> (session, pid)
-    redeliver: list[int] = field(default_factory=list)  # seqs orphaned by a leaving member
-    rr: int = 0
-    # Several proxies: the sequences the core leased to this proxy (its members take them in
-    # order; see lightgate/shares.py), None when the group lives in this proxy alone.
-    lease: list[int] | None = None
-    asking: bool = False  # a LEASE is on its way
-    again: bool = False  # the queue grew while it was: ask once more when it is answered
-
-    def acked_pos(self) -> int:
-        low = self.pos
-        if self.pending:
-            low = min(low, min(self.pending))
-        if self.redeliver:
-            low = min(low, min(self.redeliver))
-        return low
-
-
-class QueueState:
-    __slots__ = (
-        "name", "subs", "groups", "cache", "last_seq", "read_end", "floor", "loading",
-        "loaded_start", "retry", "pushed", "pushed_n",
-    )  # fmt: skip
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.subs: list[Subscription] = []
-        self.groups: dict[str, SharedGroup] = {}
-        self.cache: dict[int, CachedMsg | None] = {}
-        self.last_seq = -1  # highest sequence announced by notify or seen in a read
-        self.read_end = 0  # next_seq of the last read: nothing at or past it is known yet
-        self.floor = 0  # the queue's first valid sequence as of the last read (retention)
-        self.loading = 0  # 1: a load is being asked for, 2: its answer is still to come
-        self.loaded_start = 0  # first valid sequence of the last answered load
-        self.retry: asyncio.TimerHandle | None = None  # a failed load is retried later
-        # Entries the dispatcher pushed for this watched queue: (first sequence, entries) runs
-        # not yet delivered to every reader; a load finds them here instead of reading.
-        self.pushed: deque[tuple[int, Entries]] = deque()
-        self.pushed_n = 0
 
 
 class Delivery:
@@ -248,10 +90,8 @@ class Delivery:
         self._loop = asyncio.get_running_loop()
         # Several proxies: `$share` groups take leases from the core (mqtt_proxy.cluster).
         self.leases: ProxyCluster | None = None
-
-    def _leases(self) -> ProxyCluster:
-        assert self.leases is not None  # a group holds a lease only with several proxies
-        return self.leases
+        self._cohorts = CohortPump(self.read_range, self.deliver_latency, self.aliases)
+        self._groups = GroupDelivery(self, self._batch)
 
     # -- membership ------------------------------------------------------------------------
     def attach(self, sub: Subscription) -> None:
@@ -285,7 +125,7 @@ class Delivery:
         else:
             g = qs.groups.get(f"{group}/{sub.queue}")
             if g is not None:
-                self._leave_group(qs, g, sub)
+                self._groups.leave(qs, g, sub)
         if not qs.subs and not qs.groups:
             del self.queues[sub.queue]
             self.lag.pop(sub.queue, None)
@@ -302,27 +142,6 @@ class Delivery:
         if qs is None or share_group is None:
             return None
         return qs.groups.get(f"{share_group}/{queue}")
-
-    def _leave_group(self, qs: QueueState, g: SharedGroup, sub: Subscription) -> None:
-        """A member leaves: its unacked messages go back to the group for another member."""
-        try:
-            g.members.remove(sub)
-        except ValueError:
-            return
-        session = sub.session
-        for seq, (owner, pid) in list(g.pending.items()):
-            if owner is session:
-                del g.pending[seq]
-                session.inflight.pop(pid, None)
-                g.redeliver.append(seq)
-        g.redeliver.sort()
-        sub.pos = g.acked_pos()  # what a persistent member resumes from
-        if not g.members:
-            del qs.groups[g.key]
-            if g.lease is not None:  # the other proxies' members take them
-                self._leases().give_back(g.key, g.redeliver + g.lease)
-        else:
-            self.mark(qs)
 
     # -- scheduling ------------------------------------------------------------------------
     def on_entries(self, queue: str, first: int, entries: Entries) -> None:
@@ -372,7 +191,7 @@ class Delivery:
                     log.exception("delivery failed on queue %s", qs.name)
 
     # -- reading -------------------------------------------------------------------------
-    def _load(self, qs: QueueState, from_seq: int) -> int | None:
+    def load(self, qs: QueueState, from_seq: int) -> int | None:
         """Ask for a batch from `from_seq`. Returns the first valid sequence (> from_seq when
         retention trimmed the queue) when the answer came within the call (in-process backend);
         None while it is on its way (core link): the answer re-marks the queue."""
@@ -440,7 +259,7 @@ class Delivery:
         if self.queues.get(qs.name) is qs:
             self.mark(qs)
 
-    def _range(self, qs: QueueState, pos: int) -> tuple[int, int]:
+    def read_range(self, qs: QueueState, pos: int) -> tuple[int, int]:
         """Messages cached from `pos`: (first valid seq, end exclusive); start == end when there
         is nothing yet (caught up, or a load is on its way)."""
         if pos < qs.floor:
@@ -449,7 +268,7 @@ class Delivery:
         if pos not in cache:
             if pos >= qs.read_end and pos > qs.last_seq:
                 return pos, pos
-            start = self._load(qs, pos)
+            start = self.load(qs, pos)
             if start is None:
                 return pos, pos
             pos = start
@@ -492,13 +311,15 @@ class Delivery:
                     cohort.append(sub)
             else:
                 more |= self._pump_one(qs, sub, conn, now_ms)
+        pump = self._cohorts
         for (pos, v5, rap, sid, amax), subs in cohorts.items():
             if amax:
-                more |= self._pump_aliased(qs, subs, pos, rap, sid, amax, now_ms)
+                more |= pump.aliased(qs, subs, pos, rap, sid, amax, now_ms)
             else:
-                more |= self._pump_cohort(qs, subs, pos, v5, rap, sid, now_ms)
+                more |= pump.plain(qs, subs, pos, v5, rap, sid, now_ms)
+        groups = self._groups
         for g in list(qs.groups.values()):
-            more |= self._pump_group(qs, g, now_ms)
+            more |= groups.pump(qs, g, now_ms)
         if qs.cache or qs.pushed:
             self._trim(qs)
         if more:
@@ -542,125 +363,6 @@ class Delivery:
             for k in [k for k in cache if k < low]:
                 del cache[k]
 
-    def _pump_cohort(
-        self,
-        qs: QueueState,
-        subs: list[Subscription],
-        pos: int,
-        v5: bool,
-        rap: bool,
-        sid: int | None,
-        now_ms: int,
-    ) -> bool:
-        sub_ids = (sid,) if (v5 and sid) else ()
-        observe = self.deliver_latency.observe_ms
-        for _ in range(PUMP_BATCHES):
-            start, end = self._range(qs, pos)
-            if start >= end:
-                if start != pos:
-                    for sub in subs:
-                        sub.pos = start
-                return False
-            chunks = []
-            cache = qs.cache
-            nsubs = len(subs)
-            for seq in range(start, end):
-                m = cache[seq]
-                if m is None or m.expired(now_ms):
-                    continue
-                chunks.append(m.qos0(m.retain and rap, v5, sub_ids, now_ms))
-                observe(now_ms - m.ts_ms, nsubs)
-            n = len(chunks)
-            if n:
-                data = b"".join(chunks)
-                nbytes = len(data)
-                still = []
-                for sub in subs:
-                    conn = sub.session.conn
-                    assert conn is not None  # a cohort holds connected subscribers only
-                    conn.write_delivery(data, n, nbytes)
-                    sub.pos = end
-                    if conn.writable:
-                        still.append(sub)
-                subs = still
-            else:
-                for sub in subs:
-                    sub.pos = end
-            pos = end
-            if not subs:
-                return False
-        return True
-
-    def _pump_aliased(
-        self,
-        qs: QueueState,
-        subs: list[Subscription],
-        pos: int,
-        rap: bool,
-        sid: int | None,
-        amax: int,
-        now_ms: int,
-    ) -> bool:
-        """`_pump_cohort` for v5 members using topic aliases up to `amax`: each run is encoded
-        once with empty topics and aliases; members that map every alias of the run (the
-        steady state) share it, the others get their own copy carrying the topic names they
-        have to learn (topic_aliases.py)."""
-        sub_ids = (sid,) if sid else ()
-        observe = self.deliver_latency.observe_ms
-        lookup = self.aliases.lookup
-        for _ in range(PUMP_BATCHES):
-            start, end = self._range(qs, pos)
-            if start >= end:
-                if start != pos:
-                    for sub in subs:
-                        sub.pos = start
-                return False
-            chunks = []
-            plan: list[tuple[CachedMsg, int]] = []  # (message, alias or 0) per chunk
-            used: dict[int, str] = {}  # alias -> topic in this run
-            mixed = False  # one alias named two topics in this run (the book moved it)
-            cache = qs.cache
-            nsubs = len(subs)
-            for seq in range(start, end):
-                m = cache[seq]
-                if m is None or m.expired(now_ms):
-                    continue
-                retain = m.retain and rap
-                a = lookup(m.topic)
-                if a and a <= amax:
-                    if used.setdefault(a, m.topic) != m.topic:
-                        mixed = True
-                    chunks.append(m.qos0_alias(a, False, retain, sub_ids, now_ms))
-                else:
-                    a = 0
-                    chunks.append(m.qos0(retain, True, sub_ids, now_ms))
-                plan.append((m, a))
-                observe(now_ms - m.ts_ms, nsubs)
-            n = len(chunks)
-            if n:
-                data = b"".join(chunks)
-                still = []
-                for sub in subs:
-                    # Cohort members are connected and use aliases (checked in _pump).
-                    conn: PeerPort = sub.session.conn  # type: ignore[assignment]
-                    oa: OutAliases = conn.out_aliases  # type: ignore[assignment]
-                    if not mixed and oa.knows(used):
-                        conn.write_delivery(data, n, len(data))
-                    else:
-                        own = _learn(plan, chunks, oa.sent, rap, sub_ids, now_ms)
-                        conn.write_delivery(own, n, len(own))
-                    sub.pos = end
-                    if conn.writable:
-                        still.append(sub)
-                subs = still
-            else:
-                for sub in subs:
-                    sub.pos = end
-            pos = end
-            if not subs:
-                return False
-        return True
-
     def _pump_one(self, qs: QueueState, sub: Subscription, conn: PeerPort, now_ms: int) -> bool:
         session = sub.session
         v5 = conn.v5
@@ -673,7 +375,7 @@ class Delivery:
         for _ in range(PUMP_BATCHES):
             if not conn.writable:
                 break
-            start, end = self._range(qs, sub.pos)
+            start, end = self.read_range(qs, sub.pos)
             if start >= end:
                 sub.pos = start
                 break
@@ -732,104 +434,6 @@ class Delivery:
             conn.write_delivery(b"".join(out), len(out), nbytes)
         return more
 
-    def _pump_group(self, qs: QueueState, g: SharedGroup, now_ms: int) -> bool:
-        members = g.members
-        if not members:
-            return False
-        lease = g.lease
-        for _ in range(PUMP_BATCHES * self._batch):
-            if g.redeliver or lease:
-                seq = g.redeliver[0] if g.redeliver else lease[0]  # type: ignore[index]
-                if seq not in qs.cache and seq >= qs.floor and self._load(qs, seq) is None:
-                    return False  # its load is on the way; the answer marks the queue again
-                m = qs.cache.get(seq)
-            elif lease is not None:
-                self._leases().ask(self, qs, g)  # the core's answer marks the queue again
-                return False
-            else:
-                start, end = self._range(qs, g.pos)
-                if start >= end:
-                    g.pos = start
-                    return False
-                seq = start
-                m = qs.cache[seq]
-            pending = False
-            if m is not None and not m.expired(now_ms):
-                target = self._pick_member(g, m)
-                if target is None:
-                    return False
-                if target is not _UNREADABLE:
-                    sub, conn = target
-                    pending = self._send_group(qs, g, sub, conn, seq, m, now_ms)
-            if g.redeliver and g.redeliver[0] == seq:
-                g.redeliver.pop(0)
-            elif lease is not None:
-                lease.pop(0)
-            else:
-                g.pos = seq + 1
-            if lease is not None and not pending:
-                self._leases().done(g.key, seq)
-        return True
-
-    def _pick_member(
-        self, g: SharedGroup, m: CachedMsg
-    ) -> tuple[Subscription, PeerPort] | _Pick | None:
-        """The next member with room that may read `m`; None when none has room now;
-        `_UNREADABLE` when no connected member may read it (the group passes over it rather
-        than hold every later message back)."""
-        members = g.members
-        n = len(members)
-        online = denied = 0
-        for i in range(n):
-            sub = members[(g.rr + i) % n]
-            conn = sub.session.conn
-            if conn is None:
-                continue
-            online += 1
-            if conn.acl is not None and not conn.acl.can_read(m.topic):
-                denied += 1
-                continue
-            if not conn.writable or sub.held:
-                continue
-            qos = min(m.qos, sub.qos)
-            if qos and len(sub.session.inflight) >= conn.out_window:
-                continue
-            g.rr = (g.rr + i + 1) % n
-            return sub, conn
-        return _UNREADABLE if online and denied == online else None
-
-    def _send_group(
-        self,
-        qs: QueueState,
-        g: SharedGroup,
-        sub: Subscription,
-        conn: PeerPort,
-        seq: int,
-        m: CachedMsg,
-        now_ms: int,
-    ) -> bool:
-        """Send `m` to one member; True when it waits for the member's ack (QoS 1/2)."""
-        v5 = conn.v5
-        qos = min(m.qos, sub.qos)
-        sub_ids = (sub.sub_id,) if (v5 and sub.sub_id) else ()
-        tpl = m.template(qos, m.retain and sub.retain_as_published, v5, sub_ids, now_ms)
-        session = sub.session
-        if conn.max_out_packet and tpl.size > conn.max_out_packet:
-            return False  # MQTT 5 §3.1.2.11.4: discarded for this client as if delivered
-        pid = 0
-        if qos:
-            pid = session.alloc_pid()
-            data = tpl.packet(pid)
-            session.inflight[pid] = Inflight(qs.name, seq, qos, data, False, sub.spec.raw)
-            g.pending[seq] = (session, pid)
-        else:
-            data = tpl.data
-        if conn.out_aliases is not None:
-            data = conn.out_aliases.packet(m.topic, tpl, pid, data)
-        self.deliver_latency.observe_ms(now_ms - m.ts_ms)
-        conn.write_delivery(data, 1, len(data))
-        return bool(qos)
-
     # -- acks ------------------------------------------------------------------------------
     def acked(self, session: Session, inf: Inflight) -> None:
         """An outbound QoS 1/2 message completed: credit its subscription or group."""
@@ -841,27 +445,9 @@ class Delivery:
         else:
             g = self.group_of(sub)
             if g is not None and g.pending.pop(inf.seq, None) is not None and g.lease is not None:
-                self._leases().done(g.key, inf.seq)
+                assert self.leases is not None  # a group holds a lease only with several proxies
+                self.leases.done(g.key, inf.seq)
         session.dirty = True
-
-
-def _learn(
-    plan: list[tuple[CachedMsg, int]],
-    chunks: list[bytes],
-    sent: dict[int, str],
-    rap: bool,
-    sub_ids: tuple[int, ...],
-    now_ms: int,
-) -> bytes:
-    """One member's copy of an aliased run: the first use of an alias it does not map to that
-    topic yet carries the topic name (and updates `sent`); the rest are the shared chunks."""
-    out = []
-    for (m, a), chunk in zip(plan, chunks, strict=True):
-        if a and sent.get(a) != m.topic:
-            sent[a] = m.topic
-            chunk = m.qos0_alias(a, True, m.retain and rap, sub_ids, now_ms)
-        out.append(chunk)
-    return b"".join(out)
 
 
 def _overlap_owner(

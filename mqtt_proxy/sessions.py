@@ -29,8 +29,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from lightqueue.model import StoredMessage
-from mqtt_proxy.delivery import CachedMsg
 from mqtt_proxy.ports import SessionState
+from mqtt_proxy.queue_cache import CachedMsg
 from mqtt_proxy.session import Inflight, Session, Subscription, Will
 from mqtt_proxy.subscriptions import FilterSpec
 

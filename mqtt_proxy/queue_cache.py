@@ -1,0 +1,144 @@
+"""What delivery keeps per queue read here: `QueueState` (positions known, loads, the pushed
+entries) and its cache of `CachedMsg`, a resolved message with its encoded PUBLISH forms, shared
+by every local subscriber of the queue (encode once per kind of receiver, see delivery.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import TYPE_CHECKING
+
+from mqtt_proxy.codec import PublishTemplate, publish_qos0, publish_qos0_alias
+from mqtt_proxy.outbound import delivery_properties
+from mqtt_proxy.ports import Entries, Message
+from mqtt_proxy.session import Subscription
+from store.mapping import MqttProperties
+
+if TYPE_CHECKING:
+    from mqtt_proxy.shared_groups import SharedGroup
+
+PUMP_BATCHES = 64  # reads of `read_batch` entries per reader per tick before yielding the loop
+
+
+class CachedMsg:
+    """A resolved message plus its encoded PUBLISH templates, keyed by what differs per receiver."""
+
+    __slots__ = (
+        "topic",
+        "payload",
+        "qos",
+        "retain",
+        "client_id",
+        "props",
+        "ts_ms",
+        "expire_at_ms",
+        "templates",
+        "data0",
+        "alias0",
+    )
+
+    def __init__(
+        self,
+        topic: str,
+        payload: bytes,
+        qos: int,
+        retain: bool,
+        client_id: str,
+        props: MqttProperties | None,
+        ts_ms: int,
+    ) -> None:
+        self.topic = topic
+        self.payload = payload
+        self.qos = qos
+        self.retain = retain
+        self.client_id = client_id
+        self.props = props
+        self.ts_ms = ts_ms
+        expiry = props.message_expiry if props is not None else None
+        self.expire_at_ms = ts_ms + expiry * 1000 if expiry is not None else None
+        self.templates: dict[tuple[int, bool, bool, tuple[int, ...]], PublishTemplate] | None = None
+        self.data0: bytes | None = None  # QoS 0, 3.1.1, no retain: the common packet, cached
+        self.alias0: tuple[int, bytes] | None = None  # QoS 0, v5, aliased, no topic: cached
+
+    @classmethod
+    def from_stored(cls, m: Message) -> CachedMsg:
+        return cls(m.topic, m.payload, m.qos, m.retain, m.client_id, m.properties, m.timestamp_ms)
+
+    def expired(self, now_ms: int) -> bool:
+        return self.expire_at_ms is not None and now_ms >= self.expire_at_ms
+
+    def template(
+        self, qos: int, retain: bool, v5: bool, sub_ids: tuple[int, ...], now_ms: int
+    ) -> PublishTemplate:
+        """The PUBLISH for one kind of receiver, built once per (QoS, retain, version, ids).
+        A v5 message with an expiry is rebuilt per pump: its remaining lifetime changes."""
+        key = (qos, retain, v5, sub_ids)
+        templates = self.templates
+        if templates is None:
+            templates = self.templates = {}
+        tpl = templates.get(key)
+        if tpl is None or (v5 and self.expire_at_ms is not None):
+            props = None
+            if v5:
+                expiry = None
+                if self.expire_at_ms is not None:
+                    expiry = max(0, (self.expire_at_ms - now_ms + 999) // 1000)
+                props = delivery_properties(self.props, expiry, sub_ids)
+            tpl = PublishTemplate.build(
+                self.topic, self.payload, qos, retain, props, 5 if v5 else 4
+            )
+            templates[key] = tpl
+        return tpl
+
+    def qos0(self, retain: bool, v5: bool, sub_ids: tuple[int, ...], now_ms: int) -> bytes:
+        """The QoS 0 PUBLISH for a cohort: `template(0, ...).data`, but without a template
+        object where no property has to be carried (the fan-in/fan-out hot path)."""
+        if self.props is not None or sub_ids:
+            return self.template(0, retain, v5, sub_ids, now_ms).data
+        if retain or v5:
+            return publish_qos0(self.topic, self.payload, retain, v5)
+        d = self.data0
+        if d is None:
+            d = self.data0 = publish_qos0(self.topic, self.payload)
+        return d
+
+    def qos0_alias(
+        self, alias: int, first: bool, retain: bool, sub_ids: tuple[int, ...], now_ms: int
+    ) -> bytes:
+        """The v5 QoS 0 PUBLISH with a Topic Alias (and the topic name when `first`). The later
+        form is kept, as `data0`: cohorts that are not at one position (a fan-out whose
+        members read at different speeds) each need it, and every connection uses the same
+        alias (bench/RESULTS.md, "Topic aliases": the fan-out row)."""
+        if self.props is not None or sub_ids:
+            return self.template(0, retain, True, sub_ids, now_ms).aliased(alias, first)
+        if first or retain:
+            return publish_qos0_alias(self.topic, self.payload, alias, first, retain)
+        d = self.alias0
+        if d is None or d[0] != alias:
+            d = self.alias0 = (alias, publish_qos0_alias(self.topic, self.payload, alias, False))
+        return d[1]
+
+
+class QueueState:
+    """One queue with local readers: its subscriptions and groups, and what is known of it."""
+
+    __slots__ = (
+        "name", "subs", "groups", "cache", "last_seq", "read_end", "floor", "loading",
+        "loaded_start", "retry", "pushed", "pushed_n",
+    )  # fmt: skip
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.subs: list[Subscription] = []
+        self.groups: dict[str, SharedGroup] = {}
+        self.cache: dict[int, CachedMsg | None] = {}
+        self.last_seq = -1  # highest sequence announced by notify or seen in a read
+        self.read_end = 0  # next_seq of the last read: nothing at or past it is known yet
+        self.floor = 0  # the queue's first valid sequence as of the last read (retention)
+        self.loading = 0  # 1: a load is being asked for, 2: its answer is still to come
+        self.loaded_start = 0  # first valid sequence of the last answered load
+        self.retry: asyncio.TimerHandle | None = None  # a failed load is retried later
+        # Entries the dispatcher pushed for this watched queue: (first sequence, entries) runs
+        # not yet delivered to every reader; a load finds them here instead of reading.
+        self.pushed: deque[tuple[int, Entries]] = deque()
+        self.pushed_n = 0
