@@ -109,7 +109,7 @@ def test_committed_records_only_and_starting_timestamp(spark, tansu: Tansu) -> N
         plain.produce("tx", v, partition=0)
     plain.flush(10)
     time.sleep(0.05)
-    t_ms = int(time.time() * 1000)  # noqa: F841 (startingTimestamp: next commit)
+    t_ms = int(time.time() * 1000)
     time.sleep(0.05)
     tx = Producer({**boot, "transactional.id": "lightgate-spark-tx"})
     tx.init_transactions(10)
@@ -135,3 +135,4 @@ def test_committed_records_only_and_starting_timestamp(spark, tansu: Tansu) -> N
         return [row.value for row in r.load().orderBy("offset").collect()]
 
     assert read() == [b"old1", b"old2", b"c1", b"p1", b"c2"]
+    assert read(startingTimestamp=str(t_ms)) == [b"c1", b"p1", b"c2"]
