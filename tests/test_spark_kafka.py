@@ -126,7 +126,12 @@ def test_committed_records_only_and_starting_timestamp(spark, tansu: Tansu) -> N
     plain.produce("tx", b"p1", partition=0)
     plain.flush(10)
     in_txn([b"c2"], True)
-    tx = plain = admin = None  # librdkafka closes its connections
+    # An open transaction: a read stops before it (its last stable offset), as on the local log.
+    tx.begin_transaction()
+    tx.produce("tx", b"o1", partition=0)
+    tx.flush(10)
+    plain.produce("tx", b"p2", partition=0)
+    plain.flush(10)
 
     def read(**opts: str) -> list[bytes]:
         r = spark.read.format("lightgate").option("kafka.bootstrap.servers", tansu.bootstrap)
@@ -136,3 +141,21 @@ def test_committed_records_only_and_starting_timestamp(spark, tansu: Tansu) -> N
 
     assert read() == [b"old1", b"old2", b"c1", b"p1", b"c2"]
     assert read(startingTimestamp=str(t_ms)) == [b"c1", b"p1", b"c2"]
+    tx.commit_transaction(10)
+    tx = plain = admin = None  # librdkafka closes its connections
+    assert read(startingTimestamp=str(t_ms)) == [b"c1", b"p1", b"c2", b"o1", b"p2"]
+    # Streaming (AvailableNow) from startingTimestamp.
+    seen: list[bytes] = []
+    q = (
+        spark.readStream.format("lightgate")
+        .option("kafka.bootstrap.servers", tansu.bootstrap)
+        .option("topics", "tx")
+        .option("startingTimestamp", str(t_ms))
+        .load()
+        .writeStream.foreachBatch(lambda df, _i: seen.extend(r.value for r in df.collect()))
+        .trigger(availableNow=True)
+        .start()
+    )
+    q.awaitTermination(120)
+    assert q.exception() is None
+    assert sorted(seen) == sorted([b"c1", b"p1", b"c2", b"o1", b"p2"])
