@@ -75,7 +75,8 @@ async def fetch_raw(client: Any, node: int, wanted: dict[tuple[str, int], int], 
     return resp.API_VERSION, [(t, part) for t, parts in resp.topics for part in parts]
 
 
-async def _client(bootstrap: str, kwargs: dict[str, Any] | None) -> Any:
+async def connect(bootstrap: str, kwargs: dict[str, Any] | None) -> Any:
+    """An aiokafka client with fresh metadata (also for store.cluster_times)."""
     client = AIOKafkaClient(bootstrap_servers=bootstrap, **(kwargs or {}))
     await client.bootstrap()
     await client.force_metadata_update()
@@ -89,7 +90,7 @@ def partition_spans(bootstrap: str, topics: list[str],
     the last stable offset (an open transaction's first record) is read yet."""
 
     async def run() -> dict[tuple[str, int], tuple[int, int]]:
-        client = await _client(bootstrap, kwargs)
+        client = await connect(bootstrap, kwargs)
         try:
             tps = [
                 (t, p) for t in topics for p in sorted(client.cluster.partitions_for_topic(t) or ())
@@ -143,7 +144,7 @@ def iter_range(bootstrap: str, topic: str, partition: int, start: int, end: int,
         return data
 
     try:
-        client = loop.run_until_complete(_client(bootstrap, kwargs))
+        client = loop.run_until_complete(connect(bootstrap, kwargs))
         pos = start
         empty = 0
         while pos < end:

@@ -19,8 +19,8 @@ from store.cluster_read import (
     EMPTY_RETRIES,
     FETCH_BYTES,
     READER_WAIT_MS,
-    _client,
     by_leader,
+    connect,
     fetch_raw,
     list_offsets,
 )
@@ -53,7 +53,7 @@ def offsets_for_time(bootstrap: str, spans: dict[tuple[str, int], tuple[int, int
     ListOffsets by time says where to start, the batches' timestamps give the answer."""
 
     async def run() -> dict[tuple[str, int], int | None]:
-        client = await _client(bootstrap, kwargs)
+        client = await connect(bootstrap, kwargs)
         try:
             answers = await list_offsets(client, list(spans), ts)
             out: dict[tuple[str, int], int | None] = {}
