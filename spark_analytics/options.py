@@ -110,8 +110,6 @@ def parse_options(options: Mapping[str, str], streaming: bool) -> ReadOptions:
     if bootstrap and not topics:
         raise OptionError("kafka.bootstrap.servers: name the topics (option 'topics'), as "
                           "with Spark's Kafka source")  # fmt: skip
-    if bootstrap and opts.get("startingtimestamp") is not None:
-        raise OptionError("startingTimestamp is not supported with kafka.bootstrap.servers yet")
     flt = opts.get("mqtttopicfilter") or None
     if flt is not None:
         validate_filter(flt)

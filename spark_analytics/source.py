@@ -51,7 +51,7 @@ from spark_analytics.options import (
     offset_for,
     parse_options,
 )
-from store import cluster_read
+from store import cluster_read, cluster_times
 from store.record_batch import HEADER
 
 CHUNK_RECORDS = 131_072  # records per Arrow batch handed to the JVM
@@ -104,6 +104,15 @@ def cluster_ranges(opts: ReadOptions) -> dict[tuple[str, int], tuple[int, int]]:
     return cluster_read.partition_spans(opts.bootstrap, names)
 
 
+def _cluster_times(
+    opts: ReadOptions, spans: dict[tuple[str, int], tuple[int, int]]
+) -> dict[tuple[str, int], int | None] | None:
+    """`startingTimestamp` on the cluster: each partition's first offset at/after it."""
+    if opts.starting_timestamp is None or opts.bootstrap is None:
+        return None
+    return cluster_times.offsets_for_time(opts.bootstrap, spans, opts.starting_timestamp)
+
+
 def _cluster_batches(opts: ReadOptions, r: LogRange) -> Iterator[Batch]:
     assert opts.bootstrap is not None
     for mv in cluster_read.iter_range(opts.bootstrap, r.topic, r.partition, r.start, r.end):
@@ -153,8 +162,14 @@ class LightgateBatchReader(DataSourceReader):
         ranges: list[tuple[str, int, int, int]] = []
         tails: dict[tuple[str, int], PartitionTail] = {}
         if opts.bootstrap:
-            for (topic, p), (lo, hwm) in sorted(cluster_ranges(opts).items()):
-                start = offset_for(opts.starting, topic, p, EARLIEST)
+            spans = cluster_ranges(opts)
+            at_time = _cluster_times(opts, spans)
+            for (topic, p), (lo, hwm) in sorted(spans.items()):
+                if at_time is not None:
+                    found = at_time.get((topic, p))
+                    start = hwm if found is None else found
+                else:
+                    start = offset_for(opts.starting, topic, p, EARLIEST)
                 start = max(lo, {EARLIEST: lo, LATEST: hwm}.get(start, start))
                 end = offset_for(opts.ending, topic, p, LATEST)
                 end = hwm if end == LATEST else min(end, hwm)
@@ -246,10 +261,19 @@ class LightgateStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         opts = self.opts
         latest = self._refresh()
         out: Offsets = {}
+        spans = {
+            (t, int(p)): (self._earliest(t, p), h)
+            for t, ps in latest.items()
+            for p, h in ps.items()
+        }
+        at_time = _cluster_times(opts, spans)
         for topic, parts in latest.items():
             for p, hwm in parts.items():
                 lo = self._earliest(topic, p)
-                if opts.starting_timestamp is not None:
+                if at_time is not None:
+                    found = at_time.get((topic, int(p)))
+                    start = hwm if found is None else found
+                elif opts.starting_timestamp is not None:
                     found = offset_for_timestamp(self.log, topic, int(p), opts.starting_timestamp)
                     start = hwm if found is None else found
                 else:

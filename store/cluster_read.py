@@ -21,8 +21,9 @@ from aiokafka.protocol.fetch import FetchRequest
 from aiokafka.protocol.offset import OffsetRequest
 from aiokafka.structs import TopicPartition
 
+from store.cluster_txns import ClusterTxns
 from store.config import StoreError
-from store.record_batch import HEADER, iter_batches
+from store.record_batch import CONTROL_MASK, HEADER, TRANSACTIONAL_MASK, iter_batches
 
 FETCH_BYTES = 8 << 20
 READER_WAIT_MS = 200  # max_wait of a fetch that expects records (answered at once when there)
@@ -74,7 +75,8 @@ async def fetch_raw(client: Any, node: int, wanted: dict[tuple[str, int], int], 
     return resp.API_VERSION, [(t, part) for t, parts in resp.topics for part in parts]
 
 
-async def _client(bootstrap: str, kwargs: dict[str, Any] | None) -> Any:
+async def connect(bootstrap: str, kwargs: dict[str, Any] | None) -> Any:
+    """An aiokafka client with fresh metadata (also for store.cluster_times)."""
     client = AIOKafkaClient(bootstrap_servers=bootstrap, **(kwargs or {}))
     await client.bootstrap()
     await client.force_metadata_update()
@@ -83,11 +85,12 @@ async def _client(bootstrap: str, kwargs: dict[str, Any] | None) -> Any:
 
 def partition_spans(bootstrap: str, topics: list[str],
                     kwargs: dict[str, Any] | None = None) -> dict[tuple[str, int], tuple[int, int]]:  # fmt: skip
-    """(topic, partition) -> (log start, high watermark) of every partition of `topics` (a
-    topic the cluster does not have is left out)."""
+    """(topic, partition) -> (log start, last stable offset) of every partition of `topics` (a
+    topic the cluster does not have is left out). Reads are read_committed, so nothing above
+    the last stable offset (an open transaction's first record) is read yet."""
 
     async def run() -> dict[tuple[str, int], tuple[int, int]]:
-        client = await _client(bootstrap, kwargs)
+        client = await connect(bootstrap, kwargs)
         try:
             tps = [
                 (t, p) for t in topics for p in sorted(client.cluster.partitions_for_topic(t) or ())
@@ -98,10 +101,13 @@ def partition_spans(bootstrap: str, topics: list[str],
             # it reports the true high watermark (Kafka's answer is unchanged by this).
             for node, items in by_leader(client, tps).items():
                 probe = {tp: max(starts.get(tp, 0), ends.get(tp, 0) - 1) for tp in items}
-                _v, parts = await fetch_raw(client, node, probe, 1 << 16)
+                v, parts = await fetch_raw(client, node, probe, 1 << 16, isolation=1)
                 for t, part in parts:
-                    if part[2] > ends.get((t, part[0]), 0):
-                        ends[(t, part[0])] = part[2]
+                    tp = (t, part[0])
+                    if part[2] > ends.get(tp, 0):
+                        ends[tp] = part[2]
+                    if v >= 4 and 0 <= part[3] < ends.get(tp, 0):
+                        ends[tp] = part[3]  # an open transaction: stop before it
             return {tp: (starts.get(tp, 0), max(ends.get(tp, 0), starts.get(tp, 0))) for tp in tps}
         finally:
             await client.close()
@@ -112,38 +118,59 @@ def partition_spans(bootstrap: str, topics: list[str],
 def iter_range(bootstrap: str, topic: str, partition: int, start: int, end: int,
                kwargs: dict[str, Any] | None = None) -> Iterator[memoryview]:  # fmt: skip
     """The complete batches holding offsets in [start, end), in offset order, as memoryviews
-    of the fetched bytes (each starts with its 61-byte header)."""
+    of the fetched bytes (each starts with its 61-byte header). read_committed: batches of
+    aborted Kafka transactions are left out, learned from the markers as the MQTT path does
+    (store.cluster_txns; a batch whose marker is further on is held until it is fetched)."""
     loop = asyncio.new_event_loop()
     client = None
+    tp = (topic, partition)
+    txns = ClusterTxns()
+
+    def fetch(at: int) -> bytes:
+        nodes = by_leader(client, [tp])
+        if not nodes:
+            raise StoreError(f"no leader for {topic}-{partition}")
+        (node,) = nodes
+        _v, parts = loop.run_until_complete(
+            fetch_raw(client, node, {tp: at}, FETCH_BYTES, READER_WAIT_MS, isolation=1)
+        )
+        data = b""
+        for _t, part in parts:
+            if part[0] == partition:
+                if part[1]:
+                    raise StoreError(f"fetch {topic}-{partition}@{at}: error {part[1]}")
+                data = part[-1] or b""
+        txns.scan(tp, data)
+        return data
+
     try:
-        client = loop.run_until_complete(_client(bootstrap, kwargs))
-        tp = (topic, partition)
+        client = loop.run_until_complete(connect(bootstrap, kwargs))
         pos = start
         empty = 0
         while pos < end:
-            nodes = by_leader(client, [tp])
-            if not nodes:
-                raise StoreError(f"no leader for {topic}-{partition}")
-            (node,) = nodes
-            _v, parts = loop.run_until_complete(
-                fetch_raw(client, node, {tp: pos}, FETCH_BYTES, READER_WAIT_MS)
-            )
-            data = b""
-            for _t, part in parts:
-                if part[0] == partition:
-                    if part[1]:
-                        raise StoreError(f"fetch {topic}-{partition}@{pos}: error {part[1]}")
-                    data = part[-1] or b""
+            data = fetch(pos)
+            ok, marker_at = txns.decided_prefix(tp, data, pos)
+            while not ok and marker_at >= 0:  # the first batch's marker is further on
+                empty = 0 if fetch(marker_at) else empty + 1
+                if empty > EMPTY_RETRIES:
+                    raise StoreError(f"{topic}-{partition}: no marker for offset {pos}")
+                ok, marker_at = txns.decided_prefix(tp, data, pos)
             moved = False
-            mv = memoryview(data)
-            for bpos, size in iter_batches(data):
-                h = HEADER.unpack_from(data, bpos)
+            mv = memoryview(ok)
+            for bpos, size in iter_batches(ok):
+                h = HEADER.unpack_from(ok, bpos)
                 base, last = h[0], h[0] + h[6]
                 if last < pos:
                     continue
                 if base >= end:
                     return
-                yield mv[bpos : bpos + size]
+                aborted = (
+                    h[5] & TRANSACTIONAL_MASK
+                    and not h[5] & CONTROL_MASK
+                    and txns.is_aborted(topic, partition, h[9], max(base, pos))
+                )
+                if not aborted:
+                    yield mv[bpos : bpos + size]
                 pos = last + 1
                 moved = True
             if moved:

@@ -13,8 +13,17 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
+from typing import Any
 
-from store.cluster_read import EMPTY_RETRIES
+from store.cluster_read import (
+    EMPTY_RETRIES,
+    FETCH_BYTES,
+    READER_WAIT_MS,
+    by_leader,
+    connect,
+    fetch_raw,
+    list_offsets,
+)
 from store.config import StoreError
 from store.record_batch import HEADER, TIMESTAMP_TYPE_MASK, iter_batches, iter_records
 
@@ -35,6 +44,47 @@ def first_at_time(data: bytes, o: int, ts: int) -> tuple[int | None, int]:
                     return int(r.offset), last + 1
         o = last + 1
     return None, o
+
+
+def offsets_for_time(bootstrap: str, spans: dict[tuple[str, int], tuple[int, int]], ts: int,
+                     kwargs: dict[str, Any] | None = None) -> dict[tuple[str, int], int | None]:  # fmt: skip
+    """For readers outside the gateway (Spark's `startingTimestamp`): per partition with its
+    [log start, end) span, the first offset below end whose timestamp >= ts (None: none).
+    ListOffsets by time says where to start, the batches' timestamps give the answer."""
+
+    async def run() -> dict[tuple[str, int], int | None]:
+        client = await connect(bootstrap, kwargs)
+        try:
+            answers = await list_offsets(client, list(spans), ts)
+            out: dict[tuple[str, int], int | None] = {}
+            for tp, (lo, end) in spans.items():
+                o, empty, found = answers.get(tp, lo), 0, None
+                if o < 0:
+                    out[tp] = None  # Kafka: every record is older
+                    continue
+                o = max(o, lo)
+                while o < end:
+                    data = b""
+                    for node in by_leader(client, [tp]):
+                        _v, parts = await fetch_raw(
+                            client, node, {tp: o}, FETCH_BYTES, READER_WAIT_MS, isolation=1
+                        )
+                        for _t, part in parts:
+                            if part[0] == tp[1] and not part[1]:
+                                data = part[-1] or b""
+                    found, nxt = first_at_time(data, o, ts)
+                    if found is not None:
+                        break
+                    empty = 0 if nxt > o else empty + 1
+                    if empty > EMPTY_RETRIES:
+                        raise StoreError(f"{tp[0]}-{tp[1]}: no records at offset {o}")
+                    o = nxt
+                out[tp] = found if found is not None and found < end else None
+            return out
+        finally:
+            await client.close()
+
+    return asyncio.run(run())
 
 
 class ClusterTimes:
