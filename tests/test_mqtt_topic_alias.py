@@ -18,26 +18,9 @@ from typing import Any
 
 from mqtt_broker import InProcessBroker
 from mqtt_helpers import CONNECT, V5, V311, Client, props, raw, read_packets, split_packets
+from mqtt_raw import packet, s16, varint
 
 # -- a raw v5 client: hand-built packets, hand-decoded PUBLISH -------------------------------
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        b, n = n & 0x7F, n >> 7
-        out.append(b | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
-def _str(s: str) -> bytes:
-    b = s.encode()
-    return struct.pack(">H", len(b)) + b
-
-
-def _packet(b0: int, body: bytes) -> bytes:
-    return bytes((b0,)) + _varint(len(body)) + body
 
 
 def v5_connect(client_id: str, alias_max: int = 0, expiry: int = 0, clean: bool = True) -> bytes:
@@ -46,12 +29,12 @@ def v5_connect(client_id: str, alias_max: int = 0, expiry: int = 0, clean: bool 
         p += b"\x22" + struct.pack(">H", alias_max)  # Topic Alias Maximum
     if expiry:
         p += b"\x11" + struct.pack(">I", expiry)  # Session Expiry Interval
-    body = _str("MQTT") + bytes((5, 0x02 if clean else 0)) + b"\x00\x3c" + _varint(len(p)) + p
-    return _packet(0x10, body + _str(client_id))
+    body = s16(b"MQTT") + bytes((5, 0x02 if clean else 0)) + b"\x00\x3c" + varint(len(p)) + p
+    return packet(0x10, body + s16(client_id.encode()))
 
 
 def v5_subscribe(filt: str, qos: int, pid: int = 1) -> bytes:
-    return _packet(0x82, struct.pack(">H", pid) + b"\x00" + _str(filt) + bytes((qos,)))
+    return packet(0x82, struct.pack(">H", pid) + b"\x00" + s16(filt.encode()) + bytes((qos,)))
 
 
 def decode_publish(pkt: bytes) -> dict[str, Any]:
@@ -240,9 +223,9 @@ def test_04_inbound_alias_limits(broker):  # noqa: F811
     s.sendall(v5_connect("in"))
     (ack,) = read_packets(s, 1)
     assert b"\x22\x00\x40" in ack[5:]  # Topic Alias Maximum 64 in CONNACK's properties
-    good = _packet(0x30, _str("in/t") + b"\x03\x23\x00\x40" + b"x")  # alias 64: fine
-    again = _packet(0x30, _str("") + b"\x03\x23\x00\x40" + b"y")
-    over = _packet(0x30, _str("in/t") + b"\x03\x23\x00\x41" + b"z")  # alias 65
+    good = packet(0x30, s16(b"in/t") + b"\x03\x23\x00\x40" + b"x")  # alias 64: fine
+    again = packet(0x30, s16(b"") + b"\x03\x23\x00\x40" + b"y")
+    over = packet(0x30, s16(b"in/t") + b"\x03\x23\x00\x41" + b"z")  # alias 65
     sub = Client(broker.port, "insub", V5).connect()
     sub.subscribe("in/#", 0)
     s.sendall(good + again + over)
