@@ -170,6 +170,14 @@ def _config_from(ns: argparse.Namespace) -> GatewayConfig:
     return load_config(ns.config, overrides=overrides)
 
 
+def _without_hypothesis() -> None:
+    """kio (the Kafka schemas) registers a hypothesis strategy per type whenever hypothesis is
+    importable, as it is in a dev install: 0.3-0.4 s of every `serve`/`proxy` start (the test
+    suite starts hundreds) for nothing a gateway uses. These commands run in a process of
+    their own, so hiding it here touches no other code."""
+    sys.modules.setdefault("hypothesis", None)  # type: ignore[arg-type]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
@@ -192,11 +200,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         for warning in unknown_env_names():
             log.warning(warning)
     if ns.command == "serve":
+        _without_hypothesis()
         from lightgate.app import serve
 
         tune_gc(cfg.gc_gen0)
         return _run(serve(cfg))
     if ns.command == "proxy":
+        _without_hypothesis()
         from lightgate.proxy_main import exit_with_parent, run_proxy
         from lightgate.security import build_security, reload_security
         from lightgate.tls import tls_context

@@ -10,6 +10,7 @@ import shutil
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from gateway_process import GatewayProcess
@@ -31,6 +32,48 @@ BOTH_IMPLS = {
     "test_lightqueue_dispatch",
     "test_store_record_batch",
 }
+
+
+# Scheduling (pytest-xdist, `--dist loadfile` in the Makefile): a test file runs on one worker,
+# but a file parametrized over gateways (`broker`: serve / split / pure) is one unit per gateway,
+# and the longest units are handed out first, so no worker is left with a long file at the end.
+GATEWAY_PARAMS = {"serve", "split", "pure"}
+LONGEST_FIRST = [  # the slowest files of a full run (make test prints the slowest tests)
+    "test_spark_notebook", "test_mqtt_replay", "test_spark_jobs", "test_mqtt_pubsub",
+    "test_spark_docs", "test_mqtt_connect", "test_mqtt_sessions", "test_spark_source",
+    "test_docs_snippets", "test_kafka_txn_delivery", "test_mqtt_clients",
+]  # fmt: skip
+
+
+def _unit(nodeid: str) -> str:
+    """The scheduling unit of a test: its file, and its gateway where it has one."""
+    path, _, rest = nodeid.partition("::")
+    params = rest.partition("[")[2].rstrip("]").split("-")
+    gateway = next((p for p in params if p in GATEWAY_PARAMS), "")
+    return f"{path}[{gateway}]" if gateway else path
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class GatewayFileScheduling(LoadFileScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return _unit(nodeid)
+
+    return GatewayFileScheduling(config, log)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    last = len(rank)
+
+    def key(item: pytest.Item) -> int:
+        module = getattr(item, "module", None)
+        return last if module is None else rank.get(module.__name__.rsplit(".", 1)[-1], last)
+
+    items.sort(key=key)
 
 
 @pytest.hookimpl(tryfirst=True)

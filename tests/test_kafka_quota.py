@@ -54,8 +54,13 @@ def _count(port: int) -> int:
 def test_produce_quota_throttles(gateway_factory: Callable[..., GatewayProcess]) -> None:
     gw = gateway_factory(None, "--set", "kafka_produce_byte_rate=200000")
     port = gw.port("kafka")
-    # 800 KB at 200 KB/s with a 200 KB burst: at least ~3 s (unthrottled: well under a second).
+    # 800 KB at 200 KB/s with a 200 KB burst: 3 s of sending (unthrottled: well under a second).
+    # The last response's throttle is not waited for within `elapsed` (the broker mutes after
+    # answering), and how much it carries depends on how librdkafka batched the tail; but the
+    # bucket's accounting makes (time from the first charge to the last) + the last throttle
+    # = (bytes - burst) / rate >= 3 s, and the largest throttle reported is >= the last one.
     elapsed, throttles = _produce(port, 800, 1000)
     assert throttles and max(throttles) > 0, throttles
-    assert elapsed >= 2.0, elapsed
+    assert elapsed >= 1.0, elapsed
+    assert elapsed + max(throttles) / 1000 >= 2.9, (elapsed, throttles)
     assert _count(port) == 800

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from conftest import require_extensions
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import lightqueue.dispatcher as dispatcher
@@ -154,8 +154,30 @@ def test_index_batch_same_entries(
     assert py == cy
 
 
+def _spec_reads_like_aiokafka(batch: bytes) -> bool:
+    """False where aiokafka's reader (the twin's, via `records_of`) and the spec part ways on a
+    garbled batch: it reads a record's unused int8 attributes as a varint, so a byte >= 0x80
+    there shifts every field after it; the compiled loop and store.record_batch read one byte
+    (found by hypothesis: cut=62, junk=b"\\x80"). Real batches carry 0 there."""
+    from aiokafka.record._crecords import DefaultRecordBatch
+
+    from store.record_batch import HEADER_SIZE, _records_py
+
+    def decode(read: Any) -> Any:
+        try:
+            return [(r.offset, r.key) for r in read()]
+        except Exception:
+            return None
+
+    count = int.from_bytes(batch[57:61], "big")
+    ours = decode(lambda: _records_py(batch, HEADER_SIZE, len(batch), count, 0, 0, -1))
+    theirs = decode(lambda: DefaultRecordBatch(batch))
+    return ours is None or theirs is None or ours == theirs
+
+
 @SETTINGS
 @given(st.integers(61, 400), st.binary(min_size=1, max_size=8))
+@example(62, b"\x80")  # the first record's attributes byte (see above)
 def test_index_batch_garbled(cut: int, junk: bytes) -> None:
     """Bytes overwritten under the header: where both decode, the same entries (a batch the
     store accepted uncompressed passed aiokafka's reader at append, so only agreement on what
@@ -167,7 +189,7 @@ def test_index_batch_garbled(cut: int, junk: bytes) -> None:
     cut = min(cut, len(good) - 1)
     bad = (good[:cut] + junk + good[cut + len(junk) :])[: len(good)]
     py, cy = _index_both(bad, 0, 0, 100, 100, False)
-    if py[0] != "error" and cy[0] != "error":
+    if py[0] != "error" and cy[0] != "error" and _spec_reads_like_aiokafka(bad):
         assert py == cy
     tail = good[:-8] + b"\xff" * 8  # tests/kafka_helpers.garble_records: no reader decodes it
     py, cy = _index_both(tail, 0, 0, 100, 100, False)
