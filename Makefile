@@ -25,11 +25,11 @@ test: $(STAMP) system-deps
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy store/ lightqueue/ notify/ mqtt_proxy/ lightgate/ spark_analytics/
-	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=15
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n 3 --dist loadfile --durations=15
 
 # The inner loop: lint, then every test but the `slow` and `spark` ones.
 test-fast: lint
-	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile -m "not slow and not spark"
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n 3 --dist loadfile -m "not slow and not spark"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
