@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 from lightqueue import wire as lw
 from notify import RouteTable
 from notify import wire as nw
-from notify.link import Handler, RpcError, RpcPeer
+from notify.link import Handler, RpcPeer
+from notify.link_frames import RpcError
 from store import wire as sw
 from store.config import UnknownTopicOrPartitionError
 from store.store import AppendResult

@@ -24,7 +24,8 @@ from mqtt_proxy.cluster import ProxyCluster
 from mqtt_proxy.remote_notify import LinkNotifier
 from mqtt_proxy.remote_queues import RemoteLightQueues
 from mqtt_proxy.remote_store import RemoteStore
-from notify.link import AUTH_FAILED, RpcError, RpcPeer, connect
+from notify.link import RpcPeer, connect
+from notify.link_frames import AUTH_FAILED, RpcError
 from store.auth import Security
 
 log = logging.getLogger("lightgate.split")

@@ -29,7 +29,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from mqtt_proxy.session import Will, _props_from_state, _props_state
-from notify.link import RpcError, RpcPeer
+from notify.link import RpcPeer
+from notify.link_frames import RpcError
 from store.mapping import MqttProperties
 from store.wire import put_str
 

@@ -14,7 +14,8 @@ import logging
 from collections.abc import Sequence
 from time import time
 
-from notify.link import Handler, RpcError, RpcPeer
+from notify.link import Handler, RpcPeer
+from notify.link_frames import RpcError
 from store import wire
 from store.config import StoreError
 from store.mapping import MqttMessage, log_topic_for, partition_for_key

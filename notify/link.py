@@ -7,16 +7,8 @@ the server produced them: a light-queue read that returns an entry is always ans
 append that made that entry was acknowledged to the same proxy (the proxy's recent-append cache
 relies on it).
 
-Wire format, sans-IO below (`encode_frame`, `FrameDecoder`), asyncio above (`RpcPeer`)::
-
-    frame  = length u32 (bytes after this field) | kind u8 | call id u32 | method u16 | body
-    CALL   the peer answers with exactly one REPLY or ERROR carrying the same call id
-    SEND   one-way; call id 0
-    REPLY  body = the method's answer
-    ERROR  body = code u16 | UTF-8 message
-    PING   empty; sent every `heartbeat` s while idle, a peer silent for 3 intervals is dropped
-    AUTH   the handshake (notify.link_auth), step in the method field; before it completes only
-           AUTH, PING and an ERROR with call id 0 (the core refusing the link) are accepted
+Wire format and framing: notify.link_frames (sans-IO); this module is the asyncio half
+(`RpcPeer`, `RpcServer`, `connect`).
 
 Method numbers: 1-31 store (bodies in store.wire), 32-63 light queues (lightqueue.wire), 64-95
 the wiring (lightgate.link_registry: hello, proxy stats; notify.wire: notify). One registry
@@ -40,108 +32,37 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-import struct
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from notify.link_auth import AuthFailed, LinkAuth
+from notify.link_frames import (
+    AUTH,
+    AUTH_FAILED,
+    AUTH_TIMEOUT,
+    CALL,
+    CLOSED,
+    ERROR,
+    INTERNAL,
+    MAX_FRAME,
+    NO_SUCH_METHOD,
+    PING,
+    PRE_AUTH_MAX_FRAME,
+    REPLY,
+    SEND,
+    FrameDecoder,
+    FrameError,
+    RpcError,
+    encode_frame,
+    error_body,
+    parse_address,
+    parse_error,
+    rpc_error_of,
+)
 
 log = logging.getLogger("lightgate.rpc")
 _asyncio_Future = asyncio.Future
-
-CALL, SEND, REPLY, ERROR, PING, AUTH = 1, 2, 3, 4, 5, 6
-HEAD = struct.Struct(">IBIH")  # length, kind, call id, method
-HEAD_SIZE = HEAD.size  # 11
-_LEN = struct.Struct(">I")
-_ERR = struct.Struct(">H")
-MAX_FRAME = 256 << 20
-
-# ERROR codes (u16). Methods may define their own from 100 up.
-INTERNAL, NO_SUCH_METHOD, BAD_REQUEST, CLOSED, AUTH_FAILED = 1, 2, 3, 4, 5
-AUTH_TIMEOUT = 10.0  # s for a new link to complete its handshake
-PRE_AUTH_MAX_FRAME = 1024  # the handshake's frames are under 100 bytes
-
-
-class RpcError(Exception):
-    """A call failed on the peer (or the link went away before its answer)."""
-
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-class FrameError(ValueError):
-    """The peer broke the framing: the link is closed."""
-
-
-def _rpc_error(exc: BaseException) -> RpcError | None:
-    """The answer a handler's exception carries: an RpcError, or an exception with an int
-    `rpc_code` (the body codecs below the link, store.wire and lightqueue.wire, cannot import
-    RpcError, so a malformed body raises their own `WireError`, whose code is BAD_REQUEST)."""
-    if isinstance(exc, RpcError):
-        return exc
-    code = getattr(exc, "rpc_code", None)
-    return RpcError(code, str(exc)) if isinstance(code, int) else None
-
-
-def encode_frame(kind: int, call_id: int, method: int, body: bytes = b"") -> bytes:
-    return HEAD.pack(len(body) + 7, kind, call_id, method) + body
-
-
-def error_body(code: int, message: str) -> bytes:
-    return _ERR.pack(code) + message.encode("utf-8", "replace")
-
-
-def parse_error(body: bytes) -> RpcError:
-    if len(body) < 2:
-        return RpcError(INTERNAL, "malformed error frame")
-    return RpcError(_ERR.unpack_from(body)[0], body[2:].decode("utf-8", "replace"))
-
-
-class FrameDecoder:
-    """Bytes in, `(kind, call id, method, body)` out. Keeps only the unparsed tail."""
-
-    __slots__ = ("_buf", "max_frame")
-
-    def __init__(self, max_frame: int = MAX_FRAME) -> None:
-        self._buf = bytearray()
-        self.max_frame = max_frame
-
-    def feed(self, data: bytes) -> list[tuple[int, int, int, bytes]]:
-        # Whole frames inside one chunk (the common case) are sliced from `data` itself; only a
-        # partial tail is kept, in a bytearray that grows in place (no quadratic re-joining of a
-        # multi-megabyte frame that arrives in many chunks).
-        tail = self._buf
-        if tail:
-            tail += data
-            buf: Any = tail
-        else:
-            buf = data
-        out = []
-        pos, n = 0, len(buf)
-        unpack = HEAD.unpack_from
-        while n - pos >= HEAD_SIZE:
-            length, kind, call_id, method = unpack(buf, pos)
-            if length < 7 or length > self.max_frame:
-                raise FrameError(f"frame length {length} outside 7..{self.max_frame}")
-            if not CALL <= kind <= AUTH:
-                raise FrameError(f"unknown frame kind {kind}")
-            end = pos + 4 + length
-            if end > n:
-                break
-            out.append((kind, call_id, method, bytes(buf[pos + HEAD_SIZE : end])))
-            pos = end
-        if buf is tail:
-            del tail[:pos]
-        elif pos < n:
-            self._buf = bytearray(buf[pos:])
-        return out
-
-    @property
-    def buffered(self) -> int:
-        return len(self._buf)
-
 
 # A method: (peer, body) -> reply bytes, an awaitable of reply bytes, or None (SEND only).
 Handler = Callable[["RpcPeer", bytes], "bytes | Awaitable[bytes] | None"]
@@ -305,7 +226,7 @@ class RpcPeer(asyncio.Protocol):
         try:
             res = handler(self, body)
         except Exception as exc:
-            err = _rpc_error(exc)
+            err = rpc_error_of(exc)
             if err is not None:
                 if kind == CALL:
                     self._error(call_id, err.code, str(err))
@@ -333,7 +254,7 @@ class RpcPeer(asyncio.Protocol):
         exc = fut.exception()
         if exc is None:
             self._write(encode_frame(REPLY, call_id, method, bytes(fut.result() or b"")))
-        elif (err := _rpc_error(exc)) is not None:
+        elif (err := rpc_error_of(exc)) is not None:
             self._error(call_id, err.code, str(err))
         else:
             log.error("rpc link %s: method %d failed: %r", self.name, method, exc)
@@ -462,16 +383,6 @@ class RpcPeer(asyncio.Protocol):
     def abort(self) -> None:
         if self.transport is not None:
             self.transport.abort()
-
-
-def parse_address(address: str) -> tuple[str, str | int]:
-    """`unix:/path` → ("unix", path); `host:port` → (host, port)."""
-    if address.startswith("unix:"):
-        return "unix", address[5:]
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ValueError(f"address {address!r}: expected unix:/path or host:port")
-    return host or "127.0.0.1", int(port)
 
 
 class RpcServer:

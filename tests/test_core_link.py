@@ -22,7 +22,8 @@ from lightgate.link_services import LightQueueService, StoreService
 from lightqueue.queues import LightQueueConfig, LightQueues
 from mqtt_proxy.remote_queues import RemoteLightQueues
 from mqtt_proxy.remote_store import RemoteStore
-from notify.link import (
+from notify.link import RpcPeer, RpcServer, connect
+from notify.link_frames import (
     AUTH,
     CALL,
     ERROR,
@@ -33,9 +34,6 @@ from notify.link import (
     FrameDecoder,
     FrameError,
     RpcError,
-    RpcPeer,
-    RpcServer,
-    connect,
     encode_frame,
     error_body,
 )

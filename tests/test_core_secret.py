@@ -22,8 +22,9 @@ from gateway_process import ROOT, GatewayProcess, parse_ready_line
 from mqtt_helpers import Client
 from tls_helpers import Pki, make_pki
 
-from notify.link import AUTH_FAILED, RpcError, RpcServer, connect
+from notify.link import RpcServer, connect
 from notify.link_auth import ACCEPT, AuthFailed, LinkAuth
+from notify.link_frames import AUTH_FAILED, RpcError
 
 # -- the handshake, sans-IO ----------------------------------------------------------------------
 
@@ -111,7 +112,7 @@ async def test_a_wrong_secret_is_refused_on_both_ends(caplog: pytest.LogCaptureF
 async def test_a_request_before_the_handshake_closes_the_link() -> None:
     import asyncio
 
-    from notify.link import CALL, encode_frame
+    from notify.link_frames import CALL, encode_frame
 
     server = RpcServer({1: lambda peer, body: b"served"}, secret=b"s")
     addr = await server.start("127.0.0.1:0")
