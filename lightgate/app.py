@@ -17,7 +17,8 @@ from collections.abc import Awaitable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from lightgate import __version__
-from lightgate.config import ConfigError, GatewayConfig, proxy_count
+from lightgate.config import ConfigError, GatewayConfig
+from lightgate.config_load import proxy_count
 from lightgate.health import HealthWatch
 from lightgate.http import HttpServer
 from lightgate.metrics import Figures

@@ -10,10 +10,9 @@ import sys
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
-from lightgate.config import (
+from lightgate.config import ConfigError, GatewayConfig
+from lightgate.config_load import (
     KEYS,
-    ConfigError,
-    GatewayConfig,
     config_from_json,
     load_config,
     unknown_env_names,

@@ -1,5 +1,5 @@
 """docs/configuration.md's key table and lightgate.example.toml, both written from the key table
-(`lightgate.config.KEYS`) so that neither drifts from what the validator accepts.
+(`lightgate.config_load.KEYS`) so that neither drifts from what the validator accepts.
 
     python -m lightgate.config_docs          # rewrite both files
     python -m lightgate.config_docs --check  # exit 1 if either differs (the tests do the same)
@@ -12,7 +12,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from lightgate.config import KEYS, Key
+from lightgate.config_load import KEYS, Key
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs" / "configuration.md"

@@ -259,7 +259,8 @@ def test_subscribe_never_refuses_a_readable_filter(
 
 # -- configuration ---------------------------------------------------------------------------------
 def test_allow_anonymous_tri_state(tmp_path: Path) -> None:
-    from lightgate.config import ConfigError, load_config
+    from lightgate.config import ConfigError
+    from lightgate.config_load import load_config
     from lightgate.security import allow_anonymous, build_security
 
     toml = tmp_path / "gw.toml"

@@ -13,8 +13,9 @@ from gateway_process import GatewayProcess
 from mqtt_helpers import V5, Client
 
 from lightgate.cli import _config_from, build_parser
-from lightgate.config import KEYS, ConfigError, config_keys, load_config
+from lightgate.config import ConfigError
 from lightgate.config_docs import EXAMPLE, docs_text, example_toml
+from lightgate.config_load import KEYS, config_keys, load_config
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 
@@ -162,7 +163,7 @@ def test_max_packet_size_0_means_no_limit(
 
 def test_mqtt_processes_auto() -> None:
     """`mqtt_processes = "auto"`: one proxy per core, minus one for the core above 2 cores."""
-    from lightgate.config import proxy_count
+    from lightgate.config_load import proxy_count
 
     cfg = load_config(env={}, overrides={"mqtt_processes": "AUTO"})
     assert cfg.mqtt_processes == "auto"

@@ -13,7 +13,7 @@ from mqtt_helpers import Client
 from ops_helpers import health, sample, scrape
 
 from lightgate.app import Gateway
-from lightgate.config import load_config
+from lightgate.config_load import load_config
 
 
 async def _health(port: int) -> tuple[int, dict[str, object]]:
