@@ -13,11 +13,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaProducer
 from gateway_process import ROOT, GatewayProcess
+from kafka_log_checks import consume_all, replay_from_time
 from mqtt_helpers import V5, Client
 from tansu import Tansu, free_port, kafka_args
 
@@ -26,22 +26,6 @@ pytestmark = pytest.mark.timeout(120)
 
 def start(tmp: Path, t: Tansu, name: str = "data", *more: str) -> GatewayProcess:
     return GatewayProcess(tmp / name, kafka_args(t, *more)).start()
-
-
-async def _consume_all(bootstrap: str, topic: str, n: int) -> list[Any]:
-    """Read `n` records of `topic` from the cluster (all partitions, from the start)."""
-    c = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
-                         group_id=None)  # fmt: skip
-    await c.start()
-    try:
-        out: list[Any] = []
-        deadline = time.monotonic() + 20
-        while len(out) < n and time.monotonic() < deadline:
-            for recs in (await c.getmany(timeout_ms=200)).values():
-                out.extend(recs)
-        return out
-    finally:
-        await c.stop()
 
 
 def test_mqtt_end_to_end_on_the_cluster(tmp_path: Path, tansu: Tansu) -> None:
@@ -61,7 +45,7 @@ def test_mqtt_end_to_end_on_the_cluster(tmp_path: Path, tansu: Tansu) -> None:
             ("plant/line2", b"m2", 2),
         ]
         # The records are on the cluster, laid out as the local log lays them out.
-        recs = asyncio.run(_consume_all(tansu.bootstrap, "plant", 3))
+        recs = asyncio.run(consume_all(tansu.bootstrap, "plant", 3))
         assert sorted(r.value for r in recs) == [b"m0", b"m1", b"m2"]
         r = next(r for r in recs if r.value == b"m1")
         assert r.key == b"plant/line1"
@@ -137,7 +121,7 @@ def test_kill9_loses_nothing_acknowledged_and_data_dir_rebuilds(
     gw.kill()
     pub.kill()
     # Every acknowledged message is on the cluster.
-    recs = asyncio.run(_consume_all(tansu.bootstrap, "acked", n))
+    recs = asyncio.run(consume_all(tansu.bootstrap, "acked", n))
     assert sorted(int(r.value) for r in recs) == list(range(n))
     # The light queues are derived: without them, `lightgate rebuild-queues` rebuilds them from
     # the cluster, and `serve` on an empty data dir indexes the cluster before it is ready.
@@ -242,34 +226,6 @@ def test_two_nodes_on_one_cluster_share_messages_and_retained(tmp_path: Path, ta
     finally:
         a.stop()
         b.stop()
-
-
-def replay_from_time(port: int) -> None:
-    """Records before and after a time T on the cluster: `$replay/T/...` gets only the later
-    ones; a replay from after every record gets none of them (then live)."""
-    pub = Client(port, "histpub").connect()
-    for i in range(6):
-        pub.publish(f"hist/{'ab'[i % 2]}", f"old{i}".encode(), qos=1)
-    time.sleep(0.3)
-    t = int(time.time() * 1000)
-    time.sleep(0.3)
-    for i in range(6):
-        pub.publish(f"hist/{'ab'[i % 2]}", f"new{i}".encode(), qos=1)
-    time.sleep(0.3)
-    t_end = int(time.time() * 1000)
-    time.sleep(0.3)
-    sub = Client(port, "replayer").connect()
-    sub.subscribe(f"$replay/{t}/hist/#", qos=1)
-    got = sorted(m.payload for m in sub.expect(6, timeout=15))
-    assert got == [f"new{i}".encode() for i in range(6)]
-    sub.expect_none(0.5)
-    late = Client(port, "late-replayer").connect()
-    late.subscribe(f"$replay/{t_end}/hist/#", qos=1)
-    late.expect_none(0.5)
-    pub.publish("hist/a", b"live", qos=1)
-    assert late.expect(1)[0].payload == b"live"
-    for c in (pub, sub, late):
-        c.disconnect()
 
 
 def test_replay_from_a_time_on_the_cluster(tmp_path: Path, tansu: Tansu) -> None:

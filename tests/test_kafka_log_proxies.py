@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 from gateway_process import GatewayProcess
+from kafka_log_checks import consume_all, replay_from_time
 from mqtt_helpers import V5, Client
 from tansu import Tansu, kafka_args
-from test_kafka_log import _consume_all, replay_from_time
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -46,7 +46,7 @@ def test_split_proxy_publish_subscribe_on_the_cluster(tmp_path: Path, tansu: Tan
         late.subscribe("plant/door", qos=1)
         (r,) = late.expect(1)
         assert (r.payload, r.retain) == (b"open", True)
-        recs = asyncio.run(_consume_all(tansu.bootstrap, "plant", 21))
+        recs = asyncio.run(consume_all(tansu.bootstrap, "plant", 21))
         assert len(recs) == 21
         for c in (pub, sub, late):
             c.disconnect()
@@ -70,7 +70,7 @@ def test_split_proxy_offline_drain_after_kill9(tmp_path: Path, tansu: Tansu) -> 
             pub.publish(f"fleet/t{i % 7}/pos", str(i).encode(), qos=1)  # each waits for PUBACK
         gw.kill()
         pub.kill()
-        recs = asyncio.run(_consume_all(tansu.bootstrap, "fleet", n))
+        recs = asyncio.run(consume_all(tansu.bootstrap, "fleet", n))
         assert sorted(int(r.value) for r in recs) == list(range(n))
         gw = start(tmp_path, tansu)
         sub = Client(gw.port("mqtt"), "offline").connect(clean=False)
