@@ -187,11 +187,17 @@ async def main() -> None:
     ap.add_argument(
         "--default-gc", action="store_true", help="keep CPython's GC thresholds (serve tunes them)"
     )
+    ap.add_argument(
+        "--gc-gen0", type=int, default=None, help="the young threshold to tune (default: serve's)"
+    )
     args = ap.parse_args()
     if not args.default_gc:
         from lightgate.cli import tune_gc
 
-        tune_gc()  # as `lightgate serve` runs
+        if args.gc_gen0 is None:
+            tune_gc()  # as `lightgate serve` runs
+        else:
+            tune_gc(args.gc_gen0)
     recs = 20_000 if args.quick else args.records
     random.seed(1)
     print(f"## dispatch ({recs} records, 4 partitions, 20,000 topics, one core)")

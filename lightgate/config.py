@@ -386,11 +386,12 @@ class GatewayConfig:
 
     # Process.
     gc_gen0: int = key(
-        50_000,
+        5_000,
         "CPython's young-generation GC threshold "
-        "(`gc.set_threshold(N, 20, 100)`); `0` keeps CPython's defaults (700, 10, 10). The "
-        "gateway holds 10^5–10^6 long-lived cache objects, which the default thresholds re-scan "
-        "every few hundred messages (`bench/RESULTS.md`, light queues)",
+        "(`gc.set_threshold(N, 20, 100)`); `0` keeps CPython's defaults (700, 10, 10). Larger "
+        "runs fewer collections over the long-lived caches but each young one pauses the loop "
+        "longer: at 50000 one pause a second of ~15 ms was the p999 latency at 1k msg/s, at "
+        "5000 it is ~2 ms (`bench/RESULTS.md`, issue 20, latency)",
         lo=0,
         hi=10**9,
     )
