@@ -16,8 +16,8 @@ the wiring (lightgate.link_registry: hello, proxy stats; notify.wire: notify). O
 CALL to an unknown method gets ERROR `NO_SUCH_METHOD`; a frame longer than `max_frame` or of an
 unknown kind is a protocol error that closes the link.
 
-This module is the transport only: framing, call ids, the handshake (notify.link_auth),
-heartbeats. It knows no method. It lives in `notify`, which imports nothing of ours, so both
+This module is the transport only: call ids, heartbeats, and the framing (notify.link_frames)
+and handshake (notify.link_auth) run on a socket. It knows no method. It lives in `notify`, which imports nothing of ours, so both
 halves above it may import it: the clients in the proxy (mqtt_proxy.remote_*) and the services
 in the core (lightgate.link_services). The bodies (store.wire, lightqueue.wire, notify.wire) are
 pure and need neither.
