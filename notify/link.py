@@ -17,10 +17,10 @@ CALL to an unknown method gets ERROR `NO_SUCH_METHOD`; a frame longer than `max_
 unknown kind is a protocol error that closes the link.
 
 This module is the transport only: call ids, heartbeats, and the framing (notify.link_frames)
-and handshake (notify.link_auth) run on a socket. It knows no method. It lives in `notify`, which imports nothing of ours, so both
-halves above it may import it: the clients in the proxy (mqtt_proxy.remote_*) and the services
-in the core (lightgate.link_services). The bodies (store.wire, lightqueue.wire, notify.wire) are
-pure and need neither.
+and handshake (notify.link_auth) run on a socket. It knows no method. It lives in `notify`,
+which imports nothing of ours, so both halves above it may import it: the clients in the proxy
+(mqtt_proxy.remote_*) and the services in the core (lightgate.link_services). The bodies
+(store.wire, lightqueue.wire, notify.wire) are pure and need neither.
 
 Why not the Kafka protocol for this: the proxy also needs light-queue reads, holds, sessions and
 retained messages, which Kafka has no APIs for, and per-tick multi-partition appends whose
