@@ -41,6 +41,7 @@ from mqtt_proxy.ports import (
     Message,
     NotifierPort,
     QueuesPort,
+    RoundSink,
     SessionState,
 )
 from mqtt_proxy.subscriptions import FilterSpec
@@ -182,6 +183,8 @@ class Backend:
 
     # Delivery.on_entries: (queue, first sequence, entries) of a watched queue after a round.
     entries_sink: EntriesSink | None = None
+    # Delivery.on_round: a round's pushes in one call (in-process rounds only, LocalBackend).
+    round_sink: RoundSink | None = None
 
     async def batches(self) -> AsyncIterator[dict[str, int]]:
         """Coalesced notify events, one dict queue -> last sequence per wake-up."""
@@ -275,6 +278,9 @@ class LocalBackend(Backend):
             self.queues.unwatch(queue)
 
     def _pushed(self, pushed: Sequence[tuple[str, int, Entries]]) -> None:
+        if self.round_sink is not None:
+            self.round_sink(pushed)
+            return
         sink = self.entries_sink
         if sink is not None:
             for queue, first, entries in pushed:

@@ -34,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from itertools import islice
 from typing import TYPE_CHECKING
 
@@ -144,11 +144,25 @@ class Delivery:
         return qs.groups.get(f"{share_group}/{queue}")
 
     # -- scheduling ------------------------------------------------------------------------
+    def on_round(self, pushed: Sequence[tuple[str, int, Entries]]) -> None:
+        """A dispatch round in this process pushed these entries: deliver them now, in the same
+        pass of the event loop, instead of one more pass later (a message that arrives alone
+        crosses the loop several times; bench/RESULTS.md, issue 20)."""
+        for queue, first, entries in pushed:
+            self._add_entries(queue, first, entries)
+        if self._dirty and not self._scheduled:
+            self._run()
+
     def on_entries(self, queue: str, first: int, entries: Entries) -> None:
         """A dispatch round's new entries of a queue read here (pushed, see LightQueues.watch)."""
+        qs = self._add_entries(queue, first, entries)
+        if qs is not None:
+            self.mark(qs)
+
+    def _add_entries(self, queue: str, first: int, entries: Entries) -> QueueState | None:
         qs = self.queues.get(queue)
         if qs is None or not entries:
-            return
+            return None
         qs.pushed.append((first, entries))
         qs.pushed_n += len(entries)
         while qs.pushed_n > PUSHED_MAX and len(qs.pushed) > 1:
@@ -156,7 +170,8 @@ class Delivery:
         last = first + len(entries) - 1
         if last > qs.last_seq:
             qs.last_seq = last
-        self.mark(qs)
+        self._dirty.add(qs)
+        return qs
 
     def on_event(self, queue: str, last_seq: int) -> None:
         qs = self.queues.get(queue)

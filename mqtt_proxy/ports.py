@@ -39,6 +39,8 @@ Acquired: TypeAlias = tuple[str, int] | str  # (queue, start sequence) or the re
 # A session as JSON (Session.to_state): values are whatever JSON holds.
 SessionState: TypeAlias = dict[str, Any]
 EntriesSink: TypeAlias = Callable[[str, int, Entries], None]  # (queue, first sequence, entries)
+# A whole dispatch round's pushes at once (in one process): delivery pumps them in the same pass.
+RoundSink: TypeAlias = Callable[[Sequence[tuple[str, int, Entries]]], None]
 
 
 class LogPort(Protocol):
@@ -85,6 +87,7 @@ class QueuesPort(Protocol):
     on the core link's reply). Continuation style, so the callers are correct either way."""
 
     entries_sink: EntriesSink | None
+    round_sink: RoundSink | None
     # With proxies in their own processes: the core's client-id claims, wills and `$share`
     # leases; None in one process.
     cluster: ProxyCluster | None

@@ -131,6 +131,8 @@ class MqttServer:
             self.backend, self.settings, self.counters, self.backend.set_interest
         )
         self.backend.entries_sink = self.delivery.on_entries
+        if isinstance(self.backend, LocalBackend):
+            self.backend.round_sink = self.delivery.on_round
         self.inbound = Inbound(self)
         self.sessions = SessionManager(self)
         self.events = DeviceEvents(store)
