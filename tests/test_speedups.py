@@ -161,7 +161,7 @@ def _spec_reads_like_aiokafka(batch: bytes) -> bool:
     (found by hypothesis: cut=62, junk=b"\\x80"). Real batches carry 0 there."""
     from aiokafka.record._crecords import DefaultRecordBatch
 
-    from store.record_batch import HEADER_SIZE, _records_py
+    from store.record_batch import HEADER, HEADER_SIZE, _records_py
 
     def decode(read: Any) -> Any:
         try:
@@ -169,7 +169,7 @@ def _spec_reads_like_aiokafka(batch: bytes) -> bool:
         except Exception:
             return None
 
-    count = int.from_bytes(batch[57:61], "big")
+    count = HEADER.unpack_from(batch)[-1]  # record_count, the header's last field
     ours = decode(lambda: _records_py(batch, HEADER_SIZE, len(batch), count, 0, 0, -1))
     theirs = decode(lambda: DefaultRecordBatch(batch))
     return ours is None or theirs is None or ours == theirs
