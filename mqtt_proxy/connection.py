@@ -63,7 +63,7 @@ class MqttConnection(asyncio.Protocol):
         "closed",
         "keepalive",
         "last_rx",
-        "_timer",
+        "ka_slot",
         "out_window",
         "max_out_packet",
         "session_overlap",
@@ -99,7 +99,7 @@ class MqttConnection(asyncio.Protocol):
         self.closed = False
         self.keepalive = 0.0
         self.last_rx = 0.0
-        self._timer: asyncio.TimerHandle | None = None
+        self.ka_slot = 0  # the server's KeepaliveWheel files us here
         self.out_window = server.settings.receive_maximum
         self.max_out_packet = 0  # v5 client's Maximum Packet Size; 0 = unlimited
         self.session_overlap = False
@@ -137,7 +137,7 @@ class MqttConnection(asyncio.Protocol):
         # A client must send CONNECT promptly: the keep alive timer doubles as CONNECT timeout.
         timeout = self.server.settings.connect_timeout_s
         self.keepalive = timeout / 1.5
-        self._timer = self._loop.call_at(self.last_rx + timeout, self._keepalive_check)
+        self.server.keepalive.add(self, self.last_rx + timeout)
 
     def data_received(self, data: bytes) -> None:
         self.server.counters["bytes_received"] += len(data)
@@ -272,9 +272,8 @@ class MqttConnection(asyncio.Protocol):
             self.server.delivery.mark_session(self.session)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        if self.ka_slot:
+            self.server.keepalive.remove(self)
         if self._rate_timer is not None:
             self._rate_timer.cancel()
             self._rate_timer = None
@@ -287,15 +286,14 @@ class MqttConnection(asyncio.Protocol):
 
     # -- keep alive ----------------------------------------------------------------------------
     def start_keepalive(self, seconds: int) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
         self.keepalive = seconds
         if seconds:
-            self._timer = self._loop.call_at(self.last_rx + seconds * 1.5, self._keepalive_check)
+            self.server.keepalive.add(self, self.last_rx + seconds * 1.5)
+        else:
+            self.server.keepalive.remove(self)
 
     def _keepalive_check(self) -> None:
-        self._timer = None
+        """Called by the server's KeepaliveWheel at (or just after) our deadline."""
         if self.closed:
             return
         now = self._loop.time()
@@ -312,7 +310,7 @@ class MqttConnection(asyncio.Protocol):
                 self._bad(what)  # (a connected one: the conn log's `closed` line says why)
             self.close_with(0x8D)  # MQTT 5 §3.1.2.10: v5 clients learn why
             return
-        self._timer = self._loop.call_at(deadline, self._keepalive_check)
+        self.server.keepalive.add(self, deadline)
 
     # -- writing -------------------------------------------------------------------------------
     def write(self, data: bytes) -> None:

@@ -25,6 +25,18 @@ from store.record_batch import build_uncompressed
 log = logging.getLogger("lightgate.mqtt.events")
 
 TOPIC = DEVICE_EVENTS_TOPIC
+_EVENT_JSON = '{{"event":"{}","client_id":{},"ts":{},"reason":{},"remote":{}}}'
+_json_str = json.encoder.encode_basestring_ascii  # what json.dumps uses for a str
+
+
+def event_json(event: str, client_id: str, ts: int, reason: str, remote: str) -> bytes:
+    """The bytes `json.dumps` of the event dict writes (compact separators), without building
+    the dict and walking it: that was a third of an event's cost, paid twice per device."""
+    return _EVENT_JSON.format(
+        event, _json_str(client_id), ts, _json_str(reason), _json_str(remote)
+    ).encode()
+
+
 # PROBE_CLIENT_PREFIX (store.mapping): the gateway's own latency probe is not a device
 
 
@@ -51,10 +63,7 @@ class DeviceEvents:
         if not self.enabled or client_id.startswith(PROBE_CLIENT_PREFIX):
             return
         ts = int(time.time() * 1000)
-        value = json.dumps(
-            {"event": event, "client_id": client_id, "ts": ts, "reason": reason, "remote": remote},
-            separators=(",", ":"),
-        ).encode()
+        value = event_json(event, client_id, ts, reason, remote)
         self._pending.append((client_id, value, ts))
         if not self._scheduled:
             self._scheduled = True

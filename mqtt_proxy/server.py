@@ -36,6 +36,7 @@ from mqtt_proxy.codec import EMPTY_PROPERTIES, Properties
 from mqtt_proxy.delivery import Delivery
 from mqtt_proxy.device_events import DeviceEvents
 from mqtt_proxy.inbound import Inbound
+from mqtt_proxy.keepalive import KeepaliveWheel
 from mqtt_proxy.limits import ConnectionRate
 from mqtt_proxy.ports import LogPort, NotifierPort, QueuesPort
 from mqtt_proxy.remote_queues import RemoteLightQueues
@@ -82,6 +83,7 @@ class MqttServer:
         self.settings = settings or ProxySettings()
         self.proxy_id = proxy_id
         self.reuse_port = remote  # several proxy processes share the listening ports
+        self._conn_cls: type[MqttConnection] | None = None  # bound at the first connection
         self.store = store
         size = self.settings.recent_cache_bytes
         self.backend: QueuesPort
@@ -127,6 +129,7 @@ class MqttServer:
         # sent (per fsync batch), and broker receive → PUBLISH written (per pump, ms resolution).
         self.puback_latency = LatencyHistogram()
         self.conns: dict[str, MqttConnection] = {}  # client id -> live connection
+        self.keepalive = KeepaliveWheel(self.loop)  # every connection's keep-alive deadline
         self.delivery = Delivery(
             self.backend, self.settings, self.counters, self.backend.set_interest
         )
@@ -212,9 +215,12 @@ class MqttServer:
                     conn.slow_consumer(now - conn.paused_since)
 
     def _make_conn(self) -> MqttConnection:
-        from mqtt_proxy.connection import MqttConnection
+        cls = self._conn_cls
+        if cls is None:  # imported here: connection.py imports this module's names
+            from mqtt_proxy.connection import MqttConnection
 
-        return MqttConnection(self)
+            cls = self._conn_cls = MqttConnection
+        return cls(self)
 
     async def _listen(
         self,
@@ -280,6 +286,7 @@ class MqttServer:
                 await asyncio.wait_for(srv.wait_closed(), 2.0)
             except (TimeoutError, Exception):
                 pass
+        self.keepalive.close()
         self.backend.close()
 
     # -- messages --------------------------------------------------------------------------

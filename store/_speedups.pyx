@@ -8,13 +8,15 @@ a pure-Python twin with the same signature and results, and the tests run both:
 * `build_records` - `store.mqtt_batches._build_records_py`: one uncompressed RecordBatch v2 of
   MQTT messages (the bytes aiokafka's builder and `record_batch.build_batch` write);
 * `index_batch` - `lightqueue.dispatcher._index_batch_py`: the dispatcher's per-record loop over
-  one uncompressed batch (offset and key only; values and headers are skipped, not decoded).
+  one uncompressed batch (offset and key only; values and headers are skipped, not decoded);
+* `murmur2` - `store.mapping.murmur2_py`: Kafka's key hash (a device event per connect and
+  disconnect is partitioned by client id).
 """
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_FromStringAndSize
 from cpython.unicode cimport PyUnicode_AsUTF8String
-from libc.stdint cimport int64_t, uint8_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memcpy
 
@@ -301,3 +303,31 @@ def index_batch(const uint8_t[::1] data, Py_ssize_t pos, Py_ssize_t size, int64_
                 grown.append(q)
         n += 1
     return -1, n
+
+
+# --- Kafka's murmur2 --------------------------------------------------------------------------
+
+def murmur2(const uint8_t[::1] data):
+    """Kafka's `Utils.murmur2` (signed 32-bit result), bit for bit."""
+    cdef Py_ssize_t length = data.shape[0], n4 = length & ~3, i
+    cdef uint32_t m = 0x5BD1E995, k
+    cdef uint32_t h = <uint32_t>0x9747B28C ^ <uint32_t>length
+    for i in range(0, n4, 4):
+        k = (<uint32_t>data[i] | (<uint32_t>data[i + 1] << 8) | (<uint32_t>data[i + 2] << 16)
+             | (<uint32_t>data[i + 3] << 24))
+        k *= m
+        k ^= k >> 24
+        k *= m
+        h = (h * m) ^ k
+    cdef Py_ssize_t extra = length & 3
+    if extra == 3:
+        h ^= <uint32_t>data[n4 + 2] << 16
+    if extra >= 2:
+        h ^= <uint32_t>data[n4 + 1] << 8
+    if extra >= 1:
+        h ^= data[n4]
+        h *= m
+    h ^= h >> 13
+    h *= m
+    h ^= h >> 15
+    return <int32_t>h

@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
+
+from store.speedups import load as _load_speedups
 
 ESCAPE_PREFIX = "_x."  # marks an escaped first level (a valid Kafka name itself)
 HASHED_PREFIX = "_h."  # an escaped level too long for 249 bytes: not reversible (documented)
@@ -169,8 +172,9 @@ def is_valid_mqtt_topic(topic: str) -> bool:
 # --- partitions ----------------------------------------------------------------------------
 
 
-def murmur2(data: bytes) -> int:
-    """Kafka's `Utils.murmur2` (signed 32-bit result), bit for bit."""
+def murmur2_py(data: bytes) -> int:
+    """Kafka's `Utils.murmur2` (signed 32-bit result), bit for bit (the reference of the
+    compiled `store._speedups.murmur2`, bound to `murmur2` at the end of this module)."""
     length = len(data)
     m = 0x5BD1E995
     h = (0x9747B28C ^ length) & 0xFFFFFFFF
@@ -197,7 +201,7 @@ def murmur2(data: bytes) -> int:
 
 def partition_for_key(key: bytes, partitions: int) -> int:
     """Kafka's default partitioner for a keyed record: toPositive(murmur2(key)) % partitions."""
-    return (murmur2(key) & 0x7FFFFFFF) % partitions
+    return (_murmur2(key) & 0x7FFFFFFF) % partitions
 
 
 # --- headers -------------------------------------------------------------------------------
@@ -306,3 +310,9 @@ def mqtt_view(
     ):
         props = MqttProperties(pf, exp, ct, rt, cd, tuple(users))
     return MqttView(topic, qos, client_id, retain, props)
+
+
+# Last: store._speedups imports this module (headers_for), so it is loaded once all is defined.
+_c = _load_speedups("store._speedups")
+murmur2: Callable[[bytes], int] = murmur2_py if _c is None else _c.murmur2
+_murmur2 = murmur2

@@ -43,6 +43,9 @@ def test_extensions_built_and_in_use() -> None:
     import mqtt_proxy.codec.parser as parser
 
     assert parser._cwalk is cp.walk
+    import store.mapping as mapping
+
+    assert mapping.murmur2 is sp.murmur2
     assert sp.__file__.endswith(".so") and cp.__file__.endswith(".so")
 
 
@@ -50,15 +53,26 @@ def test_env_var_forces_pure_python() -> None:
     code = (
         "import store.speedups as s, store.mqtt_batches as b, lightqueue.dispatcher as d, "
         "mqtt_proxy.codec.parser as p; "
-        "print(s.status(), b._build_records, d._index_batch is d._index_batch_py, p._cwalk)"
+        "import store.mapping as m; "
+        "print(s.status(), b._build_records, d._index_batch is d._index_batch_py, p._cwalk, "
+        "m.murmur2 is m.murmur2_py)"
     )
     env = {**os.environ, "LIGHTGATE_NO_EXTENSIONS": "1", "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == [
         "{'store._speedups':", "False,", "'mqtt_proxy.codec._cparser':", "False}",
-        "None", "True", "None",
+        "None", "True", "None", "True",
     ]  # fmt: skip
+
+
+@SETTINGS
+@given(st.binary(max_size=80))
+def test_murmur2_same_hash(key: bytes) -> None:
+    sp, _ = compiled()
+    from store.mapping import murmur2_py
+
+    assert sp.murmur2(key) == murmur2_py(key)
 
 
 props = st.one_of(
