@@ -34,7 +34,10 @@ class ReadResult(NamedTuple):
     first_seq: int
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: a frozen dataclass sets each field through object.__setattr__ (2.3 us against
+# 0.6 us for ten fields), once per message read from the store. Treat it as immutable anyway
+# (unsafe_hash keeps the value hash the frozen version had), as store.mapping.MqttMessage.
+@dataclass(slots=True, unsafe_hash=True)
 class StoredMessage:
     """A message as an MQTT subscriber sees it, with its log position (retained: topic "" / -1)."""
 

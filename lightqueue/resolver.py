@@ -3,7 +3,9 @@
 Entries of one read usually sit close together in few partitions, so they are grouped by
 partition, sorted, and each run of nearby offsets is fetched with one `Store.read` sized to the
 run (estimated from the partition's observed record size). Every record of the fetched batches is
-kept (decoded by the Cython reader, ~0.25 us each) in an LRU; the MQTT view (topic, headers →
+kept in an LRU as the tuple `store._speedups.decode_records` makes of it (compiled: one pass over
+the batch, the two headers of a plain PUBLISH read in place, no header list; its pure-Python
+twin `_decode_records_py` goes through aiokafka's reader); the MQTT view (topic, headers →
 properties) is built only for records someone asks for, then cached in its place, so a message
 read through its topic queue and a filter queue is decoded once.
 """
@@ -12,7 +14,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from lightqueue.dispatcher import mqtt_topic_of
 from lightqueue.model import Position, StoredMessage
@@ -27,9 +29,7 @@ from store.record_batch import (
     iter_batches,
     iter_records,
 )
-
-if TYPE_CHECKING:
-    pass
+from store.speedups import load
 
 try:  # see dispatcher.py: the Cython reader, without the per-record NamedTuple re-wrap
     from aiokafka.record._crecords import DefaultRecordBatch as _CReader
@@ -88,34 +88,30 @@ class Resolver:
             if v is None:
                 out.append(None)
                 continue
-            if not isinstance(v, StoredMessage):
+            if type(v) is tuple:
                 v = cache[k] = self._message(e[0], e[1], v)
             out.append(v)
         for _ in range(max(0, len(cache) - self._max)):  # evict only once the answer is built
             cache.popitem(last=False)
         return out
 
-    def _message(self, t: str, p: int, r: Any) -> StoredMessage:
+    def _message(self, t: str, p: int, r: RecordTuple) -> StoredMessage:
         """The MQTT view of a record. Fast path for the two headers every plain MQTT PUBLISH
-        carries (qos, client id): the same result as `mqtt_view` (a test checks), with the topic
-        mapping cached per key; measured 1.1 us vs 4.6 us per message."""
-        hs = r.headers
-        ts = r.ts
-        if len(hs) == 2 and hs[0][0] == H_QOS and hs[1][0] == H_CLIENT_ID:
-            qos = _QOS.get(hs[0][1])
-            cid = hs[1][1]
-            if qos is not None and cid is not None:
-                k = (t, r.key)
-                topic = self._topics.get(k)
-                if topic is None:
-                    if len(self._topics) > 100_000:
-                        self._topics.clear()
-                    topic = self._topics[k] = mqtt_topic_of(t, r.key)
-                return StoredMessage(topic, r.value or b"", qos, cid.decode("utf-8", "replace"),
-                                     False, None, ts, t, p, r.offset)  # fmt: skip
-        view = mqtt_view(t, r.key, hs)
-        return StoredMessage(view.topic, r.value or b"", view.qos, view.client_id, view.retain,
-                             view.properties, ts, t, p, r.offset)  # fmt: skip
+        carries (qos, client id; found by the decoder): the same result as `mqtt_view` (a test
+        checks), with the topic mapping cached per key; measured 1.1 us vs 4.6 us per message."""
+        off, key, value, ts, qos, cid, hs = r
+        if hs is None:
+            k = (t, key)
+            topic = self._topics.get(k)
+            if topic is None:
+                if len(self._topics) > 100_000:
+                    self._topics.clear()
+                topic = self._topics[k] = mqtt_topic_of(t, key)
+            return StoredMessage(topic, value or b"", qos, cid.decode("utf-8", "replace"),  # type: ignore[union-attr]
+                                 False, None, ts, t, p, off)  # fmt: skip
+        view = mqtt_view(t, key, hs)
+        return StoredMessage(view.topic, value or b"", view.qos, view.client_id, view.retain,
+                             view.properties, ts, t, p, off)  # fmt: skip
 
     def _fetch(self, t: str, p: int, offs: list[int]) -> None:
         cache = self._cache
@@ -146,32 +142,49 @@ class Resolver:
     def _decode(self, t: str, p: int, data: bytes) -> int:
         cache = self._cache
         n = 0
+        decode = _decode_records
         for pos, size in iter_batches(data):
             h = HEADER.unpack_from(data, pos)
             attrs = h[5]
             if attrs & CONTROL_MASK:
                 continue
             lat = h[8] if attrs & TIMESTAMP_TYPE_MASK else -1  # LogAppendTime: max timestamp
-            if not attrs & COMPRESSION_MASK and _CReader is not None:
-                recs: Any = _CReader(bytes(data[pos : pos + size]))
+            if attrs & COMPRESSION_MASK:
+                recs = _decode_records_py(data, pos, size, lat)
             else:
-                recs = iter_records(memoryview(data)[pos : pos + size])
+                recs = decode(data, pos, size, lat)
             for r in recs:
-                k = (t, p, r.offset)
+                k = (t, p, r[0])
                 if k not in cache:
-                    cache[k] = _Rec(r, lat)
-                n += 1
+                    cache[k] = r
+            n += len(recs)
         return n
 
 
-class _Rec:
-    """A decoded record awaiting its MQTT view (Cython record or store Record)."""
+# (offset, key, value, timestamp, qos, client id, headers): see store._speedups.decode_records
+RecordTuple = tuple[int, bytes | None, bytes | None, int, int, bytes | None, list[Any] | None]
 
-    __slots__ = ("offset", "key", "value", "headers", "ts")
 
-    def __init__(self, r: Any, lat: int) -> None:
-        self.offset = r.offset
-        self.key = r.key
-        self.value = r.value
-        self.headers = r.headers
-        self.ts = lat if lat >= 0 else r.timestamp
+def _decode_records_py(data: Any, pos: int, size: int, lat: int) -> list[RecordTuple]:
+    """The records of the batch at `data[pos:pos+size]` (any compression), as the compiled
+    `store._speedups.decode_records` returns them for an uncompressed one."""
+    if not HEADER.unpack_from(data, pos)[5] & COMPRESSION_MASK and _CReader is not None:
+        recs: Any = _CReader(bytes(data[pos : pos + size]))
+    else:
+        recs = iter_records(memoryview(data)[pos : pos + size])
+    out: list[RecordTuple] = []
+    for r in recs:
+        hs = r.headers
+        ts = lat if lat >= 0 else r.timestamp
+        if len(hs) == 2 and hs[0][0] == H_QOS and hs[1][0] == H_CLIENT_ID:
+            qos = _QOS.get(hs[0][1])
+            cid = hs[1][1]
+            if qos is not None and cid is not None:
+                out.append((r.offset, r.key, r.value, ts, qos, cid, None))
+                continue
+        out.append((r.offset, r.key, r.value, ts, -1, None, [(k, v) for k, v in hs]))
+    return out
+
+
+_c = load("store._speedups")
+_decode_records = _decode_records_py if _c is None else _c.decode_records

@@ -18,7 +18,7 @@ from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_FromStringAndS
 from cpython.unicode cimport PyUnicode_AsUTF8String
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc, realloc
-from libc.string cimport memcpy
+from libc.string cimport memcmp, memcpy
 
 import crc32c as _crc32c
 
@@ -331,3 +331,90 @@ def murmur2(const uint8_t[::1] data):
     h *= m
     h ^= h >> 15
     return <int32_t>h
+
+
+# --- reading ------------------------------------------------------------------------------------
+
+cdef bytes _H_QOS_NAME = b"mqtt.qos"
+cdef bytes _H_CID_NAME = b"mqtt.client_id"
+
+
+cdef inline object _field(const uint8_t* b, Py_ssize_t* q, Py_ssize_t end):
+    """One varint-length-prefixed field as bytes (None for -1), ending by `end`."""
+    cdef int64_t n = _vget(b, q, end)
+    cdef object out
+    if n < -1 or n > end - q[0]:
+        raise ValueError("record field runs past its record")
+    if n < 0:
+        return None
+    out = PyBytes_FromStringAndSize(<char*>(b + q[0]), n)
+    q[0] += n
+    return out
+
+
+def decode_records(const uint8_t[::1] data, Py_ssize_t pos, Py_ssize_t size, int64_t lat):
+    """The records of the uncompressed batch at `data[pos:pos+size]`, as tuples
+    (offset, key, value, timestamp, qos, client id, headers): a record with exactly the two
+    headers of a plain MQTT PUBLISH (mqtt.qos "0"-"2", mqtt.client_id not null) has its QoS and
+    client id bytes and headers None; any other has qos -1, client id None and its headers as
+    [(name str, value bytes | None)]. `lat` >= 0 (LogAppendTime) is every record's timestamp.
+    Raises ValueError for records that do not parse; nothing is returned then."""
+    cdef const uint8_t* b = &data[0]
+    cdef Py_ssize_t bend = pos + size, q0 = pos + HEADER_SIZE, rec_end, hq
+    cdef int64_t count, length, i, nh, h, base, first_ts, ts, off
+    cdef object key, value, cid, hname, hval
+    cdef list out = [], hl
+    cdef int qos
+    if size < HEADER_SIZE or bend > data.shape[0]:
+        raise ValueError("batch runs past the buffer")
+    base = 0
+    first_ts = 0
+    for i in range(8):
+        base = (base << 8) | b[pos + i]
+        first_ts = (first_ts << 8) | b[pos + 27 + i]
+    count = (<int64_t>b[pos + 57] << 24) | (b[pos + 58] << 16) | (b[pos + 59] << 8) | b[pos + 60]
+    for i in range(count):
+        length = _vget(b, &q0, bend)
+        rec_end = q0 + length
+        if length < 1 or rec_end > bend:
+            raise ValueError("record runs past its batch")
+        q0 += 1  # attributes
+        ts = _vget(b, &q0, rec_end)
+        off = base + _vget(b, &q0, rec_end)
+        key = _field(b, &q0, rec_end)
+        value = _field(b, &q0, rec_end)
+        nh = _vget(b, &q0, rec_end)
+        if nh < 0:
+            raise ValueError("negative header count")
+        qos = -1
+        cid = None
+        hl = None
+        if nh == 2:
+            # The common case, read in place: b"mqtt.qos" + one digit, b"mqtt.client_id" + bytes.
+            hq = q0
+            if (_vget(b, &hq, rec_end) == 8 and hq + 8 <= rec_end
+                    and memcmp(b + hq, PyBytes_AS_STRING(_H_QOS_NAME), 8) == 0):
+                hq += 8
+                if _vget(b, &hq, rec_end) == 1 and hq < rec_end and 0x30 <= b[hq] <= 0x32:
+                    qos = b[hq] - 0x30
+                    hq += 1
+                    if (_vget(b, &hq, rec_end) == 14 and hq + 14 <= rec_end
+                            and memcmp(b + hq, PyBytes_AS_STRING(_H_CID_NAME), 14) == 0):
+                        hq += 14
+                        cid = _field(b, &hq, rec_end)
+                        if cid is not None:
+                            q0 = hq
+                    if cid is None:
+                        qos = -1
+        if qos < 0:
+            hl = []
+            for h in range(nh):
+                hname = _field(b, &q0, rec_end)
+                if hname is None:
+                    raise ValueError("null header name")
+                hval = _field(b, &q0, rec_end)
+                hl.append(((<bytes>hname).decode("utf-8"), hval))
+        if q0 != rec_end:
+            raise ValueError("record length mismatch")
+        out.append((off, key, value, lat if lat >= 0 else first_ts + ts, qos, cid, hl))
+    return out

@@ -46,6 +46,9 @@ def test_extensions_built_and_in_use() -> None:
     import store.mapping as mapping
 
     assert mapping.murmur2 is sp.murmur2
+    import lightqueue.resolver as resolver
+
+    assert resolver._decode_records is sp.decode_records
     assert sp.__file__.endswith(".so") and cp.__file__.endswith(".so")
 
 
@@ -53,17 +56,60 @@ def test_env_var_forces_pure_python() -> None:
     code = (
         "import store.speedups as s, store.mqtt_batches as b, lightqueue.dispatcher as d, "
         "mqtt_proxy.codec.parser as p; "
-        "import store.mapping as m; "
+        "import store.mapping as m, lightqueue.resolver as r; "
         "print(s.status(), b._build_records, d._index_batch is d._index_batch_py, p._cwalk, "
-        "m.murmur2 is m.murmur2_py)"
+        "m.murmur2 is m.murmur2_py, r._decode_records is r._decode_records_py)"
     )
     env = {**os.environ, "LIGHTGATE_NO_EXTENSIONS": "1", "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == [
         "{'store._speedups':", "False,", "'mqtt_proxy.codec._cparser':", "False}",
-        "None", "True", "None", "True",
+        "None", "True", "None", "True", "True",
     ]  # fmt: skip
+
+
+_header = st.one_of(
+    st.tuples(st.just("mqtt.qos"), st.sampled_from([b"0", b"1", b"2", b"3", b"", b"01", None])),
+    st.tuples(st.just("mqtt.client_id"), st.one_of(st.none(), st.binary(max_size=20))),
+    st.tuples(st.sampled_from(["mqtt.retain", "x", "é", ""]), st.one_of(st.none(), st.binary(max_size=5))),
+)  # fmt: skip
+_plain = st.tuples(
+    st.tuples(st.just("mqtt.qos"), st.sampled_from([b"0", b"1", b"2"])),
+    st.tuples(st.just("mqtt.client_id"), st.binary(max_size=20)),
+).map(list)
+_record = st.tuples(
+    st.integers(0, 2**45),
+    st.one_of(st.none(), st.binary(max_size=30)),
+    st.one_of(st.none(), st.binary(max_size=200)),
+    st.one_of(_plain, st.lists(_header, max_size=4)),
+)
+
+
+@SETTINGS
+@given(
+    st.lists(_record, min_size=1, max_size=30),
+    st.integers(0, 2**40),
+    st.sampled_from([-1, 0, 2**41]),
+    st.binary(max_size=3),
+)
+def test_decode_records_same_tuples(records: list[Any], base: int, lat: int, pad: bytes) -> None:
+    """The compiled record reader and its twin (aiokafka's reader) give the same tuples: QoS
+    and client id for exactly a plain PUBLISH's two headers, the header list otherwise."""
+    sp, _ = compiled()
+    from lightqueue.resolver import _decode_records_py
+
+    batch = pad + bytes(build_batch(records, base))
+    got = sp.decode_records(batch, len(pad), len(batch) - len(pad), lat)
+    assert got == _decode_records_py(batch, len(pad), len(batch) - len(pad), lat)
+    assert [r[0] for r in got] == list(range(base, base + len(records)))
+    for r, (ts, key, value, hs) in zip(got, records, strict=True):
+        assert r[1:4] == (key, value, ts if lat < 0 else lat)
+        plain = (
+            len(hs) == 2 and hs[0][0] == "mqtt.qos" and hs[0][1] in (b"0", b"1", b"2")
+            and hs[1][0] == "mqtt.client_id" and hs[1][1] is not None
+        )  # fmt: skip
+        assert (r[4] >= 0) == plain and (r[6] is None) == plain
 
 
 @SETTINGS
