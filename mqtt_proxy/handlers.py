@@ -41,7 +41,7 @@ from mqtt_proxy.session import Will
 from mqtt_proxy.subscriptions import FilterError, FilterSpec, parse_filter
 from mqtt_proxy.topic_aliases import OutAliases
 from store.auth import ConnectVerdict
-from store.mapping import MqttMessage
+from store.mapping import MqttMessage, untrack_messages
 
 if TYPE_CHECKING:
     from mqtt_proxy.connection import MqttConnection
@@ -341,6 +341,7 @@ def handle_publishes(conn: MqttConnection, packets: list[Publish]) -> None:
         topic, payload, qos, retain, _dup, pid, props = p
         if qos == 2 or retain or props is not EMPTY or topic[0] == "$":
             if msgs:
+                untrack_messages(msgs)
                 server.counters["messages_received"] += len(msgs)
                 inbound.add_many(msgs, conn, acks)
                 msgs, acks = [], []
@@ -351,6 +352,7 @@ def handle_publishes(conn: MqttConnection, packets: list[Publish]) -> None:
         msgs.append(MqttMessage(topic, payload, qos, cid, retain, None, now_ms))
         acks.append(pid)
     if msgs:
+        untrack_messages(msgs)
         server.counters["messages_received"] += len(msgs)
         inbound.add_many(msgs, conn, acks)
 

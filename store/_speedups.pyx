@@ -10,7 +10,10 @@ a pure-Python twin with the same signature and results, and the tests run both:
 * `index_batch` - `lightqueue.dispatcher._index_batch_py`: the dispatcher's per-record loop over
   one uncompressed batch (offset and key only; values and headers are skipped, not decoded);
 * `murmur2` - `store.mapping.murmur2_py`: Kafka's key hash (a device event per connect and
-  disconnect is partitioned by client id).
+  disconnect is partitioned by client id);
+* `decode_records` - `lightqueue.resolver._decode_records_py`: the records of one uncompressed
+  batch, the two headers of a plain MQTT PUBLISH read in place;
+* `untrack` - no twin (Python cannot untrack an object; the collector just does more work).
 """
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
@@ -19,6 +22,10 @@ from cpython.unicode cimport PyUnicode_AsUTF8String
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memcmp, memcpy
+
+cdef extern from "Python.h":
+    void PyObject_GC_UnTrack(void* op)
+    bint PyObject_GC_IsTracked(object op)
 
 import crc32c as _crc32c
 
@@ -225,7 +232,7 @@ def index_batch(const uint8_t[::1] data, Py_ssize_t pos, Py_ssize_t size, int64_
     cdef const uint8_t* b = &data[0]
     cdef Py_ssize_t bend = pos + size, q0 = pos + HEADER_SIZE, rec_end
     cdef int64_t count, length, off, klen, i, nh, h
-    cdef object key, targets, q, w, val, gate
+    cdef object key, targets, q, w, val, gate, ent
     cdef Py_ssize_t vlen = PyBytes_GET_SIZE(vpfx), olen = 8 - cut
     cdef uint64_t uoff, nxt
     cdef bytes kp, kk
@@ -296,7 +303,10 @@ def index_batch(const uint8_t[::1] data, Py_ssize_t pos, Py_ssize_t size, int64_
             put(kk, val)
             w = q.watch
             if w is not None:
-                w.append((t, p, off))
+                # str and ints only, never in a cycle: no work for the cyclic GC (as above)
+                ent = (t, p, off)
+                PyObject_GC_UnTrack(<void*>ent)
+                w.append(ent)
             q.next = nxt + 1
             if q.touched != stamp:
                 q.touched = stamp
@@ -418,3 +428,17 @@ def decode_records(const uint8_t[::1] data, Py_ssize_t pos, Py_ssize_t size, int
             raise ValueError("record length mismatch")
         out.append((off, key, value, lat if lat >= 0 else first_ts + ts, qos, cid, hl))
     return out
+
+
+
+# --- the cyclic garbage collector ------------------------------------------------------------------
+
+
+
+def untrack(list objs):
+    """Take `objs` off the cyclic garbage collector's lists (see store.mapping.untrack_messages:
+    only for objects that cannot be part of a reference cycle)."""
+    cdef object o
+    for o in objs:
+        if PyObject_GC_IsTracked(o):
+            PyObject_GC_UnTrack(<void*>o)

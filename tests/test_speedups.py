@@ -297,3 +297,29 @@ def test_clean_removes_built_modules() -> None:
     assert "*.so" in clean and "_speedups.c" in clean and "_cparser.c" in clean
     ignored = (ROOT / ".gitignore").read_text()
     assert "*.so" in ignored
+
+
+def test_hot_objects_are_not_tracked_by_the_gc() -> None:
+    """What fan-in makes per message holds no object that could close a reference cycle, so the
+    compiled paths take it off the cyclic GC's lists (before: ~10 % of a fan-in run's CPU in
+    young and middle collections): the parsed PUBLISH, the message, the pushed entry."""
+    import gc
+
+    sp, _ = compiled()
+    from store.mapping import untrack_messages
+
+    pkts = Parser(version=4).feed(b"\x30\x07\x00\x03a/b" + b"xy")
+    assert len(pkts) == 1 and not gc.is_tracked(pkts[0])
+    msgs = [MqttMessage("a/b", b"xy", 0, "c"), MqttMessage("a/b", b"z", 1, "c")]
+    assert all(gc.is_tracked(m) for m in msgs)
+    untrack_messages(msgs)
+    assert not any(gc.is_tracked(m) for m in msgs)
+    # The pushed entries: (topic, partition, offset) tuples appended to a watched queue.
+    q = Queue("f", 1, 1, 0, 0)
+    q.watch = []
+    data = bytes(build_batch([(1, b"k", b"v", [])] * 3, 40))
+    put: list[Any] = []
+    sp.index_batch(data, 0, len(data), 40, 0, 100, 0, 10, {}, lambda k: (q,), b"\x01\x00", 7,
+                   lambda k, v: put.append(k), 1, [], None, "t", 0)  # fmt: skip
+    assert q.watch == [("t", 0, 40), ("t", 0, 41), ("t", 0, 42)]
+    assert not any(gc.is_tracked(e) for e in q.watch)

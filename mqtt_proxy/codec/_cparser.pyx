@@ -8,6 +8,10 @@ stays the reference: the codec tests run against both (tests/conftest.py, `codec
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 
+
+cdef extern from "Python.h":
+    void PyObject_GC_UnTrack(void* op)
+
 from ._decode import DECODERS, REQUIRED_FLAGS
 from .errors import RemoteProtocolError as _E
 from .packets import Publish
@@ -108,13 +112,16 @@ def walk(object parser, bytes buf, list out):
                     raise _E("empty topic name without topic alias", 0x82)
             else:
                 props = _EMPTY
-            out.append(
-                _tnew(
-                    _Publish,
-                    (topic, buf[p:end], qos, _T if b0 & 1 else _F, _T if b0 & 8 else _F, pid,
-                     props),
-                )
+            pkt = _tnew(
+                _Publish,
+                (topic, buf[p:end], qos, _T if b0 & 1 else _F, _T if b0 & 8 else _F, pid, props),
             )
+            # Strings, bytes, ints and the properties: never in a reference cycle, so the
+            # cyclic GC need not scan it (one per message: most of what its young
+            # collections walked in fan-in; CPython untracks such tuples itself, but only
+            # once a collection has scanned them).
+            PyObject_GC_UnTrack(<void*>pkt)
+            out.append(pkt)
         else:
             decode = _decoders.get(t)
             if decode is None or (t == 15 and ver != 5):
