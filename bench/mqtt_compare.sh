@@ -3,13 +3,14 @@
 # the before/after check of a change, with the peer measured in the same window.
 # Usage: bench/mqtt_compare.sh REPS SUITE_INDEXES LABEL=TREE[,serve args...] ...
 #   e.g. bench/mqtt_compare.sh 2 0,1,4,6 main=/tmp/main new=. new-split=.,--set,mqtt_processes=1
+# DURATION=10 (seconds of each measurement window; default 5, as in issue 20's command)
 # Each TREE needs no venv of its own: this repo's .venv runs it with PYTHONPATH=TREE.
 set -eu
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 REPS=$1 ONLY=$2; shift 2
 OUT="$ROOT/bench/results/compare-$(date +%F-%H%M)"; mkdir -p "$OUT"
 PY="$ROOT/.venv/bin/python"
-BA="--duration 5 --warmup 2 --drain 1 --wait-idle 5"
+BA="--duration ${DURATION:-5} --warmup 2 --drain 1 --wait-idle 5"
 cd "$ROOT/bench/mqttbench"
 labels=()
 for rep in $(seq "$REPS"); do
