@@ -39,6 +39,7 @@ from itertools import islice
 from typing import TYPE_CHECKING
 
 from lightqueue.model import ReadResult
+from mqtt_proxy.codec import publish_v3_qos1
 from mqtt_proxy.cohorts import CohortPump
 from mqtt_proxy.ports import Entries, Message, PeerPort, QueuesPort
 from mqtt_proxy.queue_cache import PUMP_BATCHES, CachedMsg, QueueState
@@ -420,22 +421,25 @@ class Delivery:
                 if qos and len(session.inflight) >= conn.out_window:
                     blocked = True
                     break
-                tpl = m.template(qos, m.retain and sub.retain_as_published, v5, sub_ids, now_ms)
-                if conn.max_out_packet and tpl.size > conn.max_out_packet:
-                    # MQTT 5 §3.1.2.11.4: too large for this client: discard as if delivered.
-                    seq += 1
-                    continue
-                pid = 0
-                if qos:
+                retain = m.retain and sub.retain_as_published
+                if qos == 1 and not v5 and not retain:
+                    # 3.1.1 has no properties, aliases or size limit: no template to build (a
+                    # QoS 1 reader catching up gets one packet per message, each its own id).
                     pid = session.alloc_pid()
-                    data = tpl.packet(pid)  # the full topic: what a reconnect resends
-                    session.inflight[pid] = Inflight(qs.name, seq, qos, data, False, sub.spec.raw)
+                    data = full = publish_v3_qos1(m.topic, m.payload, pid)
+                else:
+                    tpl = m.template(qos, retain, v5, sub_ids, now_ms)
+                    if conn.max_out_packet and tpl.size > conn.max_out_packet:
+                        # MQTT 5 §3.1.2.11.4: too large for this client: discard as if delivered.
+                        seq += 1
+                        continue
+                    pid = session.alloc_pid() if qos else 0
+                    full = tpl.packet(pid) if qos else tpl.data
+                    data = full if oa is None else oa.packet(m.topic, tpl, pid, full)
+                if qos:  # the full topic, not the alias: what a reconnect resends
+                    session.inflight[pid] = Inflight(qs.name, seq, qos, full, False, sub.spec.raw)
                     sub.pending[seq] = pid
                     session.dirty = True
-                else:
-                    data = tpl.data
-                if oa is not None:
-                    data = oa.packet(m.topic, tpl, pid, data)
                 out.append(data)
                 nbytes += len(data)
                 observe(now_ms - m.ts_ms)

@@ -354,3 +354,13 @@ def test_delivery_encoders_agree(topic: str, payload: bytes, retain: bool, versi
     assert publish_qos0(topic, payload, retain, version == 5) == want  # cached topic bytes
     (got,) = Parser(version=version).feed(want)
     assert (got.topic, got.payload, got.retain, got.qos) == (topic, payload, retain, 0)
+    if version == 4 and not retain:  # and the 3.1.1 QoS 1 packet of a catching-up reader
+        from mqtt_proxy.codec import publish_v3_qos1
+
+        pid = len(payload) % 65535 + 1
+        q1 = PublishTemplate.build(topic, payload, 1, False, None, 4).packet(pid)
+        assert (
+            publish_v3_qos1(topic, payload, pid)
+            == q1
+            == encode(Publish(topic, payload, 1, False, False, pid), 4)
+        )

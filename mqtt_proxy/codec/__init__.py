@@ -46,6 +46,7 @@ from .encoder import (
     encode_publish,
     publish_qos0,
     publish_qos0_alias,
+    publish_v3_qos1,
 )
 from .errors import LocalProtocolError, ProtocolError, RemoteProtocolError
 from .packets import (
@@ -87,6 +88,7 @@ __all__ = [
     "encode_publish",
     "publish_qos0",
     "publish_qos0_alias",
+    "publish_v3_qos1",
     "LocalProtocolError",
     "ProtocolError",
     "RemoteProtocolError",

@@ -112,6 +112,7 @@ def encode_publish(
 _TOPIC_FIELDS: dict[str, bytes] = {}
 _HEAD0 = [bytes((0x30, n)) for n in range(128)]  # QoS 0 fixed headers of short packets
 _HEAD0R = [bytes((0x31, n)) for n in range(128)]  # ... with retain
+_HEAD1 = [bytes((0x32, n)) for n in range(128)]  # QoS 1, no retain
 
 
 def publish_qos0(topic: str, payload: bytes, retain: bool = False, v5: bool = False) -> bytes:
@@ -152,6 +153,21 @@ def _alias_prop(alias: int) -> bytes:
             raise LocalProtocolError(f"topic alias must be 1..65535, not {alias!r}")
         p = _ALIAS_PROPS[alias] = bytes((3, 0x23, alias >> 8, alias & 0xFF))
     return p
+
+
+def publish_v3_qos1(topic: str, payload: bytes, packet_id: int) -> bytes:
+    """A 3.1.1 QoS 1 PUBLISH without retain: a QoS 1 subscriber's hot path (a reader catching
+    up from its light queue gets one per message, each with its own packet id). Same bytes as
+    `PublishTemplate.build(topic, payload, 1).packet(packet_id)` (a test checks), without the
+    template object; the topic field is cached as in `publish_qos0`."""
+    tb = _TOPIC_FIELDS.get(topic)
+    if tb is None:
+        if len(_TOPIC_FIELDS) >= 65536:
+            _TOPIC_FIELDS.clear()
+        tb = _TOPIC_FIELDS[topic] = _topic_bytes(topic)
+    rl = len(tb) + 2 + len(payload)
+    head = _HEAD1[rl] if rl < 128 else b"\x32" + encode_varint(rl)
+    return b"".join((head, tb, pack_u16(packet_id), payload))
 
 
 def publish_qos0_alias(
