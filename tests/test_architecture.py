@@ -63,7 +63,13 @@ BELOW_THE_CONNECTION = {
     "mqtt_proxy/session.py",
     "mqtt_proxy/backend.py",
 }
-ABOVE = {"mqtt_proxy.connection", "mqtt_proxy.handlers", "mqtt_proxy.server", "mqtt_proxy.sessions"}
+ABOVE = {
+    "mqtt_proxy.connection",
+    "mqtt_proxy.handlers",
+    "mqtt_proxy.connect_handler",
+    "mqtt_proxy.server",
+    "mqtt_proxy.sessions",
+}
 
 
 def test_delivery_and_session_type_the_connection_through_ports() -> None:

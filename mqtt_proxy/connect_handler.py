@@ -1,0 +1,247 @@
+"""CONNECT: credentials, client id, keep alive, will, session, CONNACK.
+
+The first packet's handler, out of handlers.py for its size: the checks that may refuse a
+client (TLS identity, password file and hooks, connection limits, keep alive, will ACL), then,
+with several proxies, the core's claim of the client id, then the session and the CONNACK.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import TYPE_CHECKING, Any
+
+from mqtt_proxy.codec import EMPTY_PROPERTIES, Connect, Properties, ReasonCode
+from mqtt_proxy.session import Will
+from mqtt_proxy.topic_aliases import OutAliases
+from store.auth import ConnectVerdict
+
+if TYPE_CHECKING:
+    from mqtt_proxy.connection import MqttConnection
+
+SUCCESS = ReasonCode.SUCCESS
+PROTOCOL_ERROR = ReasonCode.PROTOCOL_ERROR
+BAD_CLIENT_ID = ReasonCode.CLIENT_IDENTIFIER_NOT_VALID
+BAD_CREDENTIALS = ReasonCode.BAD_USER_NAME_OR_PASSWORD
+NOT_AUTHORIZED = ReasonCode.NOT_AUTHORIZED
+BAD_AUTH_METHOD = ReasonCode.BAD_AUTHENTICATION_METHOD
+SERVER_BUSY = ReasonCode.SERVER_BUSY
+CONNECTION_RATE_EXCEEDED = ReasonCode.CONNECTION_RATE_EXCEEDED
+
+
+class Refuse(Exception):
+    """CONNECT refused with a reason code (CONNACK, then close)."""
+
+    def __init__(self, reason: int, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+
+
+def certificate_identity(conn: MqttConnection, required: bool, as_username: bool) -> str | None:
+    """On a TLS connection (mqtts, wss): the client certificate's CN when it is the user name
+    (`tls_identity_as_username`), else None. Refuses (0x87 / 0x05) a client without a verified
+    certificate when one is required, as INTERFACES.md says; plain listeners are not concerned.
+    The TLS layer already checked the certificate against `tls_ca` (lightgate/tls.py)."""
+    if not (required or as_username):
+        return None
+    tls = conn.transport.get_extra_info("ssl_object")
+    if tls is None:
+        return None
+    cert = tls.getpeercert()
+    if not cert:
+        why = "tls_identity_as_username" if as_username else "tls_require_client_cert"
+        raise Refuse(NOT_AUTHORIZED, f"no client certificate ({why})")
+    if not as_username:
+        return None
+    cn = next((v for rdn in cert.get("subject", ()) for k, v in rdn if k == "commonName"), None)
+    if not cn:
+        raise Refuse(NOT_AUTHORIZED, "the client certificate has no CN (tls_identity_as_username)")
+    return str(cn)
+
+
+def handle_connect(conn: MqttConnection, c: Connect) -> None:
+    """Negotiate and authenticate; a password check runs in a thread (PBKDF2, about 6 ms) while
+    the connection holds its later packets (`block`), then `_connect_checked` goes on."""
+    server = conn.server
+    if conn.connected or conn.session is not None:
+        conn.protocol_error(PROTOCOL_ERROR, "second CONNECT [MQTT-3.1.0-2]")
+        return
+    version = c.protocol_level
+    conn.version = version
+    conn.v5 = version == 5
+    try:
+        # Overload is answered (v5 0x9F / 0x89, 3.1.1 0x03 Server unavailable), never fatal.
+        if conn.over_conn_rate:
+            server.counters["connect_rate_exceeded"] += 1
+            raise Refuse(CONNECTION_RATE_EXCEEDED, "max_connection_rate from this address")
+        if c.properties.authentication_method is not None:
+            raise Refuse(
+                BAD_AUTH_METHOD, f"authentication method {c.properties.authentication_method!r}"
+            )
+        client_id = c.client_id
+        assigned = None
+        if not client_id:
+            if not conn.v5 and not c.clean_start:
+                raise Refuse(BAD_CLIENT_ID, "empty client id needs clean session [MQTT-3.1.3-8]")
+            client_id = assigned = "lg-" + secrets.token_hex(8)
+        s = server.settings
+        identity = certificate_identity(conn, s.tls_require_client_cert, s.tls_identity_as_username)
+    except Refuse as r:
+        _refuse(conn, c, r)
+        return
+    if identity is not None:  # tls_identity_as_username: the verified CN is the user, no password
+        _connect_checked(conn, c, client_id, assigned, ConnectVerdict.OK, False, identity)
+        return
+    security = server.security
+    if security.passwords is not None and c.username is not None:
+        conn.block()
+        fut = server.loop.run_in_executor(None, security.check_connect, c.username, c.password)
+        fut.add_done_callback(
+            lambda f: _connect_checked(conn, c, client_id, assigned, f.result(), True)
+        )
+        return
+    verdict = security.check_connect(c.username, c.password)
+    _connect_checked(conn, c, client_id, assigned, verdict, False)
+
+
+def _refuse(conn: MqttConnection, c: Connect, r: Refuse) -> None:
+    server = conn.server
+    server.counters["connect_refused"] += 1
+    server.conn_log.event(
+        "refused", conn.conn_id, "client %r from %s: 0x%02x %s",
+        c.client_id, conn.remote, r.reason, r,
+    )  # fmt: skip
+    conn.disconnect_reason = str(r)
+    conn.send_connack(False, r.reason, EMPTY_PROPERTIES)
+    conn.close_with(0, send_disconnect=False)
+
+
+def _connect_checked(
+    conn: MqttConnection,
+    c: Connect,
+    client_id: str,
+    assigned: str | None,
+    verdict: ConnectVerdict,
+    blocked: bool,
+    identity: str | None = None,
+) -> None:
+    """CONNECT once the credentials are decided: session, CONNACK, resume delivery."""
+    if conn.closed:
+        return  # the client left while its password was checked
+    server = conn.server
+    s = server.settings
+    v5 = conn.v5
+    cp = c.properties
+    username, password = (identity, None) if identity is not None else (c.username, c.password)
+    try:
+        if verdict is not ConnectVerdict.OK:
+            code = BAD_CREDENTIALS if verdict is ConnectVerdict.BAD_CREDENTIALS else NOT_AUTHORIZED
+            raise Refuse(code, f"{verdict.value} (user {c.username!r})")
+        if not server.check_auth(client_id, username, password):
+            raise Refuse(
+                BAD_CREDENTIALS if username is not None else NOT_AUTHORIZED,
+                "authentication failed",
+            )
+        if server.server_busy(client_id):  # here, not earlier: no check in flight overtakes it
+            server.counters["connect_server_busy"] += 1
+            raise Refuse(SERVER_BUSY, f"max_connections ({s.max_connections})")
+        conn.username = username
+        conn.client_id = client_id
+        conn.refresh_acl()
+        keepalive = c.keep_alive
+        server_keepalive = None
+        if v5:
+            if keepalive == 0 or keepalive > s.max_keepalive:
+                keepalive = server_keepalive = s.max_keepalive
+        elif keepalive > s.max_keepalive:
+            # 3.1.1 cannot be told a shorter keep alive; refuse it as Mosquitto does.
+            raise Refuse(BAD_CLIENT_ID, f"keep alive {keepalive} > max_keepalive {s.max_keepalive}")
+        if v5:
+            expiry = min(cp.session_expiry_interval or 0, s.max_session_expiry)
+        else:
+            expiry = 0 if c.clean_start else s.max_session_expiry
+        will = None
+        w = c.will
+        if w is not None:
+            if w.topic.startswith("$") or not server.may_publish(conn, w.topic):
+                raise Refuse(NOT_AUTHORIZED, f"will topic {w.topic!r} not authorized")
+            wp = w.properties
+            will = Will(
+                w.topic,
+                w.payload,
+                w.qos,
+                w.retain,
+                wp.will_delay_interval or 0,
+                server.message_properties(wp),
+            )
+    except Refuse as r:
+        _refuse(conn, c, r)
+        return
+    if v5:
+        if cp.receive_maximum:
+            conn.out_window = min(conn.out_window, cp.receive_maximum)
+        conn.max_out_packet = cp.maximum_packet_size or 0
+        if cp.topic_alias_maximum and s.topic_alias_out and s.max_topic_alias_out:
+            conn.out_aliases = OutAliases(
+                server.delivery.aliases, cp.topic_alias_maximum, conn.max_out_packet
+            )
+    args = (client_id, assigned, expiry, will, keepalive, server_keepalive)
+    cluster = server.backend.cluster
+    if cluster is None:
+        _connect_open(conn, c, *args, blocked)
+        return
+    # Several proxies: the core makes this client id ours first (ending a connection of it on
+    # another proxy, handing its session over) before the CONNACK; the connection waits.
+    if not blocked:
+        conn.block()
+
+    def claimed(state: dict[str, Any] | None) -> None:
+        if state is not None:
+            server.sessions.install(state)
+        if not conn.closed:
+            _connect_open(conn, c, *args, True)
+
+    cluster.claim(client_id, claimed)
+
+
+def _connect_open(
+    conn: MqttConnection,
+    c: Connect,
+    client_id: str,
+    assigned: str | None,
+    expiry: int,
+    will: Will | None,
+    keepalive: int,
+    server_keepalive: int | None,
+    blocked: bool,
+) -> None:
+    """The client id is this proxy's: open or resume the session, CONNACK, resume delivery."""
+    server = conn.server
+    s = server.settings
+    v5 = conn.v5
+    version = conn.version
+    cp = c.properties
+    session, present = server.sessions.open(conn, client_id, c.clean_start, expiry, version, will)
+    conn.accepted(session, client_id, version, keepalive)
+    props = EMPTY_PROPERTIES
+    if v5:
+        props = Properties(
+            receive_maximum=s.receive_maximum,
+            maximum_packet_size=s.max_packet_size or None,  # 0: no limit, no property
+            topic_alias_maximum=s.max_topic_alias,
+            assigned_client_identifier=assigned,
+            server_keep_alive=server_keepalive,
+            session_expiry_interval=expiry
+            if cp.session_expiry_interval not in (None, expiry)
+            else None,
+        )
+    conn.send_connack(present, SUCCESS, props)
+    server.counters["connects"] += 1
+    server.events.connect(client_id, conn.remote)
+    server.conn_log.event(
+        "connected", conn.conn_id, "client %r from %s MQTT %s keepalive=%d session_present=%d",
+        client_id, conn.remote, "5" if v5 else "3.1.1" if conn.version == 4 else "3.1",
+        keepalive, int(present),
+    )  # fmt: skip
+    server.sessions.resume(session)
+    if blocked:
+        conn.unblock()
