@@ -54,12 +54,27 @@ class CohortPump:
             chunks = []
             cache = qs.cache
             nsubs = len(subs)
+            # Messages of one receive tick share a timestamp: one observation per run of them.
+            ts0, same = 0, 0
             for seq in range(start, end):
                 m = cache[seq]
-                if m is None or m.expired(now_ms):
+                if m is None:
                     continue
-                chunks.append(m.qos0(m.retain and rap, v5, sub_ids, now_ms))
-                observe(now_ms - m.ts_ms, nsubs)
+                exp = m.expire_at_ms
+                if exp is not None and now_ms >= exp:
+                    continue
+                d = m.data0  # the 3.1.1 plain QoS 0 packet, once built (CachedMsg.qos0)
+                if d is None or v5 or sub_ids or (rap and m.retain):
+                    d = m.qos0(m.retain and rap, v5, sub_ids, now_ms)
+                chunks.append(d)
+                ts = m.ts_ms
+                if ts != ts0:
+                    if same:
+                        observe(now_ms - ts0, same * nsubs)
+                    ts0, same = ts, 0
+                same += 1
+            if same:
+                observe(now_ms - ts0, same * nsubs)
             n = len(chunks)
             if n:
                 data = b"".join(chunks)
@@ -111,9 +126,13 @@ class CohortPump:
             mixed = False  # one alias named two topics in this run (the book moved it)
             cache = qs.cache
             nsubs = len(subs)
+            ts0, same = 0, 0  # as in `plain`: one observation per run of equal timestamps
             for seq in range(start, end):
                 m = cache[seq]
-                if m is None or m.expired(now_ms):
+                if m is None:
+                    continue
+                exp = m.expire_at_ms
+                if exp is not None and now_ms >= exp:
                     continue
                 retain = m.retain and rap
                 a = lookup(m.topic)
@@ -125,7 +144,14 @@ class CohortPump:
                     a = 0
                     chunks.append(m.qos0(retain, True, sub_ids, now_ms))
                 plan.append((m, a))
-                observe(now_ms - m.ts_ms, nsubs)
+                ts = m.ts_ms
+                if ts != ts0:
+                    if same:
+                        observe(now_ms - ts0, same * nsubs)
+                    ts0, same = ts, 0
+                same += 1
+            if same:
+                observe(now_ms - ts0, same * nsubs)
             n = len(chunks)
             if n:
                 data = b"".join(chunks)
