@@ -89,6 +89,24 @@ async def test_crash_after_prepare_commit_completes_the_commit(tmp_path: Path) -
         assert gw.store.last_stable_offset("prep", 0) == gw.store.high_watermark("prep", 0)
 
 
+async def test_end_txn_answers_once_the_completed_state_is_on_disk(tmp_path: Path) -> None:
+    """Recovery of a PrepareCommit on disk commits every open batch of the producer id (case 1),
+    so PrepareCommit must never be on disk once the producer may start its next transaction:
+    EndTxn answers only after CompleteCommit is. (A `make test` run caught the old order: the
+    complete state written in the background, kill -9, and recovery committed the data of the
+    transaction opened after it.)"""
+    async with running_gateway(tmp_path) as gw:
+        p = await asyncio.to_thread(_open_transaction, gw.bootstrap, "t-done", "done")
+        txns = gw.server.broker.txns
+        m = txns.txns["t-done"]
+        assert await txns.end_txn("t-done", m.pid, m.epoch, True, 0) == 0
+        # read with no await in between: what a kill -9 right after the answer would leave
+        doc = json.loads((tmp_path / "kafka" / "transactions.json").read_text())
+        entry = next(e for e in doc["txns"] if e["tid"] == "t-done")
+        assert entry["state"] == "CompleteCommit", entry
+        await asyncio.to_thread(p.purge)
+
+
 async def test_lost_state_file_aborts_open_data(tmp_path: Path) -> None:
     """Crash point: the log has a transaction's data but the coordinator knows nothing of it."""
     async with running_gateway(tmp_path) as gw:

@@ -18,7 +18,8 @@ policy, and only then, for a commit, makes its TxnOffsetCommit offsets the group
 
 Durability: `DATA/kafka/transactions.json` (tmp + fsync + rename) holds every id's producer id,
 epoch, state and, in PREPARE_COMMIT, the partitions and pending offsets. It is written before an
-epoch is handed out and before any marker is written. The store's transaction index (derived from
+epoch is handed out, before any marker is written, and (the completed state) before EndTxn is
+answered, so PREPARE_* on disk means the producer has not started another transaction since. The store's transaction index (derived from
 the log) knows which partitions hold batches of a transaction without a marker. At start
 (`recover`), with that:
 1. PREPARE_COMMIT: the decision was taken; commit markers go where data is still open, the pending
@@ -123,7 +124,6 @@ class TransactionCoordinator:
         self._seq = 0
         self._written = -1
         self._lock = threading.Lock()
-        self._background: set[asyncio.Future[None]] = set()
         self._load()
 
     # --- validation ---------------------------------------------------------------------------
@@ -258,9 +258,11 @@ class TransactionCoordinator:
                 await self.offsets.commit(group, [(t, p, c) for (t, p), c in offsets.items()])
         m.state = TxnState.COMPLETE_COMMIT if commit else TxnState.COMPLETE_ABORT
         m.partitions, m.pending = set(), {}
-        # Not waited for: a crash before it lands leaves PREPARE_*, which recovery finishes again
-        # (no open data left to mark; committing the same offsets twice changes nothing).
-        self.persist_soon()
+        # Durable before EndTxn is answered, so before the producer can start its next
+        # transaction: a crash that left PREPARE_COMMIT on disk while the next transaction's
+        # data was already in the log made recovery commit that data (recovery case 1 marks all
+        # open data of the producer id). Now PREPARE_* on disk means no later data exists.
+        await self.persist()
         return E.none
 
     async def write_markers(self, pid: int, epoch: int, kind: int, parts: set[TP]) -> int:
@@ -365,14 +367,6 @@ class TransactionCoordinator:
         doc = self._export()
         await asyncio.get_running_loop().run_in_executor(None, self._write, doc)
 
-    def persist_soon(self) -> None:
-        doc = self._export()
-        fut = asyncio.get_running_loop().run_in_executor(None, self._write, doc)
-        self._background.add(fut)
-        fut.add_done_callback(self._background.discard)
-
     async def close(self) -> None:
-        """Wait for background writes, then write the final state."""
-        if self._background:
-            await asyncio.gather(*self._background, return_exceptions=True)
+        """Write the final state."""
         self._write(self._export())
