@@ -221,6 +221,19 @@ cdef inline Py_ssize_t _skip_bytes(const uint8_t* b, Py_ssize_t q, Py_ssize_t en
     return q + (n if n > 0 else 0)
 
 
+cdef inline int64_t _batch_count(const uint8_t* b, Py_ssize_t pos) noexcept:
+    """The record count of the batch at `pos` (its header's last field)."""
+    return (<int64_t>b[pos + 57] << 24) | (b[pos + 58] << 16) | (b[pos + 59] << 8) | b[pos + 60]
+
+
+cdef inline Py_ssize_t _record_end(const uint8_t* b, Py_ssize_t* q, Py_ssize_t bend) except -1:
+    """Past a record's length: where the record ends, which must be inside its batch."""
+    cdef int64_t length = _vget(b, q, bend)
+    if length < 1 or length > bend - q[0]:
+        raise ValueError("record runs past its batch")
+    return q[0] + length
+
+
 def index_batch(const uint8_t[::1] data, Py_ssize_t pos, Py_ssize_t size, int64_t base,
                 int64_t c, int64_t end, Py_ssize_t n, Py_ssize_t budget, dict tcache,
                 object targets_for, bytes vpfx, int cut, object put, int64_t stamp,
@@ -231,7 +244,7 @@ def index_batch(const uint8_t[::1] data, Py_ssize_t pos, Py_ssize_t size, int64_
     for records that do not parse (the caller counts the batch as corrupt)."""
     cdef const uint8_t* b = &data[0]
     cdef Py_ssize_t bend = pos + size, q0 = pos + HEADER_SIZE, rec_end
-    cdef int64_t count, length, off, klen, i, nh, h
+    cdef int64_t count, off, klen, i, nh, h
     cdef object key, targets, q, w, val, gate, ent
     cdef Py_ssize_t vlen = PyBytes_GET_SIZE(vpfx), olen = 8 - cut
     cdef uint64_t uoff, nxt
@@ -239,13 +252,10 @@ def index_batch(const uint8_t[::1] data, Py_ssize_t pos, Py_ssize_t size, int64_
     cdef uint8_t* vp
     if size < HEADER_SIZE or bend > data.shape[0]:
         raise ValueError("batch runs past the buffer")
-    count = (<int64_t>b[pos + 57] << 24) | (b[pos + 58] << 16) | (b[pos + 59] << 8) | b[pos + 60]
+    count = _batch_count(b, pos)
     # First walk: every record parses (as the pure path decodes them all before indexing any).
     for i in range(count):
-        length = _vget(b, &q0, bend)
-        rec_end = q0 + length
-        if length < 1 or rec_end > bend:
-            raise ValueError("record runs past its batch")
+        rec_end = _record_end(b, &q0, bend)
         q0 += 1
         _vget(b, &q0, rec_end)
         _vget(b, &q0, rec_end)
@@ -261,10 +271,7 @@ def index_batch(const uint8_t[::1] data, Py_ssize_t pos, Py_ssize_t size, int64_
             raise ValueError("record length mismatch")
     q0 = pos + HEADER_SIZE
     for i in range(count):
-        length = _vget(b, &q0, bend)
-        rec_end = q0 + length
-        if length < 0 or rec_end > bend:
-            raise ValueError("record runs past its batch")
+        rec_end = _record_end(b, &q0, bend)  # (the first walk checked them all)
         q0 += 1  # attributes
         _vget(b, &q0, rec_end)  # timestamp delta
         off = base + _vget(b, &q0, rec_end)
@@ -371,7 +378,7 @@ def decode_records(const uint8_t[::1] data, Py_ssize_t pos, Py_ssize_t size, int
     Raises ValueError for records that do not parse; nothing is returned then."""
     cdef const uint8_t* b = &data[0]
     cdef Py_ssize_t bend = pos + size, q0 = pos + HEADER_SIZE, rec_end, hq
-    cdef int64_t count, length, i, nh, h, base, first_ts, ts, off
+    cdef int64_t count, i, nh, h, base, first_ts, ts, off
     cdef object key, value, cid, hname, hval
     cdef list out = [], hl
     cdef int qos
@@ -382,12 +389,9 @@ def decode_records(const uint8_t[::1] data, Py_ssize_t pos, Py_ssize_t size, int
     for i in range(8):
         base = (base << 8) | b[pos + i]
         first_ts = (first_ts << 8) | b[pos + 27 + i]
-    count = (<int64_t>b[pos + 57] << 24) | (b[pos + 58] << 16) | (b[pos + 59] << 8) | b[pos + 60]
+    count = _batch_count(b, pos)
     for i in range(count):
-        length = _vget(b, &q0, bend)
-        rec_end = q0 + length
-        if length < 1 or rec_end > bend:
-            raise ValueError("record runs past its batch")
+        rec_end = _record_end(b, &q0, bend)
         q0 += 1  # attributes
         ts = _vget(b, &q0, rec_end)
         off = base + _vget(b, &q0, rec_end)
