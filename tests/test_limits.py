@@ -171,9 +171,14 @@ def test_slow_consumer_disconnected_and_loses_nothing(
     else:
         again.connect(clean=False)
     assert again.session_present
-    got = again.expect(n, timeout=30)
-    seen = {m.payload[0] for m in got}
-    assert seen == set(range(n))
+    # At least once: under load the reconnected client can itself stay behind for over 1 s,
+    # be dropped as a slow consumer and (paho reconnects) get its in-flight messages again
+    # with DUP. What must hold is that every message arrives.
+    seen: set[int] = set()
+    deadline = time.monotonic() + 60
+    while seen != set(range(n)):
+        assert time.monotonic() < deadline, f"missing {sorted(set(range(n)) - seen)}"
+        seen.update(m.payload[0] for m in again.expect(1, timeout=deadline - time.monotonic()))
     again.kill()
     pub.kill()
 
