@@ -52,4 +52,5 @@ bench-mqtt: $(STAMP)
 # clean also removes what `pip install -e .` compiled in place (setup.py: the Cython modules).
 clean:
 	rm -rf $(VENV) data analytics .pytest_cache build
-	rm -f store/*.so mqtt_proxy/codec/*.so store/_speedups.c mqtt_proxy/codec/_cparser.c
+	rm -f store/*.so mqtt_proxy/*.so mqtt_proxy/codec/*.so store/_speedups.c mqtt_proxy/codec/_cparser.c \
+		mqtt_proxy/_cdelivery.c

@@ -16,6 +16,7 @@ from setuptools.command.build_ext import build_ext
 SOURCES = {
     "store._speedups": "store/_speedups.pyx",
     "mqtt_proxy.codec._cparser": "mqtt_proxy/codec/_cparser.pyx",
+    "mqtt_proxy._cdelivery": "mqtt_proxy/_cdelivery.pyx",
 }
 
 

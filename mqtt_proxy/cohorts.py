@@ -14,6 +14,7 @@ from mqtt_proxy.queue_cache import PUMP_BATCHES, CachedMsg, QueueState
 from mqtt_proxy.session import Subscription
 from mqtt_proxy.topic_aliases import AliasBook, OutAliases
 from store.latency import LatencyHistogram
+from store.speedups import load
 
 ReadRange = Callable[[QueueState, int], tuple[int, int]]
 
@@ -51,33 +52,8 @@ class CohortPump:
                     for sub in subs:
                         sub.pos = start
                 return False
-            chunks = []
-            cache = qs.cache
-            nsubs = len(subs)
-            # Messages of one receive tick share a timestamp: one observation per run of them.
-            ts0, same = 0, 0
-            for seq in range(start, end):
-                m = cache[seq]
-                if m is None:
-                    continue
-                exp = m.expire_at_ms
-                if exp is not None and now_ms >= exp:
-                    continue
-                d = m.data0  # the 3.1.1 plain QoS 0 packet, once built (CachedMsg.qos0)
-                if d is None or v5 or sub_ids or (rap and m.retain):
-                    d = m.qos0(m.retain and rap, v5, sub_ids, now_ms)
-                chunks.append(d)
-                ts = m.ts_ms
-                if ts != ts0:
-                    if same:
-                        observe(now_ms - ts0, same * nsubs)
-                    ts0, same = ts, 0
-                same += 1
-            if same:
-                observe(now_ms - ts0, same * nsubs)
-            n = len(chunks)
-            if n:
-                data = b"".join(chunks)
+            data, n = qos0_run(qs.cache, start, end, now_ms, v5, sub_ids, rap, observe, len(subs))
+            if data is not None:
                 nbytes = len(data)
                 still = []
                 for sub in subs:
@@ -126,7 +102,7 @@ class CohortPump:
             mixed = False  # one alias named two topics in this run (the book moved it)
             cache = qs.cache
             nsubs = len(subs)
-            ts0, same = 0, 0  # as in `plain`: one observation per run of equal timestamps
+            ts0, same = 0, 0  # as in `qos0_run_py`: one observation per run of equal timestamps
             for seq in range(start, end):
                 m = cache[seq]
                 if m is None:
@@ -195,3 +171,47 @@ def learn(
             chunk = m.qos0_alias(a, True, m.retain and rap, sub_ids, now_ms)
         out.append(chunk)
     return b"".join(out)
+
+
+def qos0_run_py(
+    cache: dict[int, CachedMsg | None],
+    start: int,
+    end: int,
+    now_ms: int,
+    v5: bool,
+    sub_ids: tuple[int, ...],
+    rap: bool,
+    observe: Callable[[int, int], None],
+    nsubs: int,
+) -> tuple[bytes | None, int]:
+    """(the QoS 0 PUBLISH packets of cache[start:end] joined, their count), or (None, 0).
+    Messages of one receive tick share a timestamp: the receive-to-write latency is observed
+    once per run of them (times `nsubs`). Twin of `_cdelivery.qos0_run`."""
+    chunks = []
+    ts0, same = 0, 0
+    for seq in range(start, end):
+        m = cache[seq]
+        if m is None:
+            continue
+        exp = m.expire_at_ms
+        if exp is not None and now_ms >= exp:
+            continue
+        d = m.data0  # the 3.1.1 plain QoS 0 packet, once built (CachedMsg.qos0)
+        if d is None or v5 or sub_ids or (rap and m.retain):
+            d = m.qos0(m.retain and rap, v5, sub_ids, now_ms)
+        chunks.append(d)
+        ts = m.ts_ms
+        if ts != ts0:
+            if same:
+                observe(now_ms - ts0, same * nsubs)
+            ts0, same = ts, 0
+        same += 1
+    if same:
+        observe(now_ms - ts0, same * nsubs)
+    if not chunks:
+        return None, 0
+    return b"".join(chunks), len(chunks)
+
+
+_cdelivery = load("mqtt_proxy._cdelivery")
+qos0_run = qos0_run_py if _cdelivery is None else _cdelivery.qos0_run

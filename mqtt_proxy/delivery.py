@@ -42,7 +42,7 @@ from lightqueue.model import ReadResult
 from mqtt_proxy.codec import publish_v3_qos1
 from mqtt_proxy.cohorts import CohortPump
 from mqtt_proxy.ports import Entries, Message, PeerPort, QueuesPort
-from mqtt_proxy.queue_cache import PUMP_BATCHES, CachedMsg, QueueState
+from mqtt_proxy.queue_cache import PUMP_BATCHES, CachedMsg, QueueState, fill_cache
 from mqtt_proxy.session import Inflight, Session, Subscription
 from mqtt_proxy.settings import ProxySettings
 from mqtt_proxy.shared_groups import GroupDelivery, SharedGroup
@@ -248,16 +248,7 @@ class Delivery:
             qs.floor = res.start_seq
         if msgs:
             cache = qs.cache
-            seq = start
-            for m in msgs:
-                if m is None or (
-                    m.topic.startswith(INTERNAL_TOPIC_PREFIX)
-                    and not m.topic.startswith(PROBE_PREFIX)
-                ):
-                    cache[seq] = None
-                else:
-                    cache[seq] = CachedMsg.from_stored(m)
-                seq += 1
+            fill_cache(CachedMsg, msgs, cache, start, INTERNAL_TOPIC_PREFIX, PROBE_PREFIX)
             over = len(cache) - self._cache_max
             if over > 0:
                 for k in list(islice(cache, over)):

@@ -13,6 +13,7 @@ from mqtt_proxy.outbound import delivery_properties
 from mqtt_proxy.ports import Entries, Message
 from mqtt_proxy.session import Subscription
 from store.mapping import MqttProperties
+from store.speedups import load
 
 if TYPE_CHECKING:
     from mqtt_proxy.shared_groups import SharedGroup
@@ -20,8 +21,8 @@ if TYPE_CHECKING:
 PUMP_BATCHES = 64  # reads of `read_batch` entries per reader per tick before yielding the loop
 
 
-class CachedMsg:
-    """A resolved message plus its encoded PUBLISH templates, keyed by what differs per receiver."""
+class _CachedFields:
+    """The fields of `CachedMsg`: the pure-Python twin of `_cdelivery.CachedBase`."""
 
     __slots__ = (
         "topic",
@@ -59,6 +60,20 @@ class CachedMsg:
         self.templates: dict[tuple[int, bool, bool, tuple[int, ...]], PublishTemplate] | None = None
         self.data0: bytes | None = None  # QoS 0, 3.1.1, no retain: the common packet, cached
         self.alias0: tuple[int, bytes] | None = None  # QoS 0, v5, aliased, no topic: cached
+
+
+# The compiled fields and loops (_cdelivery.pyx), unless absent or disabled.
+_cdelivery = load("mqtt_proxy._cdelivery")
+if TYPE_CHECKING or _cdelivery is None:
+    _Base = _CachedFields
+else:
+    _Base = _cdelivery.CachedBase
+
+
+class CachedMsg(_Base):
+    """A resolved message plus its encoded PUBLISH templates, keyed by what differs per receiver."""
+
+    __slots__ = ()
 
     @classmethod
     def from_stored(cls, m: Message) -> CachedMsg:
@@ -117,6 +132,29 @@ class CachedMsg:
         if d is None or d[0] != alias:
             d = self.alias0 = (alias, publish_qos0_alias(self.topic, self.payload, alias, False))
         return d[1]
+
+
+def fill_cache_py(
+    cls: type[CachedMsg],
+    msgs: list[Message | None],
+    cache: dict[int, CachedMsg | None],
+    seq: int,
+    internal: str,
+    probe: str,
+) -> None:
+    """cache[seq + i] = cls(msgs[i]); None for a missing message or one on an internal topic
+    (`internal`, except the probes' `probe`). Twin of `_cdelivery.fill_cache`."""
+    for m in msgs:
+        if m is None or (m.topic.startswith(internal) and not m.topic.startswith(probe)):
+            cache[seq] = None
+        else:
+            cache[seq] = cls(
+                m.topic, m.payload, m.qos, m.retain, m.client_id, m.properties, m.timestamp_ms
+            )
+        seq += 1
+
+
+fill_cache = fill_cache_py if _cdelivery is None else _cdelivery.fill_cache
 
 
 class QueueState:

@@ -1,4 +1,5 @@
-"""The compiled hot loops (`store/_speedups.pyx`, `mqtt_proxy/codec/_cparser.pyx`), if built.
+"""The compiled hot loops (`store/_speedups.pyx`, `mqtt_proxy/codec/_cparser.pyx`,
+`mqtt_proxy/_cdelivery.pyx`), if built.
 
 setup.py compiles them with Cython at install time (`pip install -e .`); when that is not
 possible (no C compiler) install still succeeds and every caller uses its pure-Python twin, which
@@ -13,7 +14,7 @@ import os
 from types import ModuleType
 
 DISABLED = os.environ.get("LIGHTGATE_NO_EXTENSIONS", "") not in ("", "0")
-MODULES = ("store._speedups", "mqtt_proxy.codec._cparser")
+MODULES = ("store._speedups", "mqtt_proxy.codec._cparser", "mqtt_proxy._cdelivery")
 
 
 def load(name: str) -> ModuleType | None:

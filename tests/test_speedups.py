@@ -34,6 +34,13 @@ def compiled() -> tuple[Any, Any]:
     return _speedups, _cparser
 
 
+def compiled_delivery() -> Any:
+    require_extensions()
+    from mqtt_proxy import _cdelivery  # type: ignore[attr-defined]
+
+    return _cdelivery
+
+
 def test_extensions_built_and_in_use() -> None:
     """On a machine with a C compiler `pip install -e .` builds them, and the hot paths call
     them (not the twins)."""
@@ -50,6 +57,12 @@ def test_extensions_built_and_in_use() -> None:
 
     assert resolver._decode_records is sp.decode_records
     assert sp.__file__.endswith(".so") and cp.__file__.endswith(".so")
+    import mqtt_proxy.cohorts as cohorts
+    import mqtt_proxy.queue_cache as queue_cache
+
+    cd = compiled_delivery()
+    assert cohorts.qos0_run is cd.qos0_run and queue_cache.fill_cache is cd.fill_cache
+    assert issubclass(queue_cache.CachedMsg, cd.CachedBase)
 
 
 def test_env_var_forces_pure_python() -> None:
@@ -57,15 +70,19 @@ def test_env_var_forces_pure_python() -> None:
         "import store.speedups as s, store.mqtt_batches as b, lightqueue.dispatcher as d, "
         "mqtt_proxy.codec.parser as p; "
         "import store.mapping as m, lightqueue.resolver as r; "
+        "import mqtt_proxy.cohorts as c, mqtt_proxy.queue_cache as q; "
         "print(s.status(), b._build_records, d._index_batch is d._index_batch_py, p._cwalk, "
-        "m.murmur2 is m.murmur2_py, r._decode_records is r._decode_records_py)"
+        "m.murmur2 is m.murmur2_py, r._decode_records is r._decode_records_py, "
+        "c.qos0_run is c.qos0_run_py, q.fill_cache is q.fill_cache_py, "
+        "q.CachedMsg.__base__ is q._CachedFields)"
     )
     env = {**os.environ, "LIGHTGATE_NO_EXTENSIONS": "1", "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == [
-        "{'store._speedups':", "False,", "'mqtt_proxy.codec._cparser':", "False}",
-        "None", "True", "None", "True", "True",
+        "{'store._speedups':", "False,", "'mqtt_proxy.codec._cparser':", "False,",
+        "'mqtt_proxy._cdelivery':", "False}",
+        "None", "True", "None", "True", "True", "True", "True", "True",
     ]  # fmt: skip
 
 
@@ -295,6 +312,7 @@ def test_clean_removes_built_modules() -> None:
     text = (ROOT / "Makefile").read_text()
     clean = text[text.index("\nclean:") :]
     assert "*.so" in clean and "_speedups.c" in clean and "_cparser.c" in clean
+    assert "mqtt_proxy/*.so" in clean and "_cdelivery.c" in clean
     ignored = (ROOT / ".gitignore").read_text()
     assert "*.so" in ignored
 
@@ -323,3 +341,84 @@ def test_hot_objects_are_not_tracked_by_the_gc() -> None:
                    lambda k, v: put.append(k), 1, [], None, "t", 0)  # fmt: skip
     assert q.watch == [("t", 0, 40), ("t", 0, 41), ("t", 0, 42)]
     assert not any(gc.is_tracked(e) for e in q.watch)
+
+
+_word = st.text(alphabet="abcé /+", max_size=6)  # valid MQTT strings: packets parse back
+_dprops = st.one_of(
+    st.none(),
+    st.builds(
+        MqttProperties,
+        payload_format=st.sampled_from([None, 0, 1]),
+        message_expiry=st.one_of(st.none(), st.integers(0, 2**32 - 1)),
+        content_type=st.one_of(st.none(), _word),
+        user_properties=st.lists(st.tuples(_word, _word), max_size=3).map(tuple),
+    ),
+)
+_cached = st.one_of(
+    st.none(),
+    st.builds(
+        MqttMessage,
+        topic=st.sampled_from(["a", "a/b", "sensors/é/t", "x" * 300, "__lightgate_x", "__lightgate_probe/1"]),
+        payload=st.binary(max_size=300),
+        qos=st.integers(0, 2),
+        client_id=st.text(max_size=4),
+        retain=st.booleans(),
+        properties=_dprops,
+        timestamp_ms=st.sampled_from([0, 1000, 1001, 2**40]),
+    ),
+)  # fmt: skip
+
+
+@SETTINGS
+@given(
+    st.lists(_cached, max_size=30),
+    st.integers(0, 2**41),
+    st.booleans(),
+    st.sampled_from([(), (7,), (300, 5)]),
+    st.booleans(),
+    st.integers(1, 3),
+    st.booleans(),
+)
+def test_delivery_cache_and_qos0_run_same_as_twins(
+    msgs: list[MqttMessage | None],
+    now_ms: int,
+    v5: bool,
+    sub_ids: tuple[int, ...],
+    rap: bool,
+    nsubs: int,
+    warm: bool,
+) -> None:
+    """The compiled cache fill and cohort run give the fields, the packet bytes and the latency
+    observations of their twins (expired messages, retain-as-published, properties,
+    subscription ids, internal topics, v5; `warm`: packets some other reader built first)."""
+    import gc
+
+    cd = compiled_delivery()
+    from mqtt_proxy.cohorts import qos0_run_py
+    from mqtt_proxy.queue_cache import CachedMsg, fill_cache_py
+
+    caches: list[dict[int, Any]] = [{}, {}]
+    fill_cache_py(CachedMsg, msgs, caches[0], 5, "__lightgate", "__lightgate_probe/")
+    cd.fill_cache(CachedMsg, msgs, caches[1], 5, "__lightgate", "__lightgate_probe/")
+    fields = ("topic", "payload", "qos", "retain", "client_id", "props", "ts_ms", "expire_at_ms")
+    for a, b in zip(caches[0].values(), caches[1].values(), strict=True):
+        assert (a is None) == (b is None)
+        if b is not None:
+            assert [getattr(a, f) for f in fields] == [getattr(b, f) for f in fields]
+            assert type(b) is CachedMsg and not gc.is_tracked(b)
+    if warm:
+        for cache in caches:
+            for m in cache.values():
+                if m is not None:
+                    m.qos0(False, False, (), now_ms)
+    out = []
+    for run, cache in ((qos0_run_py, caches[0]), (cd.qos0_run, caches[1])):
+        seen: list[tuple[int, int]] = []
+        res = run(cache, 5, 5 + len(msgs), now_ms, v5, sub_ids, rap,
+                  lambda lat, k, seen=seen: seen.append((lat, k)), nsubs)  # fmt: skip
+        out.append((res, seen))
+    assert out[0] == out[1]
+    data, n = out[1][0]
+    if n:  # whole packets, as the codec reads them
+        got = Parser(version=5 if v5 else 4).feed(data)
+        assert len(got) == n

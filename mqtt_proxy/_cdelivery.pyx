@@ -1,0 +1,187 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""Compiled delivery loops: the fields of a cached message (`CachedMsg`, queue_cache.py), the
+loop that fills a queue's cache from a load, and a QoS 0 cohort's run of PUBLISH packets
+written straight into one buffer (cohorts.py).
+
+Built at install time with the other extensions (setup.py) and used unless
+`LIGHTGATE_NO_EXTENSIONS=1`. The pure-Python twins (`queue_cache._CachedFields`,
+`queue_cache.fill_cache_py`, `cohorts.qos0_run_py`) stay the reference: tests/test_speedups.py
+compares the two on generated runs, and the end-to-end tests run both.
+"""
+
+cimport cython
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.object cimport PyObject, PyTypeObject
+from libc.stdint cimport int64_t, uint8_t
+from libc.string cimport memcpy
+
+
+cdef extern from "Python.h":
+    const char* PyUnicode_AsUTF8AndSize(object s, Py_ssize_t* size) except NULL
+    void PyObject_GC_UnTrack(void* op)
+
+cdef tuple _NOARGS = ()
+
+
+@cython.no_gc
+cdef class CachedBase:
+    """A resolved message as delivery keeps it; `CachedMsg` adds the encoding methods. A C
+    struct read in place by `qos0_run`, and never tracked by the cyclic GC: it holds strs,
+    bytes, ints, immutable properties and its dict of encoded templates, never a cycle (a
+    fan-in's cache holds thousands of them, which every collection would walk)."""
+
+    cdef public object topic
+    cdef public object payload
+    cdef public int qos
+    cdef public bint retain
+    cdef public object client_id
+    cdef public object props
+    cdef public int64_t ts_ms
+    cdef public object expire_at_ms
+    cdef public object templates
+    cdef public object data0
+    cdef public object alias0
+
+    def __init__(self, topic, payload, int qos, bint retain, client_id, props, int64_t ts_ms):
+        self.topic = topic
+        self.payload = payload
+        self.qos = qos
+        self.retain = retain
+        self.client_id = client_id
+        self.props = props
+        self.ts_ms = ts_ms
+        self.expire_at_ms = _expire_at(props, ts_ms)
+
+
+cdef inline object _expire_at(object props, int64_t ts_ms):
+    if props is None:
+        return None
+    expiry = props.message_expiry
+    if expiry is None:
+        return None
+    return ts_ms + expiry * 1000
+
+
+def fill_cache(type cls, list msgs, dict cache, Py_ssize_t seq, str internal, str probe):
+    """cache[seq + i] = cls(msgs[i]); None for a missing message or one on an internal topic
+    (`internal`, except the probes' `probe`). `cls` is CachedMsg, a subclass of CachedBase: a
+    heap type, so its instances are GC objects; they are untracked here (see CachedBase)."""
+    cdef CachedBase c
+    cdef PyTypeObject* t = <PyTypeObject*>cls
+    if not issubclass(cls, CachedBase):
+        raise TypeError(f"{cls!r} is not a CachedBase")
+    cdef Py_UCS4 first = internal[0]
+    for m in msgs:
+        if m is None:
+            cache[seq] = None
+        else:
+            topic = m.topic
+            if (
+                len(<str>topic) and (<str>topic)[0] == first
+                and topic.startswith(internal) and not topic.startswith(probe)
+            ):
+                cache[seq] = None
+            else:
+                c = <CachedBase>t.tp_new(cls, <PyObject*>_NOARGS, NULL)
+                PyObject_GC_UnTrack(<void*>c)
+                c.topic = topic
+                c.payload = m.payload
+                c.qos = m.qos
+                c.retain = m.retain
+                c.client_id = m.client_id
+                props = m.properties
+                c.props = props
+                c.ts_ms = m.timestamp_ms
+                c.expire_at_ms = _expire_at(props, c.ts_ms)
+                cache[seq] = c
+        seq += 1
+
+
+cdef inline Py_ssize_t _varint_size(Py_ssize_t v) noexcept:
+    if v < 128:
+        return 1
+    if v < 16384:
+        return 2
+    if v < 2097152:
+        return 3
+    return 4
+
+
+def qos0_run(dict cache, Py_ssize_t start, Py_ssize_t end, int64_t now_ms, bint v5,
+             tuple sub_ids, bint rap, object observe, Py_ssize_t nsubs):
+    """(the QoS 0 PUBLISH packets of cache[start:end] joined, their count), or (None, 0); the
+    receive-to-write latency observed once per run of equal timestamps (times `nsubs`). Same
+    bytes and observations as `cohorts.qos0_run_py`: one buffer, no packet object per message
+    (a message carrying properties or subscription ids is encoded by its own `qos0`)."""
+    cdef list parts = []  # a CachedBase encoded here, or the bytes of one packet
+    cdef Py_ssize_t total = 0, n = 0, seq, tlen, plen, rl, same = 0
+    cdef int64_t ts0 = 0, ts
+    cdef bint simple = not sub_ids
+    cdef bint r
+    cdef CachedBase c
+    cdef const char* t
+    for seq in range(start, end):
+        o = cache[seq]
+        if o is None:
+            continue
+        c = <CachedBase>o
+        exp = c.expire_at_ms
+        if exp is not None and now_ms >= <int64_t>exp:
+            continue
+        r = c.retain and rap
+        if simple and (not v5 or c.props is None) and type(c.payload) is bytes:
+            d = c.data0
+            if d is not None and not v5 and not r:
+                parts.append(d)
+                total += PyBytes_GET_SIZE(d)
+            else:
+                PyUnicode_AsUTF8AndSize(c.topic, &tlen)
+                rl = 2 + tlen + v5 + PyBytes_GET_SIZE(c.payload)
+                total += 1 + _varint_size(rl) + rl
+                parts.append(c)
+        else:
+            d = o.qos0(r, v5, sub_ids, now_ms)
+            parts.append(d)
+            total += PyBytes_GET_SIZE(d)
+        n += 1
+        ts = c.ts_ms
+        if ts != ts0:
+            if same:
+                observe(now_ms - ts0, same * nsubs)
+            ts0 = ts
+            same = 0
+        same += 1
+    if same:
+        observe(now_ms - ts0, same * nsubs)
+    if n == 0:
+        return None, 0
+    out = PyBytes_FromStringAndSize(NULL, total)
+    cdef uint8_t* p = <uint8_t*>PyBytes_AS_STRING(out)
+    for o in parts:
+        if type(o) is bytes:
+            plen = PyBytes_GET_SIZE(o)
+            memcpy(p, PyBytes_AS_STRING(o), plen)
+            p += plen
+            continue
+        c = <CachedBase>o
+        t = PyUnicode_AsUTF8AndSize(c.topic, &tlen)
+        plen = PyBytes_GET_SIZE(c.payload)
+        rl = 2 + tlen + v5 + plen
+        p[0] = 0x31 if (c.retain and rap) else 0x30
+        p += 1
+        while rl >= 128:
+            p[0] = (rl & 0x7F) | 0x80
+            rl >>= 7
+            p += 1
+        p[0] = rl
+        p[1] = tlen >> 8
+        p[2] = tlen & 0xFF
+        p += 3
+        memcpy(p, t, tlen)
+        p += tlen
+        if v5:
+            p[0] = 0
+            p += 1
+        memcpy(p, PyBytes_AS_STRING(c.payload), plen)
+        p += plen
+    return out, n
