@@ -29,7 +29,8 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from lightqueue import codec
-from lightqueue.dispatcher import aborted_check, is_system_topic, mqtt_topic_of, records_of
+from lightqueue.dispatcher import aborted_check, is_system_topic, mqtt_topic_of
+from lightqueue.index_batch import records_of
 from lightqueue.keys import P_FILTER, entry_value_prefix, offset_bytes, pack_u64
 from lightqueue.topic_trie import topic_matches
 from store import OffsetOutOfRangeError

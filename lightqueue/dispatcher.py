@@ -38,10 +38,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from lightqueue.db import Queue, QueueDB
+from lightqueue.index_batch import _index_batch, _index_batch_py
 from lightqueue.keys import (
     KIND_EXACT,
     P_ENTRY,
@@ -55,7 +56,7 @@ from lightqueue.topic_trie import FilterTrie
 from store import OffsetOutOfRangeError, UnknownTopicOrPartitionError
 from store.backend import FetchPending, LogBackend
 from store.latency import LatencyHistogram
-from store.mapping import H_RETAIN, PROBE_TOPIC, SYSTEM_TOPIC_PREFIX, mqtt_view
+from store.mapping import PROBE_TOPIC, SYSTEM_TOPIC_PREFIX, mqtt_view
 from store.record_batch import (
     COMPRESSION_MASK,
     CONTROL_MASK,
@@ -63,17 +64,10 @@ from store.record_batch import (
     TRANSACTIONAL_MASK,
     InvalidRecordError,
     iter_batches,
-    iter_records,
 )
-from store.speedups import load
 
 if TYPE_CHECKING:
     pass
-
-try:  # the Cython reader behind store.record_batch; 0.25 us/record vs ~3 for pure Python
-    from aiokafka.record._crecords import DefaultRecordBatch as _CReader
-except ImportError:  # pragma: no cover
-    _CReader = None
 
 log = logging.getLogger("lightgate.lightqueue.dispatch")
 
@@ -95,84 +89,6 @@ def is_system_topic(topic: str) -> bool:
 def mqtt_topic_of(log_topic: str, key: bytes | None) -> str:
     """The MQTT topic subscribers see for a record (INTERFACES.md topic mapping)."""
     return mqtt_view(log_topic, key, []).topic
-
-
-def records_of(data: Any, pos: int, size: int) -> Iterable[Any]:
-    """(offset, key) carriers of one batch: Cython records or store Records (both have both)."""
-    h = HEADER.unpack_from(data, pos)
-    if not (h[5] & COMPRESSION_MASK) and _CReader is not None:
-        return _CReader(bytes(data[pos : pos + size]))  # type: ignore[no-any-return]
-    return iter_records(memoryview(data)[pos : pos + size])
-
-
-def _index_batch_py(
-    data: Any,
-    pos: int,
-    size: int,
-    base: int,
-    c: int,
-    end: int,
-    n: int,
-    budget: int,
-    tcache: dict[bytes | None, tuple[Queue, ...]],
-    targets_for: Callable[[bytes | None], tuple[Queue, ...]],
-    vpfx: bytes,
-    cut: int,
-    put: Callable[[bytes, bytes], None],
-    stamp: int,
-    grown: list[Queue],
-    gate_key: tuple[int, int] | None,
-    t: str,
-    p: int,
-    derive: Callable[[Any], None] | None = None,
-) -> tuple[int, int]:
-    """Index the records of the batch at `data[pos:pos+size]` that lie in [c, end): one entry
-    per target queue of the record's key. Returns (the offset where `budget` ran out, or -1;
-    records indexed so far, `n` included). Decodes every record before indexing any (a batch
-    that does not decode raises, untouched). Twin of `store._speedups.index_batch`, which has no
-    `derive`: the records carrying MQTT's retain header are handed to it (log = "kafka")."""
-    try:
-        recs = list(records_of(data, pos, size))
-    except InvalidRecordError:
-        raise
-    except Exception as e:  # aiokafka's reader: CorruptRecordException, struct errors
-        raise InvalidRecordError(str(e)) from e
-    pack = pack_u64
-    for r in recs:
-        off = r.offset
-        if off < c:
-            continue
-        if off >= end:
-            break
-        if n >= budget:
-            return off, n
-        key = r.key
-        if derive is not None and r.headers:
-            for hd in r.headers:
-                if hd[0] == H_RETAIN:
-                    derive(r)
-                    break
-        targets = tcache.get(key)
-        if targets is None:
-            targets = tcache[key] = targets_for(key)
-        val = vpfx + pack(off)[cut:]
-        for q in targets:
-            if gate_key is not None and q.gate is not None and off < q.gate.get(gate_key, 0):
-                continue
-            put(q.kpfx + pack(q.next), val)
-            w = q.watch
-            if w is not None:
-                w.append((t, p, off))
-            q.next += 1
-            if q.touched != stamp:
-                q.touched = stamp
-                grown.append(q)
-        n += 1
-    return -1, n
-
-
-_c = load("store._speedups")
-_index_batch = _index_batch_py if _c is None else _c.index_batch
 
 
 def _never(topic: str, partition: int, producer_id: int, offset: int) -> bool:
