@@ -24,8 +24,8 @@ from notify import wire as nw
 from notify.link import Handler, RpcPeer
 from notify.link_frames import RpcError
 from store import wire as sw
+from store.append_result import AppendResult
 from store.config import UnknownTopicOrPartitionError
-from store.store import AppendResult
 
 if TYPE_CHECKING:
     from lightqueue import LightQueues

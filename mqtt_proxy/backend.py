@@ -45,8 +45,8 @@ from mqtt_proxy.ports import (
     SessionState,
 )
 from mqtt_proxy.subscriptions import FilterSpec
+from store.append_result import Run
 from store.mapping import MqttMessage
-from store.store import Run
 
 if TYPE_CHECKING:
     from lightqueue.queues import LightQueues

@@ -24,8 +24,8 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
+from store.append_result import AppendResult
 from store.mapping import MqttMessage
-from store.store import AppendResult
 
 if TYPE_CHECKING:
     from mqtt_proxy.connection import MqttConnection

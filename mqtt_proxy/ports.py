@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 from lightqueue.model import Position, ReadResult, StoredMessage
 from mqtt_proxy.subscriptions import FilterSpec
+from store.append_result import AppendResult, Run
 from store.auth import ClientAcl
 from store.mapping import MqttMessage
-from store.store import AppendResult, Run
 
 if TYPE_CHECKING:
     from mqtt_proxy.cluster import ProxyCluster

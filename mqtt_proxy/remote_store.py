@@ -17,11 +17,11 @@ from time import time
 from notify.link import Handler, RpcPeer
 from notify.link_frames import RpcError
 from store import wire
+from store.append_result import AppendResult, Run
 from store.config import StoreError
 from store.mapping import MqttMessage, log_topic_for, partition_for_key
 from store.mqtt_batches import build_mqtt_batches
 from store.record_batch import split_batches
-from store.store import AppendResult, Run
 
 log = logging.getLogger("lightgate.store.remote")
 

@@ -4,6 +4,7 @@ Public API (docs/architecture.md): `Store`, `StoreConfig`, `AppendResult`, `Mqtt
 `MqttProperties`, and the errors. Lock-free readers for other processes: `store.segment_reader`.
 """
 
+from store.append_result import AppendResult
 from store.config import (
     StoreConfig,
     StoreError,
@@ -13,7 +14,7 @@ from store.config import (
 from store.log import OffsetOutOfRangeError
 from store.mapping import MqttMessage, MqttProperties, TopicMappingError
 from store.record_batch import InvalidRecordError
-from store.store import AppendResult, Store
+from store.store import Store
 
 __all__ = [
     "AppendResult",

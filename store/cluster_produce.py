@@ -23,12 +23,12 @@ from typing import Any
 
 from aiokafka.producer.message_accumulator import BatchBuilder
 
+from store.append_result import AppendResult, Run
 from store.config import StoreError, UnknownTopicOrPartitionError
 from store.latency import LatencyHistogram
 from store.mapping import MqttMessage, log_topic_for, partition_for_key
 from store.mqtt_batches import build_mqtt_batches
 from store.record_batch import _OFFSETS, ATTRIBUTES_OFFSET, CRC_OFFSET, batch_crc, split_batches
-from store.store import AppendResult, Run
 
 log = logging.getLogger("lightgate.store.kafka_log")
 

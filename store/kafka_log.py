@@ -52,9 +52,10 @@ from store.cluster_read import (
 from store.cluster_times import ClusterTimes
 from store.cluster_txns import ClusterTxns
 from store.config import StoreError, UnknownTopicOrPartitionError
+from store.data_dir_lock import release_data_dir_lock, take_data_dir_lock
 from store.latency import LatencyHistogram
 from store.log import OffsetOutOfRangeError
-from store.store import Store, release_data_dir_lock, take_data_dir_lock
+from store.store import Store
 
 log = logging.getLogger("lightgate.store.kafka_log")
 

@@ -12,7 +12,6 @@ coroutines. Other processes read the segments with `store.segment_reader` withou
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import functools
 import json
 import logging
@@ -24,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from store.append_result import AppendResult, Run
 from store.commit import GroupCommit
 from store.config import (
     MAX_PARTITIONS,
@@ -33,6 +33,7 @@ from store.config import (
     TopicConfig,
     UnknownTopicOrPartitionError,
 )
+from store.data_dir_lock import release_data_dir_lock, take_data_dir_lock
 from store.latency import LatencyHistogram
 from store.log import (
     RECOVERY_POINT_FILE,
@@ -59,91 +60,6 @@ log = logging.getLogger("lightgate.store")
 CLEAN_SHUTDOWN = "clean-shutdown"
 TOPICS_FILE = "topics.json"
 TXN_BITS = TRANSACTIONAL_MASK | CONTROL_MASK
-
-
-Run = tuple[str, int, int, Sequence[int], int]  # topic, partition, base offset, indexes, bytes
-
-
-def take_data_dir_lock(data_dir: Path) -> int:
-    """Take DATA/LOCK (fcntl, non-blocking) for this process, write our pid in it; returns the fd.
-    Raises StoreLockedError naming the holder's pid. Both logs (local, cluster) take it."""
-    path = data_dir / "LOCK"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-        os.close(fd)
-        raise StoreLockedError(
-            f"data dir {data_dir} is locked by another process (pid {holder}); "
-            "is another `lightgate serve` or `rebuild-queues` running on it?"
-        ) from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return fd
-
-
-def release_data_dir_lock(fd: int) -> None:
-    fcntl.flock(fd, fcntl.LOCK_UN)
-    os.close(fd)
-
-
-class AppendResult:
-    """What an append returns: where its records went, and when they are durable.
-
-    `runs` has one entry per batch written: (log topic, partition, base offset, the indexes of
-    the input messages in offset order, batch bytes), so nobody pays for a tuple per message
-    who does not need one; `offsets` (log topic, partition, offset) per message or record is
-    derived from it on first use. In-process both are known at once and `staged` is None;
-    through `mqtt_proxy.remote_store.RemoteStore` they arrive with the core's reply (`runs` is None until
-    `staged` resolves), and both futures fail if the core refused the append.
-    """
-
-    __slots__ = ("runs", "count", "durable", "staged", "_offsets", "_then")
-
-    def __init__(
-        self,
-        runs: list[Run] | None,
-        count: int,
-        durable: asyncio.Future[None],
-        staged: asyncio.Future[None] | None = None,
-    ) -> None:
-        self.runs = runs
-        self.count = count  # messages (append_mqtt) or records (append_batch)
-        self.durable = durable  # resolves when durable under the topic's fsync policy
-        self.staged = staged
-        self._offsets: list[tuple[str, int, int]] | None = None
-        self._then: list[Callable[[], None]] | None = None
-
-    def when_staged(self, cb: Callable[[], None]) -> None:
-        """Run `cb` once the offsets are known: now in-process, else the moment the core's reply
-        is read (before anything read after it); never if the append was refused."""
-        if self.runs is not None:
-            cb()
-        elif self._then is None:
-            self._then = [cb]
-        else:
-            self._then.append(cb)
-
-    def set_staged(self, runs: list[Run], count: int) -> None:
-        """The reply arrived (RemoteStore): record the runs, run the when_staged callbacks."""
-        self.runs = runs
-        self.count = count
-        then, self._then = self._then, None
-        for cb in then or ():
-            cb()
-        if self.staged is not None and not self.staged.done():
-            self.staged.set_result(None)
-
-    @property
-    def offsets(self) -> list[tuple[str, int, int]] | None:
-        if self._offsets is None and self.runs is not None:
-            out: list[Any] = [None] * self.count
-            for topic, part, base, idxs, _n in self.runs:
-                for k, i in enumerate(idxs):
-                    out[i] = (topic, part, base + k)
-            self._offsets = out
-        return self._offsets
 
 
 class Store(TopicAdmin, TransactionalReads):
