@@ -14,7 +14,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaConnectionError, TopicAuthorizationFailedError
 
 from store.auth import PasswordFile, Security
-from store.kafka.server import _Connection
+from store.kafka.connection import KafkaConnection
 from tests.kafka_helpers import Gateway, running_gateway
 
 pytestmark = pytest.mark.timeout(60)
@@ -86,7 +86,7 @@ async def tls_gateway(tmp_path: Path, pki: Path) -> AsyncIterator[tuple[Gateway,
     ctx.verify_mode = ssl.CERT_OPTIONAL
     async with running_gateway(tmp_path / "data", security=security) as g:
         server = await asyncio.get_running_loop().create_server(
-            lambda: _Connection(g.server), "127.0.0.1", 0, ssl=ctx
+            lambda: KafkaConnection(g.server), "127.0.0.1", 0, ssl=ctx
         )
         port = server.sockets[0].getsockname()[1]
         g.server.broker.port = port  # Metadata sends the client back to this listener

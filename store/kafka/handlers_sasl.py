@@ -3,7 +3,7 @@
 They are not in the broker's handler table: authentication is state of one connection, so the
 connection (server.py) runs them against its session, in request order like every other request.
 A mechanism's step may hash a password (PLAIN: PBKDF2), so it runs in a worker thread while the
-connection holds back whatever the client sent after it (see `server._Connection`).
+connection holds back whatever the client sent after it (see `connection.KafkaConnection`).
 """
 
 from __future__ import annotations
