@@ -32,7 +32,7 @@ from kio.static.primitive import Records
 
 from store.kafka import protocol as p
 from store.kafka.broker import ConnInfo
-from store.kafka.handlers_log import stage_produce
+from store.kafka.handlers_produce import stage_produce
 
 SCALE = max(1, int(os.environ.get("LIGHTGATE_FUZZ_SCALE", "1")))
 st.register_type_strategy(Records, st.builds(fi.record_batch, st.randoms(use_true_random=False)))

@@ -2,9 +2,10 @@
 
 One `Broker` serves one `Store`. It owns the group coordinator (with its timer), committed offsets,
 idempotent-producer state, and the waiters of long-polling fetches, woken by the store's append
-listener. Handlers live in `handlers_log.py` (data plane) and `handlers_group.py` (groups); each is
-`async def handler(broker, request, conn) -> kio response | None` and does all its log appends
-before its first `await`, so appends happen in request order on a connection.
+listener. Handlers live in `handlers_log.py` and `handlers_produce.py` (data plane) and
+`handlers_group.py` (groups); each is `async def handler(broker, request, conn) -> kio response |
+None` and does all its log appends before its first `await`, so appends happen in request order
+on a connection.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from store.latency import LatencyHistogram
 from store.mapping import is_valid_log_topic
 
-from . import handlers_admin, handlers_group, handlers_log, handlers_txn
+from . import handlers_admin, handlers_group, handlers_log, handlers_produce, handlers_txn
 from .config import KafkaConfig
 from .groups import Delivery, GroupCoordinator
 from .handlers_sasl import SecurityView
@@ -52,7 +53,7 @@ class ConnInfo:
 Handler = Callable[["Broker", Request, ConnInfo], Awaitable[Any]]
 
 HANDLERS: dict[int, Handler] = {
-    0: handlers_log.produce,
+    0: handlers_produce.produce,
     1: handlers_log.fetch,
     2: handlers_log.list_offsets,
     3: handlers_log.metadata,

@@ -14,7 +14,7 @@ from collections import deque
 from typing import TYPE_CHECKING, cast
 
 from .broker import ConnInfo
-from .handlers_log import StagedProduce, stage_produce
+from .handlers_produce import StagedProduce, stage_produce
 from .handlers_sasl import authenticate_response, handshake_response, new_session, raw_token
 from .protocol import (
     CloseConnection,
