@@ -30,7 +30,7 @@ from collections.abc import Callable
 from time import time as _time
 from typing import TYPE_CHECKING, Any
 
-from mqtt_proxy.backend import LocalBackend, RemoteBackend
+from mqtt_proxy.backend import LocalBackend
 from mqtt_proxy.badclients import BadClientLog
 from mqtt_proxy.codec import EMPTY_PROPERTIES, Properties
 from mqtt_proxy.delivery import Delivery
@@ -39,6 +39,7 @@ from mqtt_proxy.inbound import Inbound
 from mqtt_proxy.keepalive import KeepaliveWheel
 from mqtt_proxy.limits import ConnectionRate
 from mqtt_proxy.ports import LogPort, NotifierPort, QueuesPort
+from mqtt_proxy.remote_backend import RemoteBackend
 from mqtt_proxy.remote_queues import RemoteLightQueues
 from mqtt_proxy.remote_store import RemoteStore
 from mqtt_proxy.sessions import SessionManager
