@@ -131,7 +131,7 @@ def qos0_run(dict cache, Py_ssize_t start, Py_ssize_t end, int64_t now_ms, bint 
         r = c.retain and rap
         if simple and (not v5 or c.props is None) and type(c.payload) is bytes:
             d = c.data0
-            if d is not None and not v5 and not r:
+            if type(d) is bytes and not v5 and not r:
                 parts.append(d)
                 total += PyBytes_GET_SIZE(d)
             else:
@@ -141,6 +141,8 @@ def qos0_run(dict cache, Py_ssize_t start, Py_ssize_t end, int64_t now_ms, bint 
                 parts.append(c)
         else:
             d = o.qos0(r, v5, sub_ids, now_ms)
+            if type(d) is not bytes:  # the copy loop below tells packets from messages by type
+                d = bytes(d)
             parts.append(d)
             total += PyBytes_GET_SIZE(d)
         n += 1

@@ -148,9 +148,7 @@ def fill_cache_py(
         if m is None or (m.topic.startswith(internal) and not m.topic.startswith(probe)):
             cache[seq] = None
         else:
-            cache[seq] = cls(
-                m.topic, m.payload, m.qos, m.retain, m.client_id, m.properties, m.timestamp_ms
-            )
+            cache[seq] = cls.from_stored(m)
         seq += 1
 
 
