@@ -36,7 +36,7 @@ from mqtt_proxy.codec import (
 )
 from mqtt_proxy.codec.reason_codes import v3_connack_code
 from mqtt_proxy.limits import TokenBucket
-from mqtt_proxy.outbound import ack
+from mqtt_proxy.outbound import acks
 from mqtt_proxy.topic_aliases import OutAliases
 
 if TYPE_CHECKING:
@@ -357,21 +357,25 @@ class MqttConnection(asyncio.Protocol):
 
     def ack_durable(self, pid: int, ptype: int) -> None:
         """The store made a QoS 1/2 publish durable: PUBACK (4) or PUBREC (5) it now."""
-        data = self.ack_bytes(pid, ptype)
+        data = self.acks_bytes([pid], ptype)
         if data:
             self.write(data)
 
-    def ack_bytes(self, pid: int, ptype: int) -> bytes:
-        """The PUBACK/PUBREC for a durable publish, for the caller to write (Inbound joins every
-        ack of one fsync per connection into one write); b"" once closed."""
+    def acks_bytes(self, pids: list[int], ptype: int) -> bytes:
+        """The PUBACKs/PUBRECs for durable publishes, joined for one write (Inbound gathers a
+        connection's acks of one fsync); b"" once closed."""
         session = self.session
         if ptype == 5 and session is not None:
-            session.qos2_pending.discard(pid)
+            for pid in pids:
+                session.qos2_pending.discard(pid)
         if self.closed or self.codec.state is State.DISCONNECTED:
             return b""
         if self.v5:
-            return self.codec.send(Puback(pid) if ptype == 4 else Pubrec(pid))
-        return ack(ptype, pid)
+            send = self.codec.send
+            if ptype == 4:
+                return b"".join([send(Puback(pid)) for pid in pids])
+            return b"".join([send(Pubrec(pid)) for pid in pids])
+        return acks(ptype, pids)
 
     # -- closing -------------------------------------------------------------------------------
     def close_with(self, reason: int, send_disconnect: bool = True) -> None:

@@ -364,3 +364,15 @@ def test_delivery_encoders_agree(topic: str, payload: bytes, retain: bool, versi
             == q1
             == encode(Publish(topic, payload, 1, False, False, pid), 4)
         )
+
+
+@given(st.sampled_from([4, 5]), st.lists(pid, min_size=1, max_size=300))
+def test_joined_v3_acks_parse_back(ptype: int, pids: list[int]) -> None:
+    """The acks of one fsync, packed at once for a 3.1.1 connection, are the codec's PUBACKs /
+    PUBRECs for those ids, in order."""
+    from mqtt_proxy.outbound import ack, acks
+
+    data = acks(ptype, pids)
+    assert data == b"".join(ack(ptype, p) for p in pids)
+    kind = Puback if ptype == 4 else Pubrec
+    assert Parser(version=4).feed(data) == [kind(p) for p in pids]
