@@ -22,6 +22,7 @@ entry key costs ~2 bytes on disk; the measured total is in bench/RESULTS.md ("st
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterable
 
 P_ENTRY = b"q"
 P_META = b"m"
@@ -117,6 +118,27 @@ def decode_entry(v: bytes) -> tuple[int, int, int] | None:
     else:
         part, pos = _get_uvarint(v, pos)
     return tid, part, int.from_bytes(v[pos:], "big")
+
+
+def read_entries_py(
+    it: Iterable[tuple[bytes, bytes]], first: int, end: int, names: list[str]
+) -> list[tuple[str, int, int] | None]:
+    """A light queue's entries [first, end) from a LevelDB iterator of (key, value): the
+    (log topic, partition, offset) tuple per sequence, None for a void entry, a retired topic
+    id ("" in `names`) or a sequence the iterator skipped (entries are dense; stay aligned).
+    The pure twin of `store._speedups.read_entries`."""
+    out: list[tuple[str, int, int] | None] = []
+    expect = first
+    for k, v in it:
+        seq = entry_key_seq(k)
+        while expect < seq:
+            out.append(None)
+            expect += 1
+        expect += 1
+        d = decode_entry(v)
+        out.append(None if d is None or not names[d[0]] else (names[d[0]], d[1], d[2]))
+    out += [None] * (end - expect)
+    return out
 
 
 def _get_uvarint(buf: bytes, pos: int) -> tuple[int, int]:

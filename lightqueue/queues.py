@@ -36,18 +36,18 @@ from lightqueue.keys import (
     KIND_FILTER,
     KIND_REPLAY,
     P_FILTER,
-    decode_entry,
     entry_key,
-    entry_key_seq,
+    read_entries_py,
 )
 from lightqueue.maintenance import QueueMaintenance
-from lightqueue.model import Entry, Position, ReadResult, StoredMessage
+from lightqueue.model import Position, ReadResult, StoredMessage
 from lightqueue.rebuild import recover_dirs
 from lightqueue.resolver import Resolver
 from lightqueue.retained import RetainedStore
 from lightqueue.sessions import SessionStore
 from lightqueue.topic_trie import FilterError, FilterTrie, is_wildcard, validate_filter
 from store.backend import LogBackend
+from store.speedups import load
 
 if TYPE_CHECKING:
     pass
@@ -55,6 +55,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("lightgate.lightqueue")
 
 REPLAY_PREFIX = "$replay/"
+
+_c = load("store._speedups")
+_read_entries = read_entries_py if _c is None else _c.read_entries
 
 
 @dataclass(slots=True)
@@ -373,30 +376,18 @@ class LightQueues(QueueMaintenance):
         end = min(nxt, first + max_n)
         if first >= end:
             return ReadResult([], start, nxt, first)
-        names = self.qdb.topic_names
-        entries: list[Entry | None] = []
-        expect = first
         it = self.qdb.db.iterator(start=entry_key(q.qid, first), stop=entry_key(q.qid, end))
-        for k, v in it:
-            seq = entry_key_seq(k)
-            while expect < seq:  # never expected: entries are dense; stay aligned anyway
-                entries.append(None)
-                expect += 1
-            d = decode_entry(v)
-            # A retired topic id ("": its log topic was deleted) reads as void.
-            entries.append(None if d is None or not names[d[0]] else Entry(names[d[0]], d[1], d[2]))
-            expect += 1
-        entries += [None] * (end - expect)
+        entries = _read_entries(it, first, end, self.qdb.topic_names)
         # Leading entries that are dead (void, or retention deleted the record): the queue
         # effectively starts after them; the maintenance task will persist that.
         skip = 0
         starts: dict[tuple[str, int], int] = {}
         for ent in entries:
             if ent is not None:
-                ls = starts.get((ent.topic, ent.partition))
+                ls = starts.get((ent[0], ent[1]))
                 if ls is None:
-                    ls = starts[(ent.topic, ent.partition)] = self._log_start(*ent[:2])
-                if ent.offset >= ls:
+                    ls = starts[(ent[0], ent[1])] = self._log_start(ent[0], ent[1])
+                if ent[2] >= ls:
                     break
             skip += 1
         if skip:

@@ -215,11 +215,18 @@ class Delivery:
             return None
         qs.loading = 1
         done = lambda res, msgs: self._loaded(qs, from_seq, res, msgs)  # noqa: E731
-        for first, entries in reversed(qs.pushed):
-            if first <= from_seq < first + len(entries):
-                i = from_seq - first
-                self._reader.load_entries(qs.name, from_seq, entries[i : i + self._batch], done)
-                break
+        pushed = qs.pushed
+        # A reader behind every pushed run (a slow QoS 1 reader far back) reads the queue; one
+        # near the head finds its run from the newest end. (Scanning all ~1000 runs per load was
+        # 2 % of a QoS 1 fan-in.)
+        if pushed and from_seq >= pushed[0][0]:
+            for first, entries in reversed(pushed):
+                if first <= from_seq < first + len(entries):
+                    i = from_seq - first
+                    self._reader.load_entries(qs.name, from_seq, entries[i : i + self._batch], done)
+                    break
+            else:
+                self._reader.load(qs.name, from_seq, self._batch, done)
         else:
             self._reader.load(qs.name, from_seq, self._batch, done)
         if not qs.loading:

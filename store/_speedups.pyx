@@ -13,6 +13,8 @@ a pure-Python twin with the same signature and results, and the tests run both:
   disconnect is partitioned by client id);
 * `decode_records` - `lightqueue.resolver._decode_records_py`: the records of one uncompressed
   batch, the two headers of a plain MQTT PUBLISH read in place;
+* `read_entries` - `lightqueue.keys.read_entries_py`: a light queue's entries from a LevelDB
+  iterator (the reader of a subscriber behind its pushed entries);
 * `untrack` - no twin (Python cannot untrack an object; the collector just does more work).
 """
 
@@ -446,3 +448,65 @@ def untrack(list objs):
     for o in objs:
         if PyObject_GC_IsTracked(o):
             PyObject_GC_UnTrack(<void*>o)
+
+
+cdef inline uint64_t _uvget(const uint8_t* b, Py_ssize_t* pos, Py_ssize_t end) except? 0xFFFFFFFFFFFFFFFF:
+    """An unsigned LEB128 varint (the light-queue keys' topic id and partition)."""
+    cdef uint64_t v = 0
+    cdef int shift = 0
+    cdef uint8_t x
+    while True:
+        if pos[0] >= end or shift > 63:
+            raise IndexError("truncated or overlong varint")
+        x = b[pos[0]]
+        pos[0] += 1
+        v |= <uint64_t>(x & 0x7F) << shift
+        if not (x & 0x80):
+            return v
+        shift += 7
+
+
+def read_entries(object it, int64_t first, int64_t end, list names):
+    """A light queue's entries [first, end) from a LevelDB iterator of (key, value): the
+    (log topic, partition, offset) tuple per sequence, None for a void entry, a retired topic
+    id ("" in `names`) or a sequence the iterator skipped (entries are dense; stay aligned)."""
+    cdef list out = []
+    cdef int64_t expect = first, seq
+    cdef Py_ssize_t n, pos, i
+    cdef const uint8_t* kb
+    cdef const uint8_t* vb
+    cdef uint64_t tid, part, off
+    cdef bytes k, v
+    cdef object name
+    for k, v in it:
+        kb = <const uint8_t*>PyBytes_AS_STRING(k)
+        if PyBytes_GET_SIZE(k) < 13:
+            raise ValueError("not an entry key")
+        seq = 0
+        for i in range(5, 13):
+            seq = (seq << 8) | kb[i]
+        while expect < seq:
+            out.append(None)
+            expect += 1
+        expect += 1
+        n = PyBytes_GET_SIZE(v)
+        if n == 0:
+            out.append(None)
+            continue
+        vb = <const uint8_t*>PyBytes_AS_STRING(v)
+        pos = 0
+        tid = _uvget(vb, &pos, n)
+        part = _uvget(vb, &pos, n)
+        if n - pos > 8:
+            off = int.from_bytes(v[pos:], "big")
+        else:
+            off = 0
+            while pos < n:
+                off = (off << 8) | vb[pos]
+                pos += 1
+        name = names[tid]
+        out.append((name, part, off) if name else None)
+    while expect < end:
+        out.append(None)
+        expect += 1
+    return out

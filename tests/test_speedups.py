@@ -56,6 +56,9 @@ def test_extensions_built_and_in_use() -> None:
     import lightqueue.resolver as resolver
 
     assert resolver._decode_records is sp.decode_records
+    import lightqueue.queues as queues
+
+    assert queues._read_entries is sp.read_entries
     assert sp.__file__.endswith(".so") and cp.__file__.endswith(".so")
     import mqtt_proxy.cohorts as cohorts
     import mqtt_proxy.queue_cache as queue_cache
@@ -69,12 +72,12 @@ def test_env_var_forces_pure_python() -> None:
     code = (
         "import store.speedups as s, store.mqtt_batches as b, lightqueue.dispatcher as d, "
         "mqtt_proxy.codec.parser as p; "
-        "import store.mapping as m, lightqueue.resolver as r; "
+        "import store.mapping as m, lightqueue.resolver as r, lightqueue.queues as lq; "
         "import mqtt_proxy.cohorts as c, mqtt_proxy.queue_cache as q; "
         "print(s.status(), b._build_records, d._index_batch is d._index_batch_py, p._cwalk, "
         "m.murmur2 is m.murmur2_py, r._decode_records is r._decode_records_py, "
         "c.qos0_run is c.qos0_run_py, q.fill_cache is q.fill_cache_py, "
-        "q.CachedMsg.__base__ is q._CachedFields)"
+        "q.CachedMsg.__base__ is q._CachedFields, lq._read_entries is lq.read_entries_py)"
     )
     env = {**os.environ, "LIGHTGATE_NO_EXTENSIONS": "1", "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
@@ -82,7 +85,7 @@ def test_env_var_forces_pure_python() -> None:
     assert out.stdout.split() == [
         "{'store._speedups':", "False,", "'mqtt_proxy.codec._cparser':", "False,",
         "'mqtt_proxy._cdelivery':", "False}",
-        "None", "True", "None", "True", "True", "True", "True", "True",
+        "None", "True", "None", "True", "True", "True", "True", "True", "True",
     ]  # fmt: skip
 
 
@@ -127,6 +130,44 @@ def test_decode_records_same_tuples(records: list[Any], base: int, lat: int, pad
             and hs[1][0] == "mqtt.client_id" and hs[1][1] is not None
         )  # fmt: skip
         assert (r[4] >= 0) == plain and (r[6] is None) == plain
+
+
+_entry = st.one_of(
+    st.none(),  # a void entry
+    st.tuples(st.integers(0, 2**20), st.integers(0, 2**31 - 1), st.integers(0, 2**63 - 1)),
+)
+
+
+@SETTINGS
+@given(
+    st.lists(st.tuples(st.integers(0, 3), _entry), max_size=40),
+    st.integers(0, 2**40),
+    st.integers(0, 3),
+)
+def test_read_entries_same_as_twin(gaps_entries: list[Any], first: int, tail: int) -> None:
+    """A light queue's entries read back from LevelDB's (key, value) pairs, compiled and pure:
+    the same tuples, None for void entries, retired topic ids and skipped sequences."""
+    sp, _ = compiled()
+    from lightqueue.keys import entry_key, read_entries_py, uvarint
+
+    names = ["", "t0", "t1"]  # topic id 0 is retired
+    pairs, want, seq = [], [], first
+    for gap, e in gaps_entries:
+        want += [None] * gap
+        seq += gap
+        if e is None:
+            pairs.append((entry_key(7, seq), b""))
+            want.append(None)
+        else:
+            tid = e[0] % 3
+            value = uvarint(tid) + uvarint(e[1]) + offset_bytes(e[2])
+            pairs.append((entry_key(7, seq), value))
+            want.append((names[tid], e[1], e[2]) if tid else None)
+        seq += 1
+    want += [None] * tail
+    end = seq + tail
+    got = sp.read_entries(iter(pairs), first, end, names)
+    assert got == read_entries_py(iter(pairs), first, end, names) == want
 
 
 @SETTINGS
