@@ -164,7 +164,9 @@ class MqttConnection(asyncio.Protocol):
             # Only publishers are held back: a subscriber's PUBACKs are what frees delivery.
             self.server.inbound.throttle(self)
 
-    def _handle(self, packets: list[Packet], _Publish: type[Publish] = Publish) -> bool:
+    def _handle(
+        self, packets: list[Packet], _Publish: type[Publish] = Publish, _Puback: type = Puback
+    ) -> bool:
         """Act on `packets` in order; True if one was a PUBLISH."""
         rate = self.rate
         if rate is None and not self.closed and all(type(p) is _Publish for p in packets):
@@ -172,6 +174,11 @@ class MqttConnection(asyncio.Protocol):
             if packets:
                 handlers.handle_publishes(self, packets)  # type: ignore[arg-type]  # all Publish
                 return True
+            return False
+        if packets and type(packets[0]) is _Puback and all(type(p) is _Puback for p in packets):
+            # A chunk of PUBACKs only (a QoS 1 subscriber): one call, one delivery mark.
+            if not self.closed:
+                handlers.handle_pubacks(self, packets)  # type: ignore[arg-type]  # all Puback
             return False
         on_publish = handlers.handle_publish
         dispatch = handlers.DISPATCH

@@ -386,6 +386,7 @@ class Delivery:
         nbytes = 0
         more = False
         observe = self.deliver_latency.observe_ms
+        ts = ts_n = 0
         for _ in range(PUMP_BATCHES):
             if not conn.writable:
                 break
@@ -440,13 +441,20 @@ class Delivery:
                     session.dirty = True
                 out.append(data)
                 nbytes += len(data)
-                observe(now_ms - m.ts_ms)
+                if m.ts_ms == ts:  # one observation per run of equal receive times
+                    ts_n += 1
+                else:
+                    if ts_n:
+                        observe(now_ms - ts, ts_n)
+                    ts, ts_n = m.ts_ms, 1
                 seq += 1
             sub.pos = seq
             if blocked:
                 break
         else:
             more = True
+        if ts_n:
+            observe(now_ms - ts, ts_n)
         if out:
             conn.write_delivery(b"".join(out), len(out), nbytes)
         return more

@@ -133,6 +133,25 @@ def _on_puback(conn: MqttConnection, p: Puback) -> None:
     _outbound_done(conn, p.packet_id, 1)
 
 
+def handle_pubacks(conn: MqttConnection, packets: list[Puback]) -> None:
+    """A read chunk of PUBACKs only (a QoS 1 subscriber's answers to one write): each credits
+    its subscription, and the session's queues are marked for delivery once, not per ack."""
+    session = conn.session
+    assert session is not None
+    inflight = session.inflight
+    delivery = conn.server.delivery
+    acked = False
+    for p in packets:
+        inf = inflight.get(p[0])
+        if inf is None or inf.qos != 1:
+            continue
+        del inflight[p[0]]
+        delivery.acked(session, inf)
+        acked = True
+    if acked:
+        delivery.mark_session(session)
+
+
 def _on_pubcomp(conn: MqttConnection, p: Pubcomp) -> None:
     _outbound_done(conn, p.packet_id, 2)
 
