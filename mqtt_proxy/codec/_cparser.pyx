@@ -9,7 +9,13 @@ stays the reference: the codec tests run against both (tests/conftest.py, `codec
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 
 
+from cpython.ref cimport Py_INCREF
+from cpython.tuple cimport PyTuple_SET_ITEM
+
+
 cdef extern from "Python.h":
+    ctypedef struct PyTypeObject:
+        object (*tp_alloc)(PyTypeObject*, Py_ssize_t)
     void PyObject_GC_UnTrack(void* op)
 
 from ._decode import DECODERS, REQUIRED_FLAGS
@@ -18,7 +24,6 @@ from .packets import Publish
 from .parser import _TOPICS_LAX, _TOPICS_STRICT, _topic
 from .properties import EMPTY_PROPERTIES, decode_properties
 
-cdef object _tnew = tuple.__new__
 cdef object _Publish = Publish
 cdef object _EMPTY = EMPTY_PROPERTIES
 cdef dict _decoders = DECODERS
@@ -26,6 +31,27 @@ cdef object _flags_for = REQUIRED_FLAGS
 cdef dict _strict_cache = _TOPICS_STRICT
 cdef dict _lax_cache = _TOPICS_LAX
 cdef object _T = True
+
+
+cdef inline object _set(object t, Py_ssize_t i, object v):
+    Py_INCREF(v)  # PyTuple_SET_ITEM steals a reference
+    PyTuple_SET_ITEM(t, i, v)
+
+
+cdef object _publish(object topic, object payload, unsigned int qos, object retain, object dup,
+                     unsigned int pid, object props):
+    """A `Publish` (a tuple subclass) allocated and filled in place: what tuple.__new__(Publish,
+    (...)) makes, without the argument tuple, the call and the copy."""
+    cdef PyTypeObject* tp = <PyTypeObject*>_Publish
+    cdef object t = tp.tp_alloc(tp, 7)
+    _set(t, 0, topic)
+    _set(t, 1, payload)
+    _set(t, 2, qos)
+    _set(t, 3, retain)
+    _set(t, 4, dup)
+    _set(t, 5, pid)
+    _set(t, 6, props)
+    return t
 cdef object _F = False
 
 
@@ -112,10 +138,8 @@ def walk(object parser, bytes buf, list out):
                     raise _E("empty topic name without topic alias", 0x82)
             else:
                 props = _EMPTY
-            pkt = _tnew(
-                _Publish,
-                (topic, buf[p:end], qos, _T if b0 & 1 else _F, _T if b0 & 8 else _F, pid, props),
-            )
+            pkt = _publish(topic, buf[p:end], qos, _T if b0 & 1 else _F, _T if b0 & 8 else _F,
+                           pid, props)
             # Strings, bytes, ints and the properties: never in a reference cycle, so the
             # cyclic GC need not scan it (one per message: most of what its young
             # collections walked in fan-in; CPython untracks such tuples itself, but only
