@@ -38,6 +38,7 @@ from mqtt_proxy.connect_handler import handle_connect
 from mqtt_proxy.ports import Acquired
 from mqtt_proxy.subscriptions import FilterError, FilterSpec, parse_filter
 from store.mapping import MqttMessage, untrack_messages
+from store.speedups import load
 
 if TYPE_CHECKING:
     from mqtt_proxy.connection import MqttConnection
@@ -106,27 +107,42 @@ def handle_publishes(conn: MqttConnection, packets: list[Publish]) -> None:
     inbound = server.inbound
     cid = conn.client_id
     now_ms = int(_time() * 1000)  # read together: received together
-    msgs: list[MqttMessage] = []
-    acks: list[int] = []  # packet id per message, 0 for QoS 0
-    EMPTY = EMPTY_PROPERTIES
-    for p in packets:
-        topic, payload, qos, retain, _dup, pid, props = p
-        if qos == 2 or retain or props is not EMPTY or topic[0] == "$":
-            if msgs:
-                untrack_messages(msgs)
-                server.counters["messages_received"] += len(msgs)
-                inbound.add_many(msgs, conn, acks)
-                msgs, acks = [], []
+    n = len(packets)
+    i = 0
+    while i < n:
+        msgs, pids, i = _publish_messages(packets, i, cid, now_ms, EMPTY_PROPERTIES, MqttMessage)
+        if msgs:
+            untrack_messages(msgs)
+            server.counters["messages_received"] += len(msgs)
+            inbound.add_many(msgs, conn, pids)
+        if i < n:  # QoS 2, retained, properties or `$`: the general path, in its place
             if conn.closed:
                 return
-            handle_publish(conn, p)
-            continue
-        msgs.append(MqttMessage(topic, payload, qos, cid, retain, None, now_ms))
-        acks.append(pid)
-    if msgs:
-        untrack_messages(msgs)
-        server.counters["messages_received"] += len(msgs)
-        inbound.add_many(msgs, conn, acks)
+            handle_publish(conn, packets[i])
+            i += 1
+
+
+def publish_messages_py(
+    packets: list[Publish], i: int, cid: str, now_ms: int, empty: Any, cls: type[MqttMessage]
+) -> tuple[list[MqttMessage], list[int], int]:
+    """From `packets[i]` on, the plain PUBLISHes (QoS 0/1, not retained, no properties, topic
+    not `$...`) as messages, until the first other one: (messages, packet ids, its index or
+    len(packets)). The pure twin of `mqtt_proxy._cdelivery.publish_messages`."""
+    msgs: list[MqttMessage] = []
+    pids: list[int] = []
+    n = len(packets)
+    while i < n:
+        topic, payload, qos, retain, _dup, pid, props = packets[i]
+        if props is not empty or qos == 2 or retain or not topic or topic[0] == "$":
+            break
+        msgs.append(cls(topic, payload, qos, cid, False, None, now_ms))
+        pids.append(pid)
+        i += 1
+    return msgs, pids, i
+
+
+_cd = load("mqtt_proxy._cdelivery")
+_publish_messages = publish_messages_py if _cd is None else _cd.publish_messages
 
 
 def _on_puback(conn: MqttConnection, p: Puback) -> None:

@@ -18,7 +18,7 @@ import lightqueue.dispatcher as dispatcher
 import store.mqtt_batches as mqtt_batches
 from lightqueue.db import Queue
 from lightqueue.keys import entry_value_prefix, offset_bytes
-from mqtt_proxy.codec import Parser, RemoteProtocolError
+from mqtt_proxy.codec import EMPTY_PROPERTIES, Parser, Properties, Publish, RemoteProtocolError
 from store.mapping import MqttMessage, MqttProperties, headers_for
 from store.record_batch import build_batch, check_batch, check_records
 
@@ -65,6 +65,9 @@ def test_extensions_built_and_in_use() -> None:
 
     cd = compiled_delivery()
     assert cohorts.qos0_run is cd.qos0_run and queue_cache.fill_cache is cd.fill_cache
+    import mqtt_proxy.handlers as handlers
+
+    assert handlers._publish_messages is cd.publish_messages
     assert issubclass(queue_cache.CachedMsg, cd.CachedBase)
 
 
@@ -73,11 +76,12 @@ def test_env_var_forces_pure_python() -> None:
         "import store.speedups as s, store.mqtt_batches as b, lightqueue.dispatcher as d, "
         "mqtt_proxy.codec.parser as p; "
         "import store.mapping as m, lightqueue.resolver as r, lightqueue.queues as lq; "
-        "import mqtt_proxy.cohorts as c, mqtt_proxy.queue_cache as q; "
+        "import mqtt_proxy.cohorts as c, mqtt_proxy.queue_cache as q, mqtt_proxy.handlers as h; "
         "print(s.status(), b._build_records, d._index_batch is d._index_batch_py, p._cwalk, "
         "m.murmur2 is m.murmur2_py, r._decode_records is r._decode_records_py, "
         "c.qos0_run is c.qos0_run_py, q.fill_cache is q.fill_cache_py, "
-        "q.CachedMsg.__base__ is q._CachedFields, lq._read_entries is lq.read_entries_py)"
+        "q.CachedMsg.__base__ is q._CachedFields, lq._read_entries is lq.read_entries_py, "
+        "h._publish_messages is h.publish_messages_py)"
     )
     env = {**os.environ, "LIGHTGATE_NO_EXTENSIONS": "1", "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
@@ -85,7 +89,7 @@ def test_env_var_forces_pure_python() -> None:
     assert out.stdout.split() == [
         "{'store._speedups':", "False,", "'mqtt_proxy.codec._cparser':", "False,",
         "'mqtt_proxy._cdelivery':", "False}",
-        "None", "True", "None", "True", "True", "True", "True", "True", "True",
+        "None", "True", "None", "True", "True", "True", "True", "True", "True", "True",
     ]  # fmt: skip
 
 
@@ -463,3 +467,44 @@ def test_delivery_cache_and_qos0_run_same_as_twins(
     if n:  # whole packets, as the codec reads them
         got = Parser(version=5 if v5 else 4).feed(data)
         assert len(got) == n
+
+
+# As the parser makes them (tuple.__new__, no checks: packet id 0 at QoS 0).
+_publish = st.builds(
+    lambda topic, payload, qos, retain, pid, props: tuple.__new__(
+        Publish, (topic, payload, qos, retain, False, pid if qos else 0, props)
+    ),
+    st.sampled_from(["a", "a/b", "$SYS/x", "sensors/é/t", "x" * 300]),
+    st.binary(max_size=100),
+    st.integers(0, 2),
+    st.booleans(),
+    st.integers(1, 65535),
+    st.sampled_from([EMPTY_PROPERTIES, Properties(content_type="t")]),
+)
+
+
+@SETTINGS
+@given(st.lists(_publish, max_size=30), st.integers(0, 30), st.integers(0, 2**41))
+def test_publish_messages_same_as_twin(packets: list[Any], i: int, now_ms: int) -> None:
+    """The compiled chunk-to-messages loop stops where its twin stops (QoS 2, retained,
+    properties, `$`) and builds equal messages with the same packet ids, left untracked by the
+    cyclic GC and usable as the dataclass (hash, replace)."""
+    import dataclasses
+    import gc
+
+    cd = compiled_delivery()
+    from mqtt_proxy.handlers import publish_messages_py
+
+    i = min(i, len(packets))
+    want = publish_messages_py(packets, i, "dev-1", now_ms, EMPTY_PROPERTIES, MqttMessage)
+    got = cd.publish_messages(packets, i, "dev-1", now_ms, EMPTY_PROPERTIES, MqttMessage)
+    assert got == want
+    stop = want[2]
+    assert stop == len(packets) or (
+        packets[stop].qos == 2 or packets[stop].retain
+        or packets[stop].properties is not EMPTY_PROPERTIES or packets[stop].topic[0] == "$"
+    )  # fmt: skip
+    assert want[1] == [p.packet_id for p in packets[i:stop]]
+    for m, w in zip(got[0], want[0], strict=True):
+        assert type(m) is MqttMessage and not gc.is_tracked(m)
+        assert hash(m) == hash(w) and dataclasses.replace(m, qos=0) == dataclasses.replace(w, qos=0)
