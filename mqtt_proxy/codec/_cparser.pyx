@@ -20,11 +20,12 @@ cdef extern from "Python.h":
 
 from ._decode import DECODERS, REQUIRED_FLAGS
 from .errors import RemoteProtocolError as _E
-from .packets import Publish
+from .packets import Puback, Publish
 from .parser import _TOPICS_LAX, _TOPICS_STRICT, _topic
 from .properties import EMPTY_PROPERTIES, decode_properties
 
 cdef object _Publish = Publish
+cdef object _Puback = Puback
 cdef object _EMPTY = EMPTY_PROPERTIES
 cdef dict _decoders = DECODERS
 cdef object _flags_for = REQUIRED_FLAGS
@@ -36,6 +37,17 @@ cdef object _T = True
 cdef inline object _set(object t, Py_ssize_t i, object v):
     Py_INCREF(v)  # PyTuple_SET_ITEM steals a reference
     PyTuple_SET_ITEM(t, i, v)
+
+
+cdef object _puback(unsigned int pid):
+    """Puback(pid) as `_ack_decoder` makes it: (pid, reason 0, no properties)."""
+    cdef PyTypeObject* tp = <PyTypeObject*>_Puback
+    cdef object t = tp.tp_alloc(tp, 3)
+    _set(t, 0, pid)
+    _set(t, 1, 0)
+    _set(t, 2, _EMPTY)
+    PyObject_GC_UnTrack(<void*>t)  # ints and the shared empty properties: no cycle
+    return t
 
 
 cdef object _publish(object topic, object payload, unsigned int qos, object retain, object dup,
@@ -158,6 +170,10 @@ def walk(object parser, bytes buf, list out):
                 pkt = decode(b0, buf, s, end, 0, strict)
                 version = parser.version = pkt.protocol_level
                 ver = <int>version
+            elif t == 4 and end - s == 2 and (b[s] or b[s + 1]):
+                # The plain PUBACK (no reason code, nonzero id) of a QoS 1 subscriber: what
+                # the decoder makes of it, allocated in place.
+                pkt = _puback((b[s] << 8) | b[s + 1])
             else:
                 pkt = decode(b0, buf, s, end, ver, strict)
             out.append(pkt)

@@ -36,7 +36,7 @@ from typing import Any
 
 from .encoder import _ENCODERS, encode
 from .errors import LocalProtocolError, ProtocolError, RemoteProtocolError
-from .packets import Connack, Disconnect, Packet, Publish
+from .packets import Connack, Disconnect, Packet, Puback, Publish
 from .parser import DEFAULT_MAX_PACKET_SIZE, Parser
 from .reason_codes import ALLOWED, v3_connack_code
 
@@ -178,7 +178,9 @@ class Connection:
             raise
         return self._receive_all(packets)
 
-    def _receive_all(self, packets: list[Any], _Publish: Any = Publish) -> list[Packet]:
+    def _receive_all(
+        self, packets: list[Any], _Publish: Any = Publish, _Puback: Any = Puback
+    ) -> list[Packet]:
         v5 = self.version == 5
         if not v5 and self.state is CONNECTED:
             # A v3 chunk of PUBLISHes only (fan-in) needs no state or bookkeeping: as it is.
@@ -200,6 +202,12 @@ class Connection:
                     or (self.state is CONNECTING and self.their_role is CLIENT)
                 ):
                     append(self._receive_publish(p) if v5 else p)
+                    continue
+                if type(p) is _Puback and self.state is CONNECTED:
+                    # PUBACK is legal in CONNECTED from either side and keeps the state: what
+                    # `_receive` does for it, without the table (a QoS 1 subscriber's acks).
+                    self._out_flight.discard(p[0])
+                    append(p)
                     continue
                 append(self._receive(p))
                 if self.state is DISCONNECTED and i + 1 < n:
