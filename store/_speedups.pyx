@@ -63,7 +63,8 @@ cdef inline uint8_t* _vput(uint8_t* p, int64_t value) noexcept:
     return p + 1
 
 
-cdef inline int64_t _vget(const uint8_t* b, Py_ssize_t* pos, Py_ssize_t end) except? -1:
+cdef inline uint64_t _uvget(const uint8_t* b, Py_ssize_t* pos, Py_ssize_t end) except? 0xFFFFFFFFFFFFFFFF:
+    """An unsigned LEB128 varint (a light-queue entry's topic id and partition)."""
     cdef uint64_t v = 0
     cdef int shift = 0
     cdef uint8_t x
@@ -74,8 +75,13 @@ cdef inline int64_t _vget(const uint8_t* b, Py_ssize_t* pos, Py_ssize_t end) exc
         pos[0] += 1
         v |= <uint64_t>(x & 0x7F) << shift
         if not (x & 0x80):
-            break
+            return v
         shift += 7
+
+
+cdef inline int64_t _vget(const uint8_t* b, Py_ssize_t* pos, Py_ssize_t end) except? -1:
+    """A zigzag varint (Kafka's record fields)."""
+    cdef uint64_t v = _uvget(b, pos, end)
     return <int64_t>(v >> 1) ^ -(<int64_t>(v & 1))
 
 
@@ -448,22 +454,6 @@ def untrack(list objs):
     for o in objs:
         if PyObject_GC_IsTracked(o):
             PyObject_GC_UnTrack(<void*>o)
-
-
-cdef inline uint64_t _uvget(const uint8_t* b, Py_ssize_t* pos, Py_ssize_t end) except? 0xFFFFFFFFFFFFFFFF:
-    """An unsigned LEB128 varint (the light-queue keys' topic id and partition)."""
-    cdef uint64_t v = 0
-    cdef int shift = 0
-    cdef uint8_t x
-    while True:
-        if pos[0] >= end or shift > 63:
-            raise IndexError("truncated or overlong varint")
-        x = b[pos[0]]
-        pos[0] += 1
-        v |= <uint64_t>(x & 0x7F) << shift
-        if not (x & 0x80):
-            return v
-        shift += 7
 
 
 def read_entries(object it, int64_t first, int64_t end, list names):
