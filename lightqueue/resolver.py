@@ -68,28 +68,29 @@ class Resolver:
     def resolve(self, entries: Sequence[Position | None]) -> list[StoredMessage | None]:
         """One message per entry (None: void entry, or its record is gone from the log)."""
         groups: dict[tuple[str, int], list[int]] = {}
+        tp: tuple[str, int] | None = None  # the partition of the run being grouped
+        g: list[int] = []
         for e in entries:
             if e is not None:
-                g = groups.get((e[0], e[1]))
-                if g is None:
-                    groups[(e[0], e[1])] = [e[2]]
-                else:
-                    g.append(e[2])
+                if tp is None or e[0] != tp[0] or e[1] != tp[1]:
+                    tp = (e[0], e[1])  # a new partition, usually once per read
+                    g = groups.setdefault(tp, [])
+                g.append(e[2])
         for (t, p), offs in groups.items():
             self._fetch(t, p, sorted(set(offs)))
         cache = self._cache
+        get = cache.get
         out: list[StoredMessage | None] = []
         for e in entries:
             if e is None:
                 out.append(None)
                 continue
-            k = (e[0], e[1], e[2])
-            v = cache.get(k)
+            v = get(e)  # an entry is its own key: (log topic, partition, offset)
             if v is None:
                 out.append(None)
                 continue
             if type(v) is tuple:
-                v = cache[k] = self._message(e[0], e[1], v)
+                v = cache[e] = self._message(e[0], e[1], v)
             out.append(v)
         for _ in range(max(0, len(cache) - self._max)):  # evict only once the answer is built
             cache.popitem(last=False)
