@@ -175,12 +175,17 @@ class Delivery:
         return qs
 
     def on_event(self, queue: str, last_seq: int) -> None:
+        """Notify says `queue` reached `last_seq`. Only news marks it: in one process a round's
+        entries were already pushed and pumped (`on_round`) before its event arrives, and the
+        event's pump found nothing, one more pass of the loop per round (per message at low
+        rates). Readers held for other reasons are woken by their own cause (ack, writable,
+        load answer, lease)."""
         qs = self.queues.get(queue)
         if qs is None:
             return
         if last_seq > qs.last_seq:
             qs.last_seq = last_seq
-        self.mark(qs)
+            self.mark(qs)
 
     def mark(self, qs: QueueState) -> None:
         self._dirty.add(qs)
