@@ -42,6 +42,8 @@ from store.speedups import load
 
 if TYPE_CHECKING:
     from mqtt_proxy.connection import MqttConnection
+    from mqtt_proxy.delivery import Delivery
+    from mqtt_proxy.session import Session
 
 log = logging.getLogger("lightgate.mqtt")
 
@@ -154,16 +156,10 @@ def handle_pubacks(conn: MqttConnection, packets: list[Puback]) -> None:
     its subscription, and the session's queues are marked for delivery once, not per ack."""
     session = conn.session
     assert session is not None
-    inflight = session.inflight
     delivery = conn.server.delivery
     acked = False
     for p in packets:
-        inf = inflight.get(p[0])
-        if inf is None or inf.qos != 1:
-            continue
-        del inflight[p[0]]
-        delivery.acked(session, inf)
-        acked = True
+        acked |= _credit(session, delivery, p[0], 1)
     if acked:
         delivery.mark_session(session)
 
@@ -175,13 +171,20 @@ def _on_pubcomp(conn: MqttConnection, p: Pubcomp) -> None:
 def _outbound_done(conn: MqttConnection, pid: int, qos: int) -> None:
     session = conn.session
     assert session is not None
+    delivery = conn.server.delivery
+    if _credit(session, delivery, pid, qos):
+        delivery.mark_session(session)
+
+
+def _credit(session: Session, delivery: Delivery, pid: int, qos: int) -> bool:
+    """The outbound QoS `qos` message `pid` completed (PUBACK, or PUBCOMP after PUBREL): out of
+    flight, its subscription credited. False: no such message in flight at that stage."""
     inf = session.inflight.get(pid)
     if inf is None or inf.qos != qos or (qos == 2 and not inf.released):
-        return
+        return False
     del session.inflight[pid]
-    delivery = conn.server.delivery
     delivery.acked(session, inf)
-    delivery.mark_session(session)
+    return True
 
 
 def _on_pubrec(conn: MqttConnection, p: Pubrec) -> None:
