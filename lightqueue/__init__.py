@@ -5,7 +5,7 @@ Derived data: every queue entry points at a record in the commitlog (the source 
 their own prefixes and are state, not derived. See docs/light-queues.md.
 """
 
-from lightqueue.model import Entry, ReadResult, StoredMessage
+from lightqueue.model import Position, ReadResult, StoredMessage
 from lightqueue.queues import Acquired, LightQueueConfig, LightQueues, replay_queue_name
 from lightqueue.rebuild import RebuildProgress, RebuildStats, rebuild_queues
 from lightqueue.retained import RetainedStore
@@ -20,11 +20,11 @@ from lightqueue.topic_trie import (
 
 __all__ = [
     "Acquired",
-    "Entry",
     "FilterError",
     "FilterTrie",
     "LightQueueConfig",
     "LightQueues",
+    "Position",
     "ReadResult",
     "RebuildProgress",
     "RebuildStats",

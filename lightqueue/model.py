@@ -8,16 +8,8 @@ from typing import Any, NamedTuple, TypeAlias
 
 from store.mapping import MqttProperties
 
-
-class Entry(NamedTuple):
-    """Where one queued message lives in the commitlog."""
-
-    topic: str  # log topic
-    partition: int
-    offset: int
-
-
-# (log topic, partition, offset): an `Entry`, or a plain tuple as the dispatcher pushes entries.
+# Where one queued message lives in the commitlog: (log topic, partition, offset), a plain tuple
+# wherever it comes from (a queue read, the dispatcher's push, the core link).
 Position: TypeAlias = tuple[str, int, int]
 
 

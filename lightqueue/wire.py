@@ -61,7 +61,7 @@ _VOID = 0xFFFF
 
 # -- entries and messages ------------------------------------------------------------------------
 def encode_entries(out: list[bytes], entries: Sequence[Position | None]) -> None:
-    """Append `topics | entries` for `entries` (Entry-like tuples or None)."""
+    """Append `topics | entries` for `entries` (Position tuples or None)."""
     index: dict[str, int] = {}
     packed = []
     pack = _ENTRY.pack
@@ -92,7 +92,7 @@ def decode_entries(body: bytes, pos: int) -> tuple[list[Position | None], int]:
     end = pos + n * _ENTRY.size
     if end > len(body):
         raise WireError("truncated entries")
-    # Plain tuples: they compare and hash as Entry does, at half the cost to build.
+    # Plain tuples, as a local read makes them.
     out: list[Position | None] = [
         None if t == _VOID else (names[t], p, o) for t, p, o in _ENTRY.iter_unpack(body[pos:end])
     ]
