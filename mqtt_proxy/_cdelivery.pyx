@@ -213,7 +213,6 @@ from cpython.ref cimport Py_INCREF
 _FIELDS = ("topic", "payload", "qos", "client_id", "retain", "properties", "timestamp_ms")
 cdef Py_ssize_t _off[7]
 cdef object _slots_of = None  # the class whose slot offsets _off holds
-cdef object _T = True
 cdef object _F = False
 
 
@@ -222,14 +221,14 @@ cdef bint _learn_slots(type cls) except -1:
     nothing run at __init__ but the assignments); False: construct by calling `cls`."""
     global _slots_of
     import dataclasses
+    import types
     if not dataclasses.is_dataclass(cls) or hasattr(cls, "__post_init__"):
         return False
     if tuple(f.name for f in dataclasses.fields(cls)) != _FIELDS:
         return False
-    member = type(cls.__dict__["topic"])
     for i, name in enumerate(_FIELDS):
         d = cls.__dict__.get(name)
-        if type(d) is not member or type(d).__name__ != "member_descriptor":
+        if type(d) is not types.MemberDescriptorType:  # a slot of this very class
             return False
         _off[i] = (<PyMemberDescrObject*>d).d_member.offset
     _slots_of = cls

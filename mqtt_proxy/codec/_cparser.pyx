@@ -7,8 +7,6 @@ stays the reference: the codec tests run against both (tests/conftest.py, `codec
 """
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
-
-
 from cpython.ref cimport Py_INCREF
 from cpython.tuple cimport PyTuple_SET_ITEM
 
@@ -32,6 +30,7 @@ cdef object _flags_for = REQUIRED_FLAGS
 cdef dict _strict_cache = _TOPICS_STRICT
 cdef dict _lax_cache = _TOPICS_LAX
 cdef object _T = True
+cdef object _F = False
 
 
 cdef inline object _set(object t, Py_ssize_t i, object v):
@@ -64,7 +63,6 @@ cdef object _publish(object topic, object payload, unsigned int qos, object reta
     _set(t, 5, pid)
     _set(t, 6, props)
     return t
-cdef object _F = False
 
 
 def walk(object parser, bytes buf, list out):
