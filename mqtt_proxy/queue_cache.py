@@ -97,7 +97,12 @@ class CachedMsg(_Base):
             if v5:
                 expiry = None
                 if self.expire_at_ms is not None:
-                    expiry = max(0, (self.expire_at_ms - now_ms + 999) // 1000)
+                    # What is left of it, never more than it had (a record stamped ahead of
+                    # this clock, e.g. a Kafka producer's timestamp, must not get a longer
+                    # lifetime, nor one past the property's u32 range).
+                    left = max(0, (self.expire_at_ms - now_ms + 999) // 1000)
+                    lifetime = None if self.props is None else self.props.message_expiry
+                    expiry = left if lifetime is None else min(left, lifetime)
                 props = delivery_properties(self.props, expiry, sub_ids)
             tpl = PublishTemplate.build(
                 self.topic, self.payload, qos, retain, props, 5 if v5 else 4

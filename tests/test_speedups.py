@@ -415,6 +415,10 @@ _cached = st.one_of(
 
 
 @SETTINGS
+@example(  # found by this test: a message stamped after `now` kept its whole expiry, and more
+    [MqttMessage("a", b"", 0, "", False, MqttProperties(message_expiry=3_195_455_668), 2**40)],
+    0, True, (), False, 1, False,
+)  # fmt: skip
 @given(
     st.lists(_cached, max_size=30),
     st.integers(0, 2**41),
