@@ -23,7 +23,7 @@ import lightqueue.dispatcher as dispatcher  # noqa: E402
 import mqtt_proxy.codec.parser as parser  # noqa: E402
 import store.mqtt_batches as mqtt_batches  # noqa: E402
 from lightqueue.db import Queue  # noqa: E402
-from lightqueue.keys import entry_value_prefix, offset_bytes  # noqa: E402
+from lightqueue.keys import entry_head  # noqa: E402
 from mqtt_proxy.codec import Parser, encode_publish  # noqa: E402
 from store.mapping import MqttMessage  # noqa: E402
 from store.speedups import load  # noqa: E402
@@ -69,11 +69,13 @@ def main() -> None:
     data = bytes(mqtt_batches._build_records_py(msgs, idxs, 0, keys, 0, {}, 1 << 30)[0])
     filt = Queue("bench/fanin/#", 1, 1, 0, 0)
     qs = {k: Queue(k.decode(), 2 + i, 0, 0, 0) for i, k in enumerate(sorted(set(keys)))}
-    vpfx, cut = entry_value_prefix(3, 0), 8 - len(offset_bytes(n))
+    ehead = entry_head(3, 0)
 
     def index(fn: Any) -> None:
-        fn(data, 0, len(data), 0, 0, 1 << 40, 0, 1 << 30, {}, lambda k: (qs[k], filt), vpfx, cut,
-           {}.__setitem__, 1, [], None, "t", 0)  # fmt: skip
+        for q in (filt, *qs.values()):
+            del q.buf[:]  # (the dispatcher writes and clears them at the end of a round)
+        fn(data, 0, len(data), 0, 0, 1 << 40, 0, 1 << 30, {}, lambda k: (qs[k], filt), ehead,
+           1, [], None, "t", 0)  # fmt: skip
 
     rows = [
         ("parse (Parser.feed, 64 KiB chunks)", lambda: parse(None), lambda: parse(cp.walk)),

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from lightqueue import codec
 from lightqueue.dispatcher import aborted_check, is_system_topic, mqtt_topic_of
 from lightqueue.index_batch import records_of
-from lightqueue.keys import P_FILTER, entry_value_prefix, offset_bytes, pack_u64
+from lightqueue.keys import P_FILTER, entry_head, pack_u64, put_blocks
 from lightqueue.topic_trie import topic_matches
 from store import OffsetOutOfRangeError
 from store.backend import FetchPending, LogBackend
@@ -143,6 +143,7 @@ class Backfill:
         ]
         if live:
             self.rec["state"] = "live"
+        put_blocks(q, wb)
         wb.put(P_FILTER + q.name.encode("utf-8"), codec.encode(self.rec))
         wb.put(q.mkey, q.meta())
         wb.write()
@@ -160,7 +161,7 @@ class Backfill:
         q = self.q
         filt = self.rec["filter"]
         tid = self.lq.qdb.topic_id(t, wb)
-        vpfx = entry_value_prefix(tid, p)
+        ehead = entry_head(tid, p)
         match = self._match
         if len(match) > 100_000:
             match.clear()
@@ -189,7 +190,7 @@ class Backfill:
                     if m is None:
                         m = match[(t, key)] = topic_matches(filt, mqtt_topic_of(t, key))
                     if m:
-                        wb.put(q.kpfx + pack_u64(q.next), vpfx + offset_bytes(off))
+                        q.buf += ehead + pack_u64(off)
                         q.next += 1
                     n += 1
             c = min(last + 1, end)

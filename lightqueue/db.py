@@ -29,15 +29,19 @@ from lightqueue.keys import (
     KIND_EXACT,
     LAYOUT_VERSION,
     P_CHECKPOINT,
+    P_ENTRY,
     P_FILTER,
     P_META,
     P_TOPIC,
+    VOID_ENTRY,
+    block_count,
     checkpoint_key,
     decode_meta,
     encode_meta,
     entry_key_seq,
     entry_prefix,
     meta_key,
+    pack_entry,
     pack_u32,
     parse_checkpoint_key,
     unpack_u32,
@@ -54,7 +58,7 @@ class Queue:
 
     __slots__ = (
         "name", "qid", "kind", "start", "next", "kpfx", "mkey", "touched", "refs",
-        "released_at", "filter", "gate", "live", "watchers", "watch",
+        "released_at", "filter", "gate", "live", "watchers", "watch", "buf",
     )  # fmt: skip
 
     def __init__(self, name: str, qid: int, kind: int, start: int, nxt: int) -> None:
@@ -73,6 +77,7 @@ class Queue:
         self.live = kind == KIND_EXACT  # filter queues: in the trie (not backfilling)
         self.watchers = 0  # readers that want new entries pushed (LightQueues.watch)
         self.watch: list[tuple[str, int, int]] | None = None  # entries of this round, if watched
+        self.buf = bytearray()  # this round's entries (keys.put_blocks writes them as blocks)
 
     def meta(self) -> bytes:
         return encode_meta(self.qid, self.kind, self.start, self.next)
@@ -98,6 +103,8 @@ class QueueDB:
         layout = self.db.get(G_LAYOUT)
         if layout is None:
             self.db.put(G_LAYOUT, pack_u32(LAYOUT_VERSION), sync=True)
+        elif unpack_u32(layout)[0] == 1:
+            self._from_layout_1()
         elif unpack_u32(layout)[0] != LAYOUT_VERSION:
             raise RuntimeError(f"light-queue DB layout {unpack_u32(layout)[0]} is not supported")
         self.queues: dict[str, Queue] = {}
@@ -128,10 +135,9 @@ class QueueDB:
             # The `m` record's next is a floor: dispatch rounds do not rewrite it (one put less
             # per grown queue per round); the last entry, written atomically with the
             # checkpoint, says where the queue really ends.
-            last = next(db.iterator(prefix=entry_prefix(qid), reverse=True, include_value=False),
-                        None)  # fmt: skip
+            last = next(db.iterator(prefix=entry_prefix(qid), reverse=True), None)
             if last is not None:
-                nxt = max(nxt, entry_key_seq(last) + 1)
+                nxt = max(nxt, entry_key_seq(last[0]) + block_count(last[1]))
             q = Queue(k[1:].decode("utf-8"), qid, kind, start, nxt)
             self.queues[q.name] = q
             self.by_qid[qid] = q
@@ -147,6 +153,32 @@ class QueueDB:
                 continue
             fq.filter = rec["filter"]
             self.filters[name] = rec
+
+    def _from_layout_1(self) -> None:
+        """Layout 1 kept one key per entry (uvarint topic id, uvarint partition, big-endian
+        offset; b"" void): rewrite each as a one-entry block, keys unchanged."""
+        n = 0
+        wb = self.db.write_batch(sync=True)
+        for k, v in self.db.iterator(prefix=P_ENTRY):
+            if not v:
+                wb.put(k, VOID_ENTRY)
+            else:
+                vals, pos = [], 0
+                for _ in range(2):
+                    x = shift = 0
+                    while True:
+                        b = v[pos]
+                        pos += 1
+                        x |= (b & 0x7F) << shift
+                        shift += 7
+                        if b < 0x80:
+                            break
+                    vals.append(x)
+                wb.put(k, pack_entry(vals[0], vals[1], int.from_bytes(v[pos:], "big")))
+            n += 1
+        wb.put(G_LAYOUT, pack_u32(LAYOUT_VERSION))
+        wb.write()
+        log.info("light-queue DB: %d entries converted to layout %d", n, LAYOUT_VERSION)
 
     def forget_topic(self, topic: str, wb: Any) -> None:
         """A deleted log topic: retire its id (entries naming it read as void from now on, and a

@@ -41,9 +41,7 @@ def _index_batch_py(
     budget: int,
     tcache: dict[bytes | None, tuple[Queue, ...]],
     targets_for: Callable[[bytes | None], tuple[Queue, ...]],
-    vpfx: bytes,
-    cut: int,
-    put: Callable[[bytes, bytes], None],
+    ehead: bytes,
     stamp: int,
     grown: list[Queue],
     gate_key: tuple[int, int] | None,
@@ -52,7 +50,8 @@ def _index_batch_py(
     derive: Callable[[Any], None] | None = None,
 ) -> tuple[int, int]:
     """Index the records of the batch at `data[pos:pos+size]` that lie in [c, end): one entry
-    per target queue of the record's key. Returns (the offset where `budget` ran out, or -1;
+    per target queue of the record's key, `ehead` (topic id, partition) + the offset, appended to
+    the queue's round buffer (`Queue.buf`; the dispatcher writes it as a block). Returns (the offset where `budget` ran out, or -1;
     records indexed so far, `n` included). Decodes every record before indexing any (a batch
     that does not decode raises, untouched). Twin of `store._speedups.index_batch`, which has no
     `derive`: the records carrying MQTT's retain header are handed to it (log = "kafka")."""
@@ -80,11 +79,11 @@ def _index_batch_py(
         targets = tcache.get(key)
         if targets is None:
             targets = tcache[key] = targets_for(key)
-        val = vpfx + pack(off)[cut:]
+        val = ehead + pack(off)
         for q in targets:
             if gate_key is not None and q.gate is not None and off < q.gate.get(gate_key, 0):
                 continue
-            put(q.kpfx + pack(q.next), val)
+            q.buf += val
             w = q.watch
             if w is not None:
                 w.append((t, p, off))

@@ -1,9 +1,10 @@
 """Key layout of the light-queue LevelDB (`DATA/lightqueue`), one prefix byte per kind.
 
 Derived data (rebuilt from the commitlog by `rebuild_queues`, never trusted as truth):
-  q | qid u32 | seq u64            → entry: uvarint log-topic id, uvarint partition, offset as
-                                     minimal big-endian bytes (6 bytes for offsets < 2**32);
-                                     b"" marks a void entry (its record was lost, see dispatcher)
+  q | qid u32 | seq u64            → a block of entries from `seq` on, one per sequence, each
+                                     16 bytes: log-topic id u32, partition u32, offset u64 (big
+                                     endian); topic id 0xFFFFFFFF marks a void entry (its record
+                                     was lost, see dispatcher.repair). At most BLOCK_MAX entries.
   m | queue name (UTF-8)           → queue meta: format u8, qid u32, kind u8, start, next (uvarints)
   c | topic id u32 | partition u32 → dispatcher checkpoint: next offset to index (u64)
   t | log topic name               → log topic id (u32)
@@ -15,14 +16,17 @@ State (not derived; kept by `rebuild_queues`):
   r | topic, levels joined by NUL  → retained message (see retained.py)
 
 Fixed-width big-endian ids and sequences keep one queue's entries contiguous and in sequence
-order, so a read is one iterator seek. LevelDB shares key prefixes within a block, so the 13-byte
-entry key costs ~2 bytes on disk; the measured total is in bench/RESULTS.md ("storage").
+order, so a read is one iterator seek (back to the block holding the first sequence). A dispatch
+round writes one block per queue it grew rather than one key per entry: LevelDB's cost is per
+key (a memtable insert each, ~0.6 us), so fan-in's two entries per message cost two keys per
+round instead (layout 2; layout 1, one key per entry, is converted at open).
 """
 
 from __future__ import annotations
 
 import struct
 from collections.abc import Iterable
+from typing import Any
 
 P_ENTRY = b"q"
 P_META = b"m"
@@ -33,7 +37,7 @@ P_FILTER = b"f"
 P_SESSION = b"s"
 P_RETAINED = b"r"
 
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2
 G_LAYOUT = P_GLOBAL + b"layout"
 G_NEXT_QID = P_GLOBAL + b"next_qid"
 G_NEXT_TID = P_GLOBAL + b"next_tid"
@@ -46,6 +50,11 @@ KIND_DROPPED = 3  # tombstone of a dropped filter queue: keeps its sequence numb
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
 _U32U32 = struct.Struct(">II")
+_ENTRY = struct.Struct(">IIQ")
+ENTRY_SIZE = 16
+VOID_TID = 0xFFFFFFFF
+VOID_ENTRY = _ENTRY.pack(VOID_TID, 0, 0)
+BLOCK_MAX = 1024  # entries per block key (16 KiB values: LevelDB's block size)
 _META_HEAD = struct.Struct(">BIB")
 META_FORMAT = 1
 
@@ -92,51 +101,76 @@ def uvarint(v: int) -> bytes:
     return bytes(out)
 
 
-def entry_value_prefix(tid: int, partition: int) -> bytes:
-    """The shared head of every entry of one partition (the dispatcher appends the offset)."""
-    return uvarint(tid) + uvarint(partition)
+def entry_head(tid: int, partition: int) -> bytes:
+    """The first 8 bytes of every entry of one partition (the dispatcher appends the offset)."""
+    return _U32U32.pack(tid, partition)
 
 
-def offset_bytes(offset: int) -> bytes:
-    """Minimal big-endian bytes (offset 0 → one zero byte); the value's end delimits it."""
-    return offset.to_bytes((offset.bit_length() + 7) >> 3 or 1, "big")
+def pack_entry(tid: int, partition: int, offset: int) -> bytes:
+    return _ENTRY.pack(tid, partition, offset)
 
 
-def decode_entry(v: bytes) -> tuple[int, int, int] | None:
-    """(topic id, partition, offset), or None for a void entry."""
-    if not v:
-        return None
-    b = v[0]
-    if b < 0x80:
-        tid, pos = b, 1
+def block_count(v: bytes) -> int:
+    """Entries in a block value."""
+    return len(v) // ENTRY_SIZE
+
+
+def block_entries(v: bytes) -> list[tuple[int, int, int] | None]:
+    """(topic id, partition, offset) per entry of a block, None for a void entry."""
+    return [None if e[0] == VOID_TID else e for e in _ENTRY.iter_unpack(v)]
+
+
+def put_blocks(q: Any, wb: Any) -> None:
+    """Write the entries `q` gathered this round (`q.buf`, ending at `q.next`) as blocks."""
+    buf = q.buf
+    n = len(buf) // ENTRY_SIZE
+    if not n:
+        return
+    first = q.next - n
+    kp = q.kpfx
+    if n <= BLOCK_MAX:
+        wb.put(kp + _U64.pack(first), bytes(buf))
     else:
-        tid, pos = _get_uvarint(v, 0)
-    b = v[pos]
-    if b < 0x80:
-        part = b
-        pos += 1
-    else:
-        part, pos = _get_uvarint(v, pos)
-    return tid, part, int.from_bytes(v[pos:], "big")
+        step = BLOCK_MAX * ENTRY_SIZE
+        for i in range(0, len(buf), step):
+            wb.put(kp + _U64.pack(first + i // ENTRY_SIZE), bytes(buf[i : i + step]))
+    del buf[:]
+
+
+def block_start(db: Any, qid: int, seq: int) -> bytes:
+    """The key to start iterating `qid`'s blocks at for sequence `seq`: the block holding it
+    (the last key at or before `seq`), or `seq`'s own key when none is before it."""
+    k = entry_key(qid, seq)
+    prev = next(db.iterator(start=entry_prefix(qid), stop=k + b"\x00", reverse=True,
+                            include_value=False), None)  # fmt: skip
+    return k if prev is None else prev  # type: ignore[no-any-return]
 
 
 def read_entries_py(
     it: Iterable[tuple[bytes, bytes]], first: int, end: int, names: list[str]
 ) -> list[tuple[str, int, int] | None]:
-    """A light queue's entries [first, end) from a LevelDB iterator of (key, value): the
-    (log topic, partition, offset) tuple per sequence, None for a void entry, a retired topic
-    id ("" in `names`) or a sequence the iterator skipped (entries are dense; stay aligned).
-    The pure twin of `store._speedups.read_entries`."""
+    """A light queue's entries [first, end) from a LevelDB iterator of its blocks (starting at
+    the block that holds `first`, or after it): the (log topic, partition, offset) tuple per
+    sequence, None for a void entry, a retired topic id ("" in `names`) or a sequence no block
+    holds (entries are dense; stay aligned). The pure twin of `store._speedups.read_entries`."""
     out: list[tuple[str, int, int] | None] = []
     expect = first
     for k, v in it:
         seq = entry_key_seq(k)
-        while expect < seq:
-            out.append(None)
+        for i, e in enumerate(_ENTRY.iter_unpack(v)):
+            s = seq + i
+            if s < expect:
+                continue
+            if s >= end:
+                break
+            while expect < s:
+                out.append(None)
+                expect += 1
             expect += 1
-        expect += 1
-        d = decode_entry(v)
-        out.append(None if d is None or not names[d[0]] else (names[d[0]], d[1], d[2]))
+            ok = e[0] != VOID_TID and e[0] < len(names) and names[e[0]]
+            out.append((names[e[0]], e[1], e[2]) if ok else None)
+        if seq + len(v) // ENTRY_SIZE >= end:
+            break
     out += [None] * (end - expect)
     return out
 

@@ -15,7 +15,9 @@ from lightqueue.dispatcher import Dispatcher
 from lightqueue.keys import (
     KIND_DROPPED,
     P_FILTER,
-    decode_entry,
+    block_count,
+    block_entries,
+    block_start,
     entry_key,
     entry_key_seq,
     entry_prefix,
@@ -81,11 +83,20 @@ class QueueMaintenance:
             if q.kind == KIND_DROPPED or q.start >= q.next:
                 continue
             new = q.start
-            for k, v in db.iterator(start=entry_key(q.qid, q.start), stop=entry_key(q.qid, q.next)):
-                e = decode_entry(v)
-                if e is not None and e[2] >= starts.get((names[e[0]], e[1]), 0):
+            blocks = db.iterator(start=block_start(db, q.qid, q.start),
+                                 stop=entry_key(q.qid, q.next))  # fmt: skip
+            for k, v in blocks:
+                seq = entry_key_seq(k)
+                live = False
+                for i, e in enumerate(block_entries(v)):
+                    if seq + i < new:
+                        continue
+                    if e is not None and e[2] >= starts.get((names[e[0]], e[1]), 0):
+                        live = True
+                        break
+                    new = seq + i + 1
+                if live:
                     break
-                new = entry_key_seq(k) + 1
             if new != q.start:
                 q.start = new
                 wb.put(q.mkey, q.meta())
@@ -102,10 +113,11 @@ class QueueMaintenance:
         for qid, upto in list(self._purge.items()):
             wb = db.write_batch()
             n = 0
-            for k in db.iterator(start=entry_prefix(qid), stop=entry_key(qid, upto),
-                                 include_value=False):  # fmt: skip
+            for k, v in db.iterator(start=entry_prefix(qid), stop=entry_key(qid, upto)):
+                if entry_key_seq(k) + block_count(v) > upto:
+                    break  # holds the start: stays (readers begin at the start)
                 wb.delete(k)
-                n += 1
+                n += block_count(v)
                 if done + n >= budget:
                     break
             wb.write()
@@ -125,9 +137,12 @@ class QueueMaintenance:
             q = qs[self._scrub_pos % len(qs)]
             self._scrub_pos += 1
             if q.start > 0 and q.qid not in self._purge:
-                it = db.iterator(start=entry_prefix(q.qid), stop=entry_key(q.qid, q.start),
-                                 include_value=False)  # fmt: skip
-                if next(it, None) is not None:
+                it = db.iterator(start=entry_prefix(q.qid), stop=entry_key(q.qid, q.start))
+                oldest = next(it, None)
+                if (
+                    oldest is not None
+                    and entry_key_seq(oldest[0]) + block_count(oldest[1]) <= q.start
+                ):
                     self._purge[q.qid] = q.start
 
     def _drop(self, q: Queue) -> None:

@@ -36,6 +36,7 @@ from lightqueue.keys import (
     KIND_FILTER,
     KIND_REPLAY,
     P_FILTER,
+    block_start,
     entry_key,
     read_entries_py,
 )
@@ -376,7 +377,8 @@ class LightQueues(QueueMaintenance):
         end = min(nxt, first + max_n)
         if first >= end:
             return ReadResult([], start, nxt, first)
-        it = self.qdb.db.iterator(start=entry_key(q.qid, first), stop=entry_key(q.qid, end))
+        db = self.qdb.db
+        it = db.iterator(start=block_start(db, q.qid, first), stop=entry_key(q.qid, end))
         entries = _read_entries(it, first, end, self.qdb.topic_names)
         # Leading entries that are dead (void, or retention deleted the record): the queue
         # effectively starts after them; the maintenance task will persist that.

@@ -19,7 +19,12 @@ a pure-Python twin with the same signature and results, and the tests run both:
 """
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
-from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_FromStringAndSize
+from cpython.bytearray cimport (
+    PyByteArray_AS_STRING,
+    PyByteArray_FromStringAndSize,
+    PyByteArray_GET_SIZE,
+    PyByteArray_Resize,
+)
 from cpython.unicode cimport PyUnicode_AsUTF8String
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc, realloc
@@ -91,6 +96,14 @@ cdef inline uint8_t* _be(uint8_t* p, uint64_t v, int n) noexcept:
         p[i] = <uint8_t>(v & 0xFF)
         v >>= 8
     return p + n
+
+
+cdef inline uint32_t _be32(const uint8_t* p) noexcept:
+    return (<uint32_t>p[0] << 24) | (<uint32_t>p[1] << 16) | (<uint32_t>p[2] << 8) | p[3]
+
+
+cdef inline uint64_t _be64(const uint8_t* p) noexcept:
+    return (<uint64_t>_be32(p) << 32) | _be32(p + 4)
 
 
 # --- building -----------------------------------------------------------------------------------
@@ -244,20 +257,24 @@ cdef inline Py_ssize_t _record_end(const uint8_t* b, Py_ssize_t* q, Py_ssize_t b
 
 def index_batch(const uint8_t[::1] data, Py_ssize_t pos, Py_ssize_t size, int64_t base,
                 int64_t c, int64_t end, Py_ssize_t n, Py_ssize_t budget, dict tcache,
-                object targets_for, bytes vpfx, int cut, object put, int64_t stamp,
+                object targets_for, bytes ehead, int64_t stamp,
                 list grown, object gate_key, str t, int p):
-    """Index the records of the uncompressed batch at `data[pos:pos+size]` in [c, end).
+    """Index the records of the uncompressed batch at `data[pos:pos+size]` in [c, end): each
+    target queue's entry (`ehead` + the offset, 16 bytes) is appended to its `buf`.
 
     Returns (offset where the budget ran out or -1, records indexed so far). Raises ValueError
     for records that do not parse (the caller counts the batch as corrupt)."""
     cdef const uint8_t* b = &data[0]
     cdef Py_ssize_t bend = pos + size, q0 = pos + HEADER_SIZE, rec_end
     cdef int64_t count, off, klen, i, nh, h
-    cdef object key, targets, q, w, val, gate, ent
-    cdef Py_ssize_t vlen = PyBytes_GET_SIZE(vpfx), olen = 8 - cut
-    cdef uint64_t uoff, nxt
-    cdef bytes kp, kk
+    cdef object key, targets, q, w, gate, ent
+    cdef bytearray buf
+    cdef Py_ssize_t blen
     cdef uint8_t* vp
+    cdef uint8_t entry[16]
+    if PyBytes_GET_SIZE(ehead) != 8:
+        raise ValueError("entry head is 8 bytes")
+    memcpy(entry, PyBytes_AS_STRING(ehead), 8)
     if size < HEADER_SIZE or bend > data.shape[0]:
         raise ValueError("batch runs past the buffer")
     count = _batch_count(b, pos)
@@ -301,28 +318,23 @@ def index_batch(const uint8_t[::1] data, Py_ssize_t pos, Py_ssize_t size, int64_
         targets = tcache.get(key)
         if targets is None:
             targets = tcache[key] = targets_for(key)
-        val = PyBytes_FromStringAndSize(NULL, vlen + olen)
-        vp = <uint8_t*>PyBytes_AS_STRING(val)
-        memcpy(vp, PyBytes_AS_STRING(vpfx), vlen)
-        _be(vp + vlen, <uint64_t>off, <int>olen)
+        _be(entry + 8, <uint64_t>off, 8)
         for q in targets:
             if gate_key is not None:
                 gate = q.gate
                 if gate is not None and off < gate.get(gate_key, 0):
                     continue
-            kp = q.kpfx
-            nxt = q.next
-            kk = PyBytes_FromStringAndSize(NULL, PyBytes_GET_SIZE(kp) + 8)
-            memcpy(PyBytes_AS_STRING(kk), PyBytes_AS_STRING(kp), PyBytes_GET_SIZE(kp))
-            _be(<uint8_t*>PyBytes_AS_STRING(kk) + PyBytes_GET_SIZE(kp), nxt, 8)
-            put(kk, val)
+            buf = q.buf
+            blen = PyByteArray_GET_SIZE(buf)
+            PyByteArray_Resize(buf, blen + 16)
+            memcpy(PyByteArray_AS_STRING(buf) + blen, entry, 16)
             w = q.watch
             if w is not None:
                 # str and ints only, never in a cycle: no work for the cyclic GC (as above)
                 ent = (t, p, off)
                 PyObject_GC_UnTrack(<void*>ent)
                 w.append(ent)
-            q.next = nxt + 1
+            q.next += 1
             if q.touched != stamp:
                 q.touched = stamp
                 grown.append(q)
@@ -457,15 +469,17 @@ def untrack(list objs):
 
 
 def read_entries(object it, int64_t first, int64_t end, list names):
-    """A light queue's entries [first, end) from a LevelDB iterator of (key, value): the
-    (log topic, partition, offset) tuple per sequence, None for a void entry, a retired topic
-    id ("" in `names`) or a sequence the iterator skipped (entries are dense; stay aligned)."""
+    """A light queue's entries [first, end) from a LevelDB iterator of its blocks (starting at
+    the block that holds `first`, or after it): the (log topic, partition, offset) tuple per
+    sequence, None for a void entry, a retired topic id ("" in `names`) or a sequence no block
+    holds (entries are dense; stay aligned)."""
     cdef list out = []
-    cdef int64_t expect = first, seq
-    cdef Py_ssize_t n, pos, i
+    cdef int64_t expect = first, seq, s, cnt, i
     cdef const uint8_t* kb
     cdef const uint8_t* vb
-    cdef uint64_t tid, part, off
+    cdef uint32_t tid, part
+    cdef uint64_t off
+    cdef Py_ssize_t nnames = len(names), j
     cdef bytes k, v
     cdef object name
     for k, v in it:
@@ -473,29 +487,30 @@ def read_entries(object it, int64_t first, int64_t end, list names):
         if PyBytes_GET_SIZE(k) < 13:
             raise ValueError("not an entry key")
         seq = 0
-        for i in range(5, 13):
-            seq = (seq << 8) | kb[i]
-        while expect < seq:
-            out.append(None)
-            expect += 1
-        expect += 1
-        n = PyBytes_GET_SIZE(v)
-        if n == 0:
-            out.append(None)
-            continue
+        for j in range(5, 13):
+            seq = (seq << 8) | kb[j]
+        cnt = PyBytes_GET_SIZE(v) // 16
         vb = <const uint8_t*>PyBytes_AS_STRING(v)
-        pos = 0
-        tid = _uvget(vb, &pos, n)
-        part = _uvget(vb, &pos, n)
-        if n - pos > 8:
-            off = int.from_bytes(v[pos:], "big")
-        else:
-            off = 0
-            while pos < n:
-                off = (off << 8) | vb[pos]
-                pos += 1
-        name = names[tid]
-        out.append((name, part, off) if name else None)
+        i = expect - seq if expect > seq else 0
+        while i < cnt:
+            s = seq + i
+            if s >= end:
+                break
+            while expect < s:
+                out.append(None)
+                expect += 1
+            expect += 1
+            tid = _be32(vb + 16 * i)
+            part = _be32(vb + 16 * i + 4)
+            off = _be64(vb + 16 * i + 8)
+            i += 1
+            if tid >= nnames:
+                out.append(None)
+                continue
+            name = names[tid]
+            out.append((name, part, off) if name else None)
+        if seq + cnt >= end:
+            break
     while expect < end:
         out.append(None)
         expect += 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from lightqueue.keys import P_CHECKPOINT, P_ENTRY, P_META
+from lightqueue.keys import ENTRY_SIZE, P_CHECKPOINT, P_ENTRY, P_META, entry_key_seq
 from lightqueue.queues import LightQueueConfig, LightQueues
 from store import MqttMessage, Store, StoreConfig
 
@@ -41,5 +41,14 @@ def queue_dump(lq: LightQueues) -> dict[str, tuple[int, int, int, list[Any]]]:
 
 
 def raw_dump(db: Any) -> dict[bytes, bytes]:
-    """Every derived key (entries, metadata, checkpoints) byte for byte."""
-    return {k: v for k, v in db.iterator() if k[:1] in (P_ENTRY, P_META, P_CHECKPOINT)}
+    """Every derived record (entries, metadata, checkpoints) byte for byte; a block of entries
+    as one key per entry, so how rounds cut entries into blocks does not count."""
+    out = {}
+    for k, v in db.iterator():
+        if k[:1] == P_ENTRY:
+            seq = entry_key_seq(k)
+            for i in range(0, len(v), ENTRY_SIZE):
+                out[k[:5] + (seq + i // ENTRY_SIZE).to_bytes(8, "big")] = v[i : i + ENTRY_SIZE]
+        elif k[:1] in (P_META, P_CHECKPOINT):
+            out[k] = v
+    return out

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 import lightqueue.dispatcher as dispatcher
 import store.mqtt_batches as mqtt_batches
 from lightqueue.db import Queue
-from lightqueue.keys import entry_value_prefix, offset_bytes
+from lightqueue.keys import entry_head
 from mqtt_proxy.codec import EMPTY_PROPERTIES, Parser, Properties, Publish, RemoteProtocolError
 from store.mapping import MqttMessage, MqttProperties, headers_for
 from store.record_batch import build_batch, check_batch, check_records
@@ -147,31 +147,53 @@ _entry = st.one_of(
     st.lists(st.tuples(st.integers(0, 3), _entry), max_size=40),
     st.integers(0, 2**40),
     st.integers(0, 3),
+    st.lists(st.integers(0, 6), max_size=10),
+    st.integers(0, 10),
 )
-def test_read_entries_same_as_twin(gaps_entries: list[Any], first: int, tail: int) -> None:
-    """A light queue's entries read back from LevelDB's (key, value) pairs, compiled and pure:
-    the same tuples, None for void entries, retired topic ids and skipped sequences."""
+def test_read_entries_same_as_twin(
+    gaps_entries: list[Any], first: int, tail: int, cuts: list[int], back: int
+) -> None:
+    """A light queue's entries read back from LevelDB's (key, block) pairs, compiled and pure:
+    the same tuples, None for void entries, retired topic ids and sequences no block holds,
+    whichever way the entries were cut into blocks and wherever in a block the read starts."""
     sp, _ = compiled()
-    from lightqueue.keys import entry_key, read_entries_py, uvarint
+    from lightqueue.keys import VOID_TID, entry_key, pack_entry, read_entries_py
 
     names = ["", "t0", "t1"]  # topic id 0 is retired
-    pairs, want, seq = [], [], first
+    want: list[Any] = []
+    runs: list[list[bytes]] = [[]]  # consecutive sequences: one or more blocks each
+    run_first = [first]
+    seq = first
     for gap, e in gaps_entries:
-        want += [None] * gap
-        seq += gap
+        if gap:
+            want += [None] * gap
+            seq += gap
+            runs.append([])
+            run_first.append(seq)
         if e is None:
-            pairs.append((entry_key(7, seq), b""))
+            runs[-1].append(pack_entry(VOID_TID, 0, 0))
             want.append(None)
         else:
             tid = e[0] % 3
-            value = uvarint(tid) + uvarint(e[1]) + offset_bytes(e[2])
-            pairs.append((entry_key(7, seq), value))
+            runs[-1].append(pack_entry(tid, e[1], e[2]))
             want.append((names[tid], e[1], e[2]) if tid else None)
         seq += 1
+    pairs = []
+    cut_at = iter(cuts)
+    for f, ents in zip(run_first, runs, strict=True):
+        i = 0
+        while i < len(ents):
+            n = max(1, next(cut_at, len(ents)))
+            pairs.append((entry_key(7, f + i), b"".join(ents[i : i + n])))
+            i += n
     want += [None] * tail
     end = seq + tail
-    got = sp.read_entries(iter(pairs), first, end, names)
-    assert got == read_entries_py(iter(pairs), first, end, names) == want
+    # A read starts `back` entries into the data (the block holding its first sequence).
+    start = min(first + back, end)
+    want = want[start - first :]
+    pairs = [p for p in pairs if int.from_bytes(p[0][5:], "big") + len(p[1]) // 16 > start]
+    got = sp.read_entries(iter(pairs), start, end, names)
+    assert got == read_entries_py(iter(pairs), start, end, names) == want
 
 
 @SETTINGS
@@ -233,8 +255,6 @@ def _index_both(data: bytes, base: int, c: int, end: int, budget: int, gated: bo
         qs: dict[bytes | None, Queue] = {}
         if gated:
             filt.gate = {(3, 0): base + 2}
-        puts: list[tuple[bytes, bytes]] = []
-        puts_append = puts.append
         grown: list[Queue] = []
 
         def targets(
@@ -247,13 +267,12 @@ def _index_both(data: bytes, base: int, c: int, end: int, budget: int, gated: bo
         try:
             r: Any = fn(
                 data, 0, len(data), base, c, end, 0, budget, {}, targets,
-                entry_value_prefix(3, 0), 8 - len(offset_bytes(base + 1000)),
-                lambda k, v, a=puts_append: a((k, v)), 7, grown, (3, 0) if gated else None, "t", 0,
+                entry_head(3, 0), 7, grown, (3, 0) if gated else None, "t", 0,
             )  # fmt: skip
         except (ValueError, dispatcher.InvalidRecordError):
             r = "error"
-        watched = [(q.qid, q.watch) for q in qs.values()]
-        results.append((r, puts, [q.qid for q in grown], watched, filt.next))
+        watched = [(q.qid, q.watch, bytes(q.buf), q.next) for q in qs.values()]
+        results.append((r, [q.qid for q in grown], watched, bytes(filt.buf), filt.next))
     return results
 
 
@@ -381,9 +400,8 @@ def test_hot_objects_are_not_tracked_by_the_gc() -> None:
     q = Queue("f", 1, 1, 0, 0)
     q.watch = []
     data = bytes(build_batch([(1, b"k", b"v", [])] * 3, 40))
-    put: list[Any] = []
-    sp.index_batch(data, 0, len(data), 40, 0, 100, 0, 10, {}, lambda k: (q,), b"\x01\x00", 7,
-                   lambda k, v: put.append(k), 1, [], None, "t", 0)  # fmt: skip
+    sp.index_batch(data, 0, len(data), 40, 0, 100, 0, 10, {}, lambda k: (q,), entry_head(1, 0),
+                   1, [], None, "t", 0)  # fmt: skip
     assert q.watch == [("t", 0, 40), ("t", 0, 41), ("t", 0, 42)]
     assert not any(gc.is_tracked(e) for e in q.watch)
 

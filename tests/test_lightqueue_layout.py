@@ -1,0 +1,77 @@
+"""The light-queue DB's entry layout: blocks per round, and a layout-1 DB converted at open."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import plyvel
+from lightqueue_helpers import flushed, msg, open_all
+
+from lightqueue.db import QueueDB
+from lightqueue.keys import (
+    ENTRY_SIZE,
+    G_LAYOUT,
+    KIND_EXACT,
+    LAYOUT_VERSION,
+    P_ENTRY,
+    P_TOPIC,
+    encode_meta,
+    entry_key,
+    entry_key_seq,
+    entry_prefix,
+    meta_key,
+    pack_u32,
+    read_entries_py,
+)
+
+
+def test_layout_1_entries_convert_to_blocks(tmp_path: Path) -> None:
+    """A DB written by layout 1 (one key per entry: uvarint topic id, uvarint partition,
+    minimal big-endian offset; b"" void) opens with the same entries, as one-entry blocks."""
+    path = tmp_path / "lq"
+    db = plyvel.DB(str(path), create_if_missing=True)
+    db.put(G_LAYOUT, pack_u32(1))
+    db.put(P_TOPIC + b"a", pack_u32(0))
+    db.put(P_TOPIC + b"b", pack_u32(200))  # a two-byte uvarint id
+    db.put(meta_key("a/b"), encode_meta(3, KIND_EXACT, 0, 0))
+    db.put(entry_key(3, 0), b"\x00\x00\x07")  # a-0 @ 7
+    db.put(entry_key(3, 1), b"")  # void
+    db.put(entry_key(3, 2), b"\xc8\x01\x02" + (2**40 + 5).to_bytes(6, "big"))  # b-2 @ 2**40+5
+    db.put(entry_key(3, 3), b"\x00\x01\x00")  # a-1 @ 0
+    db.close()
+
+    qdb = QueueDB(path)
+    try:
+        assert qdb.db.get(G_LAYOUT) == pack_u32(LAYOUT_VERSION)
+        assert qdb.queues["a/b"].next == 4  # from the last entry, as before
+        names = qdb.topic_names
+        got = read_entries_py(qdb.db.iterator(prefix=entry_prefix(3)), 0, 5, names)
+        assert got == [("a", 0, 7), None, ("b", 2, 2**40 + 5), ("a", 1, 0), None]
+    finally:
+        qdb.close()
+    QueueDB(path).close()  # converted once: opens as the current layout
+
+
+async def test_a_round_writes_one_block_per_queue(tmp_path: Path) -> None:
+    """Fan-in's shape: a round of many messages on a few topics, one wildcard subscriber. Each
+    queue the round grew gets one key (not one per entry), and reads from any sequence,
+    including inside a block, return the entries in order."""
+    store, lq = await open_all(tmp_path)
+    await lq.start()
+    lq.acquire_filter("d/+")
+    store.append_mqtt([msg(f"d/{i % 3}", b"%d" % i) for i in range(300)])
+    await flushed(store)
+    lq.dispatcher.catch_up()
+    store.append_mqtt([msg(f"d/{i % 3}", b"%d" % i) for i in range(300, 330)])
+    await flushed(store)
+    lq.dispatcher.catch_up()
+    q = lq.qdb.queues["d/+"]
+    blocks = list(lq.qdb.db.iterator(prefix=entry_prefix(q.qid)))
+    assert [(entry_key_seq(k), len(v) // ENTRY_SIZE) for k, v in blocks] == [(0, 300), (300, 30)]
+    assert sum(1 for _ in lq.qdb.db.iterator(prefix=P_ENTRY)) == 2 * 4  # 3 topics + filter
+    for first in (0, 1, 150, 299, 300, 317):
+        res = lq.read("d/+", first, 20)
+        payloads = [m.payload for m in lq.resolve(res.entries) if m]
+        assert payloads == [b"%d" % i for i in range(first, min(first + 20, 330))]
+    await lq.close()
+    await store.close()
