@@ -73,7 +73,7 @@ def main() -> None:
 
     def index(fn: Any) -> None:
         for q in (filt, *qs.values()):
-            del q.buf[:]  # (the dispatcher writes and clears them at the end of a round)
+            q.buf = None  # (the dispatcher writes and clears them at the end of a round)
         fn(data, 0, len(data), 0, 0, 1 << 40, 0, 1 << 30, {}, lambda k: (qs[k], filt), ehead,
            1, [], None, "t", 0)  # fmt: skip
 

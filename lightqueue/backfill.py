@@ -190,6 +190,8 @@ class Backfill:
                     if m is None:
                         m = match[(t, key)] = topic_matches(filt, mqtt_topic_of(t, key))
                     if m:
+                        if q.buf is None:
+                            q.buf = bytearray()
                         q.buf += ehead + pack_u64(off)
                         q.next += 1
                     n += 1

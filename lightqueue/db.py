@@ -77,7 +77,7 @@ class Queue:
         self.live = kind == KIND_EXACT  # filter queues: in the trie (not backfilling)
         self.watchers = 0  # readers that want new entries pushed (LightQueues.watch)
         self.watch: list[tuple[str, int, int]] | None = None  # entries of this round, if watched
-        self.buf = bytearray()  # this round's entries (keys.put_blocks writes them as blocks)
+        self.buf: bytearray | None = None  # this round's entries (keys.put_blocks writes them)
 
     def meta(self) -> bytes:
         return encode_meta(self.qid, self.kind, self.start, self.next)

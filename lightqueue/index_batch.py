@@ -83,7 +83,10 @@ def _index_batch_py(
         for q in targets:
             if gate_key is not None and q.gate is not None and off < q.gate.get(gate_key, 0):
                 continue
-            q.buf += val
+            if q.buf is None:
+                q.buf = bytearray(val)
+            else:
+                q.buf += val
             w = q.watch
             if w is not None:
                 w.append((t, p, off))

@@ -123,9 +123,10 @@ def block_entries(v: bytes) -> list[tuple[int, int, int] | None]:
 def put_blocks(q: Any, wb: Any) -> None:
     """Write the entries `q` gathered this round (`q.buf`, ending at `q.next`) as blocks."""
     buf = q.buf
-    n = len(buf) // ENTRY_SIZE
-    if not n:
+    if buf is None:
         return
+    q.buf = None
+    n = len(buf) // ENTRY_SIZE
     first = q.next - n
     kp = q.kpfx
     if n <= BLOCK_MAX:
@@ -134,7 +135,6 @@ def put_blocks(q: Any, wb: Any) -> None:
         step = BLOCK_MAX * ENTRY_SIZE
         for i in range(0, len(buf), step):
             wb.put(kp + _U64.pack(first + i // ENTRY_SIZE), bytes(buf[i : i + step]))
-    del buf[:]
 
 
 def block_start(db: Any, qid: int, seq: int) -> bytes:

@@ -1,9 +1,9 @@
-"""Entries → messages through the store: batched reads, an LRU of decoded records.
+"""Entries → messages through the store: batched reads, a cache of decoded records.
 
 Entries of one read usually sit close together in few partitions, so they are grouped by
 partition, sorted, and each run of nearby offsets is fetched with one `Store.read` sized to the
 run (estimated from the partition's observed record size). Every record of the fetched batches is
-kept in an LRU as the tuple `store._speedups.decode_records` makes of it (compiled: one pass over
+kept (oldest decoded evicted first) as the tuple `store._speedups.decode_records` makes of it (compiled: one pass over
 the batch, the two headers of a plain PUBLISH read in place, no header list; its pure-Python
 twin `_decode_records_py` goes through aiokafka's reader); the MQTT view (topic, headers →
 properties) is built only for records someone asks for, then cached in its place, so a message
@@ -12,8 +12,8 @@ read through its topic queue and a filter queue is decoded once.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Sequence
+from itertools import islice
 from typing import Any
 
 from lightqueue.dispatcher import mqtt_topic_of
@@ -47,7 +47,9 @@ class Resolver:
 
     def __init__(self, store: LogBackend, cache_records: int = 100_000) -> None:
         self.store = store
-        self._cache: OrderedDict[tuple[str, int, int], Any] = OrderedDict()
+        # Decoded records by (log topic, partition, offset), oldest first: evicted in the order
+        # they were decoded (a reader behind reads forward, so what it decoded last is hot).
+        self._cache: dict[tuple[str, int, int], Any] = {}
         self._max = cache_records
         self._avg: dict[tuple[str, int], float] = {}
         self._topics: dict[tuple[str, bytes | None], str] = {}
@@ -67,33 +69,32 @@ class Resolver:
 
     def resolve(self, entries: Sequence[Position | None]) -> list[StoredMessage | None]:
         """One message per entry (None: void entry, or its record is gone from the log)."""
+        cache = self._cache
+        get = cache.get
+        out: list[Any] = [None if e is None else get(e) for e in entries]
         groups: dict[tuple[str, int], list[int]] = {}
         tp: tuple[str, int] | None = None  # the partition of the run being grouped
         g: list[int] = []
-        for e in entries:
-            if e is not None:
+        for e, v in zip(entries, out, strict=True):
+            if v is None and e is not None:
                 if tp is None or e[0] != tp[0] or e[1] != tp[1]:
                     tp = (e[0], e[1])  # a new partition, usually once per read
                     g = groups.setdefault(tp, [])
                 g.append(e[2])
-        for (t, p), offs in groups.items():
-            self._fetch(t, p, sorted(set(offs)))
-        cache = self._cache
-        get = cache.get
-        out: list[StoredMessage | None] = []
-        for e in entries:
-            if e is None:
-                out.append(None)
-                continue
-            v = get(e)  # an entry is its own key: (log topic, partition, offset)
-            if v is None:
-                out.append(None)
-                continue
-            if type(v) is tuple:
-                v = cache[e] = self._message(e[0], e[1], v)
-            out.append(v)
-        for _ in range(max(0, len(cache) - self._max)):  # evict only once the answer is built
-            cache.popitem(last=False)
+        if groups:
+            for (t, p), offs in groups.items():
+                self._fetch(t, p, sorted(set(offs)))
+            out = [None if e is None else get(e) for e in entries]
+        message = self._message
+        for i, v in enumerate(out):
+            if type(v) is tuple:  # decoded, not yet asked for: its MQTT view, cached in its place
+                e = entries[i]
+                assert e is not None
+                out[i] = cache[e] = message(e[0], e[1], v)
+        over = len(cache) - self._max
+        if over > 0:  # evict only once the answer is built (oldest decoded first)
+            for k in list(islice(cache, over)):
+                del cache[k]
         return out
 
     def _message(self, t: str, p: int, r: RecordTuple) -> StoredMessage:
@@ -120,9 +121,7 @@ class Resolver:
         i, n = 0, len(offs)
         while i < n:
             o = offs[i]
-            k = (t, p, o)
-            if k in cache:
-                cache.move_to_end(k)
+            if (t, p, o) in cache:  # decoded by an earlier fetch of this call
                 i += 1
                 continue
             # Size the read to the run of wanted offsets ahead (up to 64 of them).

@@ -325,9 +325,12 @@ def index_batch(const uint8_t[::1] data, Py_ssize_t pos, Py_ssize_t size, int64_
                 if gate is not None and off < gate.get(gate_key, 0):
                     continue
             buf = q.buf
-            blen = PyByteArray_GET_SIZE(buf)
-            PyByteArray_Resize(buf, blen + 16)
-            memcpy(PyByteArray_AS_STRING(buf) + blen, entry, 16)
+            if buf is None:
+                q.buf = PyByteArray_FromStringAndSize(<char*>entry, 16)
+            else:
+                blen = PyByteArray_GET_SIZE(buf)
+                PyByteArray_Resize(buf, blen + 16)
+                memcpy(PyByteArray_AS_STRING(buf) + blen, entry, 16)
             w = q.watch
             if w is not None:
                 # str and ints only, never in a cycle: no work for the cyclic GC (as above)

@@ -271,8 +271,8 @@ def _index_both(data: bytes, base: int, c: int, end: int, budget: int, gated: bo
             )  # fmt: skip
         except (ValueError, dispatcher.InvalidRecordError):
             r = "error"
-        watched = [(q.qid, q.watch, bytes(q.buf), q.next) for q in qs.values()]
-        results.append((r, [q.qid for q in grown], watched, bytes(filt.buf), filt.next))
+        watched = [(q.qid, q.watch, bytes(q.buf or b""), q.next) for q in qs.values()]
+        results.append((r, [q.qid for q in grown], watched, bytes(filt.buf or b""), filt.next))
     return results
 
 
