@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from lightqueue import codec  # noqa: E402
-from lightqueue.keys import P_ENTRY  # noqa: E402
+from lightqueue.keys import ENTRY_SIZE, P_ENTRY  # noqa: E402
 from lightqueue.queues import LightQueueConfig, LightQueues  # noqa: E402
 from store import MqttMessage, Store, StoreConfig  # noqa: E402
 
@@ -134,7 +134,7 @@ async def bench_storage(messages: int, nfilters: int, same_filter_subs: int) -> 
         await fill(store, messages, topic=lambda i: topic)
         lq.dispatcher.refresh()
         lq.dispatcher.catch_up()
-        n_entries = sum(1 for _ in lq.qdb.db.iterator(prefix=P_ENTRY, include_value=False))
+        n_entries = sum(len(v) // ENTRY_SIZE for _, v in lq.qdb.db.iterator(prefix=P_ENTRY))
         lq.qdb.db.compact_range()
         index = dir_bytes(d / "lightqueue") - base
         log_bytes = dir_bytes(d / "log")

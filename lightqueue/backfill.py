@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 from lightqueue import codec
 from lightqueue.dispatcher import aborted_check, is_system_topic, mqtt_topic_of
-from lightqueue.index_batch import records_of
-from lightqueue.keys import P_FILTER, entry_head, pack_u64, put_blocks
+from lightqueue.index_batch import put_blocks, records_of
+from lightqueue.keys import P_FILTER, entry_head, pack_u64
 from lightqueue.topic_trie import topic_matches
 from store import OffsetOutOfRangeError
 from store.backend import FetchPending, LogBackend
@@ -143,7 +143,7 @@ class Backfill:
         ]
         if live:
             self.rec["state"] = "live"
-        put_blocks(q, wb)
+        put_blocks([q], wb)
         wb.put(P_FILTER + q.name.encode("utf-8"), codec.encode(self.rec))
         wb.put(q.mkey, q.meta())
         wb.write()

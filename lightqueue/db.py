@@ -77,7 +77,9 @@ class Queue:
         self.live = kind == KIND_EXACT  # filter queues: in the trie (not backfilling)
         self.watchers = 0  # readers that want new entries pushed (LightQueues.watch)
         self.watch: list[tuple[str, int, int]] | None = None  # entries of this round, if watched
-        self.buf: bytearray | None = None  # this round's entries (keys.put_blocks writes them)
+        self.buf: bytearray | None = (
+            None  # this round's entries (index_batch.put_blocks writes them)
+        )
 
     def meta(self) -> bytes:
         return encode_meta(self.qid, self.kind, self.start, self.next)

@@ -42,7 +42,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from lightqueue.db import Queue, QueueDB
-from lightqueue.index_batch import _index_batch, _index_batch_py
+from lightqueue.index_batch import _index_batch, _index_batch_py, put_blocks
 from lightqueue.keys import (
     KIND_EXACT,
     P_ENTRY,
@@ -52,7 +52,6 @@ from lightqueue.keys import (
     entry_head,
     pack_entry,
     pack_u64,
-    put_blocks,
 )
 from lightqueue.topic_trie import FilterTrie
 from store import OffsetOutOfRangeError, UnknownTopicOrPartitionError
@@ -314,8 +313,7 @@ class Dispatcher:
             if c != c0:
                 advanced.append((t, p, c))
                 progress += n + 1
-        for q in grown:
-            put_blocks(q, wb)
+        put_blocks(grown, wb)
         put = wb.put
         tids = qdb.topic_ids
         for t, p, c in advanced:

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from lightqueue.db import Queue
-from lightqueue.keys import pack_u64
+from lightqueue.keys import BLOCK_MAX, pack_u64, put_blocks_py
 from store.mapping import H_RETAIN
 from store.record_batch import COMPRESSION_MASK, HEADER, InvalidRecordError, iter_records
 from store.speedups import load
@@ -100,3 +100,9 @@ def _index_batch_py(
 
 _c = load("store._speedups")
 _index_batch = _index_batch_py if _c is None else _c.index_batch
+_put_blocks = put_blocks_py if _c is None else _c.put_blocks
+
+
+def put_blocks(queues: list[Queue], wb: Any) -> None:
+    """The round's entries of `queues` into `wb`, one block per queue (BLOCK_MAX at most)."""
+    _put_blocks(queues, wb.put, BLOCK_MAX)

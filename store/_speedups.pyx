@@ -8,13 +8,16 @@ a pure-Python twin with the same signature and results, and the tests run both:
 * `build_records` - `store.mqtt_batches._build_records_py`: one uncompressed RecordBatch v2 of
   MQTT messages (the bytes aiokafka's builder and `record_batch.build_batch` write);
 * `index_batch` - `lightqueue.dispatcher._index_batch_py`: the dispatcher's per-record loop over
-  one uncompressed batch (offset and key only; values and headers are skipped, not decoded);
+  one uncompressed batch (offset and key only; values and headers are skipped, not decoded),
+  appending each entry to its queue's round buffer;
 * `murmur2` - `store.mapping.murmur2_py`: Kafka's key hash (a device event per connect and
   disconnect is partitioned by client id);
 * `decode_records` - `lightqueue.resolver._decode_records_py`: the records of one uncompressed
   batch, the two headers of a plain MQTT PUBLISH read in place;
 * `read_entries` - `lightqueue.keys.read_entries_py`: a light queue's entries from a LevelDB
-  iterator (the reader of a subscriber behind its pushed entries);
+  iterator of its blocks (the reader of a subscriber behind its pushed entries);
+* `put_blocks` - `lightqueue.keys.put_blocks_py`: a round's entries of each queue it grew as
+  one LevelDB block (key) per queue;
 * `untrack` - no twin (Python cannot untrack an object; the collector just does more work).
 """
 
@@ -343,6 +346,35 @@ def index_batch(const uint8_t[::1] data, Py_ssize_t pos, Py_ssize_t size, int64_
                 grown.append(q)
         n += 1
     return -1, n
+
+
+def put_blocks(list queues, object put, Py_ssize_t block_max):
+    """Each queue's entries of this round (`q.buf`, ending at `q.next`) as blocks of at most
+    `block_max` entries under `q.kpfx` + the first sequence; `q.buf` is reset to None."""
+    cdef object q, buf
+    cdef bytes kp, key, val
+    cdef Py_ssize_t n, i, cnt, kl
+    cdef int64_t first
+    cdef char* src
+    for q in queues:
+        buf = q.buf
+        if buf is None:
+            continue
+        q.buf = None
+        n = PyByteArray_GET_SIZE(buf) // 16
+        first = q.next - n
+        kp = q.kpfx
+        kl = PyBytes_GET_SIZE(kp)
+        src = PyByteArray_AS_STRING(buf)
+        i = 0
+        while i < n:
+            cnt = n - i if n - i < block_max else block_max
+            key = PyBytes_FromStringAndSize(NULL, kl + 8)
+            memcpy(PyBytes_AS_STRING(key), PyBytes_AS_STRING(kp), kl)
+            _be(<uint8_t*>PyBytes_AS_STRING(key) + kl, <uint64_t>(first + i), 8)
+            val = PyBytes_FromStringAndSize(src + 16 * i, 16 * cnt)
+            put(key, val)
+            i += cnt
 
 
 # --- Kafka's murmur2 --------------------------------------------------------------------------

@@ -59,6 +59,9 @@ def test_extensions_built_and_in_use() -> None:
     import lightqueue.queues as queues
 
     assert queues._read_entries is sp.read_entries
+    import lightqueue.index_batch as index_batch
+
+    assert index_batch._put_blocks is sp.put_blocks
     assert sp.__file__.endswith(".so") and cp.__file__.endswith(".so")
     import mqtt_proxy.cohorts as cohorts
     import mqtt_proxy.queue_cache as queue_cache
@@ -81,7 +84,9 @@ def test_env_var_forces_pure_python() -> None:
         "m.murmur2 is m.murmur2_py, r._decode_records is r._decode_records_py, "
         "c.qos0_run is c.qos0_run_py, q.fill_cache is q.fill_cache_py, "
         "q.CachedMsg.__base__ is q._CachedFields, lq._read_entries is lq.read_entries_py, "
-        "h._publish_messages is h.publish_messages_py)"
+        "h._publish_messages is h.publish_messages_py); "
+        "import lightqueue.index_batch as ib, lightqueue.keys as k; "
+        "print(ib._put_blocks is k.put_blocks_py)"
     )
     env = {**os.environ, "LIGHTGATE_NO_EXTENSIONS": "1", "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
@@ -89,7 +94,7 @@ def test_env_var_forces_pure_python() -> None:
     assert out.stdout.split() == [
         "{'store._speedups':", "False,", "'mqtt_proxy.codec._cparser':", "False,",
         "'mqtt_proxy._cdelivery':", "False}",
-        "None", "True", "None", "True", "True", "True", "True", "True", "True", "True",
+        "None", "True", "None", "True", "True", "True", "True", "True", "True", "True", "True",
     ]  # fmt: skip
 
 
@@ -194,6 +199,37 @@ def test_read_entries_same_as_twin(
     pairs = [p for p in pairs if int.from_bytes(p[0][5:], "big") + len(p[1]) // 16 > start]
     got = sp.read_entries(iter(pairs), start, end, names)
     assert got == read_entries_py(iter(pairs), start, end, names) == want
+
+
+@SETTINGS
+@given(
+    st.lists(st.tuples(st.integers(0, 40), st.integers(0, 2**40)), max_size=6),
+    st.integers(1, 8),
+)
+def test_put_blocks_same_as_twin(bufs: list[tuple[int, int]], block_max: int) -> None:
+    """A round's entries per queue become the same (key, block) puts, compiled and pure: the
+    first key at `next - n`, blocks of at most `block_max` entries, every entry once, in order;
+    each queue's buffer is reset."""
+    sp, _ = compiled()
+    from lightqueue.keys import entry_key, pack_entry, put_blocks_py
+
+    results = []
+    for fn in (put_blocks_py, sp.put_blocks):
+        qs, want = [], []
+        for i, (n, nxt) in enumerate(bufs):
+            q = Queue(f"q{i}", i, 0, 0, nxt + n)
+            ents = [pack_entry(i, 0, nxt + j) for j in range(n)]
+            q.buf = bytearray(b"".join(ents)) if n or i % 2 else None
+            qs.append(q)
+            want += [
+                (entry_key(i, nxt + j), ents[j : j + block_max]) for j in range(0, n, block_max)
+            ]
+        puts: list[tuple[bytes, bytes]] = []
+        fn(qs, lambda k, v, a=puts.append: a((k, v)), block_max)
+        assert puts == [(k, b"".join(e)) for k, e in want]
+        assert all(q.buf is None for q in qs)
+        results.append(puts)
+    assert results[0] == results[1]
 
 
 @SETTINGS
