@@ -10,7 +10,8 @@ $(BIN)/python:
 	@command -v $(PY) >/dev/null 2>&1 || PY=python3; $${PY:-$(PY)} -m venv $(VENV) || python3 -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip setuptools wheel
 
-$(STAMP): pyproject.toml | $(BIN)/python
+# Re-installed (and the Cython modules rebuilt) when the dependencies or a .pyx change.
+$(STAMP): pyproject.toml setup.py $(wildcard */*.pyx */*/*.pyx) | $(BIN)/python
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $(STAMP)
 
@@ -52,5 +53,5 @@ bench-mqtt: $(STAMP)
 # clean also removes what `pip install -e .` compiled in place (setup.py: the Cython modules).
 clean:
 	rm -rf $(VENV) data analytics .pytest_cache build
-	rm -f store/*.so mqtt_proxy/*.so mqtt_proxy/codec/*.so store/_speedups.c mqtt_proxy/codec/_cparser.c \
-		mqtt_proxy/_cdelivery.c
+	rm -f store/*.so mqtt_proxy/*.so mqtt_proxy/codec/*.so lightqueue/*.so store/_speedups.c \
+		mqtt_proxy/codec/_cparser.c mqtt_proxy/_cdelivery.c lightqueue/_cblocks.c

@@ -17,6 +17,7 @@ SOURCES = {
     "store._speedups": "store/_speedups.pyx",
     "mqtt_proxy.codec._cparser": "mqtt_proxy/codec/_cparser.pyx",
     "mqtt_proxy._cdelivery": "mqtt_proxy/_cdelivery.pyx",
+    "lightqueue._cblocks": "lightqueue/_cblocks.pyx",
 }
 
 

@@ -100,7 +100,8 @@ def _index_batch_py(
 
 _c = load("store._speedups")
 _index_batch = _index_batch_py if _c is None else _c.index_batch
-_put_blocks = put_blocks_py if _c is None else _c.put_blocks
+_cb = load("lightqueue._cblocks")
+_put_blocks = put_blocks_py if _cb is None else _cb.put_blocks
 
 
 def put_blocks(queues: list[Queue], wb: Any) -> None:

@@ -123,7 +123,7 @@ def block_entries(v: bytes) -> list[tuple[int, int, int] | None]:
 def put_blocks_py(queues: list[Any], put: Any, block_max: int) -> None:
     """Write the entries each queue gathered this round (`q.buf`, ending at `q.next`) as
     blocks of at most `block_max`, and forget them. The pure twin of
-    `store._speedups.put_blocks` (lightqueue.index_batch picks one)."""
+    `lightqueue._cblocks.put_blocks` (lightqueue.index_batch picks one)."""
     for q in queues:
         buf = q.buf
         if buf is None:
@@ -153,7 +153,7 @@ def read_entries_py(
     """A light queue's entries [first, end) from a LevelDB iterator of its blocks (starting at
     the block that holds `first`, or after it): the (log topic, partition, offset) tuple per
     sequence, None for a void entry, a retired topic id ("" in `names`) or a sequence no block
-    holds (entries are dense; stay aligned). The pure twin of `store._speedups.read_entries`."""
+    holds (entries are dense; stay aligned). The pure twin of `lightqueue._cblocks.read_entries`."""
     out: list[tuple[str, int, int] | None] = []
     expect = first
     for k, v in it:

@@ -57,8 +57,8 @@ log = logging.getLogger("lightgate.lightqueue")
 
 REPLAY_PREFIX = "$replay/"
 
-_c = load("store._speedups")
-_read_entries = read_entries_py if _c is None else _c.read_entries
+_cb = load("lightqueue._cblocks")
+_read_entries = read_entries_py if _cb is None else _cb.read_entries
 
 
 @dataclass(slots=True)

@@ -1,5 +1,5 @@
 """The compiled hot loops (`store/_speedups.pyx`, `mqtt_proxy/codec/_cparser.pyx`,
-`mqtt_proxy/_cdelivery.pyx`), if built.
+`mqtt_proxy/_cdelivery.pyx`, `lightqueue/_cblocks.pyx`), if built.
 
 setup.py compiles them with Cython at install time (`pip install -e .`); when that is not
 possible (no C compiler) install still succeeds and every caller uses its pure-Python twin, which
@@ -14,7 +14,12 @@ import os
 from types import ModuleType
 
 DISABLED = os.environ.get("LIGHTGATE_NO_EXTENSIONS", "") not in ("", "0")
-MODULES = ("store._speedups", "mqtt_proxy.codec._cparser", "mqtt_proxy._cdelivery")
+MODULES = (
+    "store._speedups",
+    "mqtt_proxy.codec._cparser",
+    "mqtt_proxy._cdelivery",
+    "lightqueue._cblocks",
+)
 
 
 def load(name: str) -> ModuleType | None:

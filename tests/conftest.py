@@ -97,6 +97,9 @@ def speedups_impl(request: pytest.FixtureRequest) -> Iterator[str | None]:
         yield None
         return
     import lightqueue.dispatcher as dispatcher
+    import lightqueue.index_batch as index_batch
+    import lightqueue.keys as keys
+    import lightqueue.queues as queues
     import mqtt_proxy.codec.parser as parser
     import store.mqtt_batches as mqtt_batches
 
@@ -108,6 +111,8 @@ def speedups_impl(request: pytest.FixtureRequest) -> Iterator[str | None]:
         mp.setattr(parser, "_cwalk", None)
         mp.setattr(mqtt_batches, "_build_records", None)
         mp.setattr(dispatcher, "_index_batch", dispatcher._index_batch_py)
+        mp.setattr(index_batch, "_put_blocks", keys.put_blocks_py)
+        mp.setattr(queues, "_read_entries", keys.read_entries_py)
         yield impl
 
 

@@ -41,6 +41,13 @@ def compiled_delivery() -> Any:
     return _cdelivery
 
 
+def compiled_blocks() -> Any:
+    require_extensions()
+    from lightqueue import _cblocks  # type: ignore[attr-defined]
+
+    return _cblocks
+
+
 def test_extensions_built_and_in_use() -> None:
     """On a machine with a C compiler `pip install -e .` builds them, and the hot paths call
     them (not the twins)."""
@@ -56,12 +63,12 @@ def test_extensions_built_and_in_use() -> None:
     import lightqueue.resolver as resolver
 
     assert resolver._decode_records is sp.decode_records
+    import lightqueue._cblocks as cb
+
+    import lightqueue.index_batch as index_batch
     import lightqueue.queues as queues
 
-    assert queues._read_entries is sp.read_entries
-    import lightqueue.index_batch as index_batch
-
-    assert index_batch._put_blocks is sp.put_blocks
+    assert queues._read_entries is cb.read_entries and index_batch._put_blocks is cb.put_blocks
     assert sp.__file__.endswith(".so") and cp.__file__.endswith(".so")
     import mqtt_proxy.cohorts as cohorts
     import mqtt_proxy.queue_cache as queue_cache
@@ -93,7 +100,7 @@ def test_env_var_forces_pure_python() -> None:
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == [
         "{'store._speedups':", "False,", "'mqtt_proxy.codec._cparser':", "False,",
-        "'mqtt_proxy._cdelivery':", "False}",
+        "'mqtt_proxy._cdelivery':", "False,", "'lightqueue._cblocks':", "False}",
         "None", "True", "None", "True", "True", "True", "True", "True", "True", "True", "True",
     ]  # fmt: skip
 
@@ -197,7 +204,7 @@ def test_read_entries_same_as_twin(
     start = min(first + back, end)
     want = want[start - first :]
     pairs = [p for p in pairs if int.from_bytes(p[0][5:], "big") + len(p[1]) // 16 > start]
-    got = sp.read_entries(iter(pairs), start, end, names)
+    got = compiled_blocks().read_entries(iter(pairs), start, end, names)
     assert got == read_entries_py(iter(pairs), start, end, names) == want
 
 
@@ -214,7 +221,7 @@ def test_put_blocks_same_as_twin(bufs: list[tuple[int, int]], block_max: int) ->
     from lightqueue.keys import entry_key, pack_entry, put_blocks_py
 
     results = []
-    for fn in (put_blocks_py, sp.put_blocks):
+    for fn in (put_blocks_py, compiled_blocks().put_blocks):
         qs, want = [], []
         for i, (n, nxt) in enumerate(bufs):
             q = Queue(f"q{i}", i, 0, 0, nxt + n)
