@@ -44,6 +44,7 @@ from lightqueue.keys import (
     pack_entry,
     pack_u32,
     parse_checkpoint_key,
+    prefix_end,
     unpack_u32,
     unpack_u64,
 )
@@ -51,6 +52,28 @@ from lightqueue.keys import (
 log = logging.getLogger("lightgate.lightqueue")
 
 LIGHTQUEUE_DIR = "lightqueue"  # under the data dir
+
+
+CONVERT_CHUNK = 100_000  # entries per WriteBatch when converting a layout-1 DB
+G_CONVERTED = G_LAYOUT + b".converted"  # the last entry key converted so far (layout 1 -> 2)
+
+
+def _layout_1_block(v: bytes) -> bytes:
+    """A layout-1 entry value as a one-entry block."""
+    if not v:
+        return VOID_ENTRY
+    vals, pos = [], 0
+    for _ in range(2):
+        x = shift = 0
+        while True:
+            b = v[pos]
+            pos += 1
+            x |= (b & 0x7F) << shift
+            shift += 7
+            if b < 0x80:
+                break
+        vals.append(x)
+    return pack_entry(vals[0], vals[1], int.from_bytes(v[pos:], "big"))
 
 
 class Queue:
@@ -158,27 +181,25 @@ class QueueDB:
 
     def _from_layout_1(self) -> None:
         """Layout 1 kept one key per entry (uvarint topic id, uvarint partition, big-endian
-        offset; b"" void): rewrite each as a one-entry block, keys unchanged."""
+        offset; b"" void): rewrite each as a one-entry block, keys unchanged. In WriteBatches of
+        CONVERT_CHUNK entries, each recording the last key it converted (G_CONVERTED), so a
+        conversion cut short resumes after it instead of reading a block as a layout-1 value."""
+        db = self.db
+        done = db.get(G_CONVERTED)
+        start = P_ENTRY if done is None else done + b"\x00"
         n = 0
-        wb = self.db.write_batch(sync=True)
-        for k, v in self.db.iterator(prefix=P_ENTRY):
-            if not v:
-                wb.put(k, VOID_ENTRY)
-            else:
-                vals, pos = [], 0
-                for _ in range(2):
-                    x = shift = 0
-                    while True:
-                        b = v[pos]
-                        pos += 1
-                        x |= (b & 0x7F) << shift
-                        shift += 7
-                        if b < 0x80:
-                            break
-                    vals.append(x)
-                wb.put(k, pack_entry(vals[0], vals[1], int.from_bytes(v[pos:], "big")))
+        wb = db.write_batch(sync=True)
+        for k, v in db.iterator(start=start, stop=prefix_end(P_ENTRY)):
+            wb.put(k, _layout_1_block(v))
             n += 1
+            if n % CONVERT_CHUNK == 0:
+                wb.put(G_CONVERTED, k)
+                wb.write()
+                wb = db.write_batch(sync=True)
+                log.info("light-queue DB: %d entries converted to layout %d so far", n,
+                         LAYOUT_VERSION)  # fmt: skip
         wb.put(G_LAYOUT, pack_u32(LAYOUT_VERSION))
+        wb.delete(G_CONVERTED)
         wb.write()
         log.info("light-queue DB: %d entries converted to layout %d", n, LAYOUT_VERSION)
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import plyvel
+import pytest
 from lightqueue_helpers import flushed, msg, open_all
 
+import lightqueue.db as lqdb
 from lightqueue.db import QueueDB
 from lightqueue.keys import (
     ENTRY_SIZE,
@@ -15,20 +17,21 @@ from lightqueue.keys import (
     LAYOUT_VERSION,
     P_ENTRY,
     P_TOPIC,
+    VOID_TID,
     encode_meta,
     entry_key,
     entry_key_seq,
     entry_prefix,
     meta_key,
+    pack_entry,
     pack_u32,
     read_entries_py,
 )
 
 
-def test_layout_1_entries_convert_to_blocks(tmp_path: Path) -> None:
-    """A DB written by layout 1 (one key per entry: uvarint topic id, uvarint partition,
-    minimal big-endian offset; b"" void) opens with the same entries, as one-entry blocks."""
-    path = tmp_path / "lq"
+def _layout_1_db(path: Path) -> None:
+    """A DB as layout 1 wrote it: one key per entry (uvarint topic id, uvarint partition,
+    minimal big-endian offset; b"" void)."""
     db = plyvel.DB(str(path), create_if_missing=True)
     db.put(G_LAYOUT, pack_u32(1))
     db.put(P_TOPIC + b"a", pack_u32(0))
@@ -40,16 +43,47 @@ def test_layout_1_entries_convert_to_blocks(tmp_path: Path) -> None:
     db.put(entry_key(3, 3), b"\x00\x01\x00")  # a-1 @ 0
     db.close()
 
+
+WANT = [("a", 0, 7), None, ("b", 2, 2**40 + 5), ("a", 1, 0), None]
+
+
+def _check(path: Path) -> None:
     qdb = QueueDB(path)
     try:
         assert qdb.db.get(G_LAYOUT) == pack_u32(LAYOUT_VERSION)
+        assert qdb.db.get(lqdb.G_CONVERTED) is None
         assert qdb.queues["a/b"].next == 4  # from the last entry, as before
-        names = qdb.topic_names
-        got = read_entries_py(qdb.db.iterator(prefix=entry_prefix(3)), 0, 5, names)
-        assert got == [("a", 0, 7), None, ("b", 2, 2**40 + 5), ("a", 1, 0), None]
+        got = read_entries_py(qdb.db.iterator(prefix=entry_prefix(3)), 0, 5, qdb.topic_names)
+        assert got == WANT
     finally:
         qdb.close()
     QueueDB(path).close()  # converted once: opens as the current layout
+
+
+@pytest.mark.parametrize("chunk", [100_000, 1, 3])
+def test_layout_1_entries_convert_to_blocks(
+    tmp_path: Path, chunk: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A layout-1 DB opens with the same entries, as one-entry blocks, however many entries
+    each conversion batch takes."""
+    monkeypatch.setattr(lqdb, "CONVERT_CHUNK", chunk)
+    _layout_1_db(tmp_path / "lq")
+    _check(tmp_path / "lq")
+
+
+def test_layout_1_conversion_cut_short_resumes(tmp_path: Path) -> None:
+    """Killed after its first batch: the entries up to the recorded key are blocks already (a
+    16-byte block is also a well-formed layout-1 value: reading it as one again would corrupt
+    it); the next open converts only the rest."""
+    path = tmp_path / "lq"
+    _layout_1_db(path)
+    db = plyvel.DB(str(path))
+    db.put(entry_key(3, 0), pack_entry(0, 0, 7))
+    db.put(entry_key(3, 1), pack_entry(VOID_TID, 0, 0))
+    db.put(entry_key(3, 2), pack_entry(200, 2, 2**40 + 5))
+    db.put(lqdb.G_CONVERTED, entry_key(3, 2))
+    db.close()
+    _check(path)
 
 
 async def test_a_round_writes_one_block_per_queue(tmp_path: Path) -> None:
