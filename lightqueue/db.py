@@ -33,15 +33,14 @@ from lightqueue.keys import (
     P_FILTER,
     P_META,
     P_TOPIC,
-    VOID_ENTRY,
     block_count,
     checkpoint_key,
     decode_meta,
     encode_meta,
     entry_key_seq,
     entry_prefix,
+    layout_1_block,
     meta_key,
-    pack_entry,
     pack_u32,
     parse_checkpoint_key,
     prefix_end,
@@ -56,24 +55,6 @@ LIGHTQUEUE_DIR = "lightqueue"  # under the data dir
 
 CONVERT_CHUNK = 100_000  # entries per WriteBatch when converting a layout-1 DB
 G_CONVERTED = G_LAYOUT + b".converted"  # the last entry key converted so far (layout 1 -> 2)
-
-
-def _layout_1_block(v: bytes) -> bytes:
-    """A layout-1 entry value as a one-entry block."""
-    if not v:
-        return VOID_ENTRY
-    vals, pos = [], 0
-    for _ in range(2):
-        x = shift = 0
-        while True:
-            b = v[pos]
-            pos += 1
-            x |= (b & 0x7F) << shift
-            shift += 7
-            if b < 0x80:
-                break
-        vals.append(x)
-    return pack_entry(vals[0], vals[1], int.from_bytes(v[pos:], "big"))
 
 
 class Queue:
@@ -100,9 +81,8 @@ class Queue:
         self.live = kind == KIND_EXACT  # filter queues: in the trie (not backfilling)
         self.watchers = 0  # readers that want new entries pushed (LightQueues.watch)
         self.watch: list[tuple[str, int, int]] | None = None  # entries of this round, if watched
-        self.buf: bytearray | None = (
-            None  # this round's entries (index_batch.put_blocks writes them)
-        )
+        # This round's entries while a round fills it (index_batch.put_blocks writes them).
+        self.buf: bytearray | None = None
 
     def meta(self) -> bytes:
         return encode_meta(self.qid, self.kind, self.start, self.next)
@@ -190,7 +170,7 @@ class QueueDB:
         n = 0
         wb = db.write_batch(sync=True)
         for k, v in db.iterator(start=start, stop=prefix_end(P_ENTRY)):
-            wb.put(k, _layout_1_block(v))
+            wb.put(k, layout_1_block(v))
             n += 1
             if n % CONVERT_CHUNK == 0:
                 wb.put(G_CONVERTED, k)

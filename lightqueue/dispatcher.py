@@ -46,7 +46,7 @@ from lightqueue.index_batch import _index_batch, _index_batch_py, put_blocks
 from lightqueue.keys import (
     KIND_EXACT,
     P_ENTRY,
-    VOID_TID,
+    VOID_ENTRY,
     block_entries,
     checkpoint_key,
     entry_head,
@@ -233,8 +233,7 @@ class Dispatcher:
                             ents[i] = None
                             hit += 1
                 if hit:
-                    wb.put(k, b"".join(pack_entry(*e) if e else pack_entry(VOID_TID, 0, 0)
-                                       for e in ents))  # fmt: skip
+                    wb.put(k, b"".join(VOID_ENTRY if e is None else pack_entry(*e) for e in ents))
                     voided += hit
         for (t, p), (_old, new) in changed.items():
             self.qdb.checkpoints[(t, p)] = new

@@ -51,9 +51,9 @@ def _index_batch_py(
 ) -> tuple[int, int]:
     """Index the records of the batch at `data[pos:pos+size]` that lie in [c, end): one entry
     per target queue of the record's key, `ehead` (topic id, partition) + the offset, appended to
-    the queue's round buffer (`Queue.buf`; the dispatcher writes it as a block). Returns (the offset where `budget` ran out, or -1;
-    records indexed so far, `n` included). Decodes every record before indexing any (a batch
-    that does not decode raises, untouched). Twin of `store._speedups.index_batch`, which has no
+    the queue's round buffer (`Queue.buf`; the dispatcher writes it as a block). Returns (the
+    offset where `budget` ran out, or -1; records indexed so far, `n` included). Decodes every
+    record before indexing any (a batch that does not decode raises, untouched). Twin of `store._speedups.index_batch`, which has no
     `derive`: the records carrying MQTT's retain header are handed to it (log = "kafka")."""
     try:
         recs = list(records_of(data, pos, size))

@@ -110,6 +110,16 @@ def pack_entry(tid: int, partition: int, offset: int) -> bytes:
     return _ENTRY.pack(tid, partition, offset)
 
 
+def layout_1_block(v: bytes) -> bytes:
+    """A layout-1 entry value (uvarint topic id, uvarint partition, minimal big-endian offset;
+    b"" void) as a one-entry block: what QueueDB converts an old DB with."""
+    if not v:
+        return VOID_ENTRY
+    tid, pos = _get_uvarint(v, 0)
+    part, pos = _get_uvarint(v, pos)
+    return _ENTRY.pack(tid, part, int.from_bytes(v[pos:], "big"))
+
+
 def block_count(v: bytes) -> int:
     """Entries in a block value."""
     return len(v) // ENTRY_SIZE

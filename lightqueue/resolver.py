@@ -3,11 +3,11 @@
 Entries of one read usually sit close together in few partitions, so they are grouped by
 partition, sorted, and each run of nearby offsets is fetched with one `Store.read` sized to the
 run (estimated from the partition's observed record size). Every record of the fetched batches is
-kept (oldest decoded evicted first) as the tuple `store._speedups.decode_records` makes of it (compiled: one pass over
-the batch, the two headers of a plain PUBLISH read in place, no header list; its pure-Python
-twin `_decode_records_py` goes through aiokafka's reader); the MQTT view (topic, headers →
-properties) is built only for records someone asks for, then cached in its place, so a message
-read through its topic queue and a filter queue is decoded once.
+kept (oldest decoded evicted first) as the tuple `store._speedups.decode_records` makes of it
+(compiled: one pass over the batch, the two headers of a plain PUBLISH read in place, no header
+list; its pure-Python twin `_decode_records_py` goes through aiokafka's reader); the MQTT view
+(topic, headers → properties) is built only for records someone asks for, then cached in its
+place, so a message read through its topic queue and a filter queue is decoded once.
 """
 
 from __future__ import annotations
