@@ -12,7 +12,7 @@ place, so a message read through its topic queue and a filter queue is decoded o
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import islice
 from typing import Any
 
@@ -70,27 +70,13 @@ class Resolver:
     def resolve(self, entries: Sequence[Position | None]) -> list[StoredMessage | None]:
         """One message per entry (None: void entry, or its record is gone from the log)."""
         cache = self._cache
-        get = cache.get
-        out: list[Any] = [None if e is None else get(e) for e in entries]
-        groups: dict[tuple[str, int], list[int]] = {}
-        tp: tuple[str, int] | None = None  # the partition of the run being grouped
-        g: list[int] = []
-        for e, v in zip(entries, out, strict=True):
-            if v is None and e is not None:
-                if tp is None or e[0] != tp[0] or e[1] != tp[1]:
-                    tp = (e[0], e[1])  # a new partition, usually once per read
-                    g = groups.setdefault(tp, [])
-                g.append(e[2])
-        if groups:
-            for (t, p), offs in groups.items():
+        if type(entries) is not list:
+            entries = list(entries)
+        out, missing = _resolve_cached(entries, cache, self._topics, StoredMessage, self._message)
+        if missing:
+            for (t, p), offs in missing.items():
                 self._fetch(t, p, sorted(set(offs)))
-            out = [None if e is None else get(e) for e in entries]
-        message = self._message
-        for i, v in enumerate(out):
-            if type(v) is tuple:  # decoded, not yet asked for: its MQTT view, cached in its place
-                e = entries[i]
-                assert e is not None
-                out[i] = cache[e] = message(e[0], e[1], v)
+            out, _ = _resolve_cached(entries, cache, self._topics, StoredMessage, self._message)
         over = len(cache) - self._max
         if over > 0:  # evict only once the answer is built (oldest decoded first)
             for k in list(islice(cache, over)):
@@ -153,11 +139,7 @@ class Resolver:
                 recs = _decode_records_py(data, pos, size, lat)
             else:
                 recs = decode(data, pos, size, lat)
-            for r in recs:
-                k = (t, p, r[0])
-                if k not in cache:
-                    cache[k] = r
-            n += len(recs)
+            n += _cache_records(recs, cache, t, p)
         return n
 
 
@@ -188,3 +170,52 @@ def _decode_records_py(data: Any, pos: int, size: int, lat: int) -> list[RecordT
 
 _c = load("store._speedups")
 _decode_records = _decode_records_py if _c is None else _c.decode_records
+
+
+def resolve_cached_py(
+    entries: list[Position | None],
+    cache: dict[tuple[str, int, int], Any],
+    topics: dict[tuple[str, bytes | None], str],
+    cls: type[StoredMessage],
+    message: Callable[[str, int, RecordTuple], StoredMessage],
+) -> tuple[list[Any], dict[tuple[str, int], list[int]]]:
+    """(messages aligned with `entries`, {(log topic, partition): [offsets not in `cache`]});
+    a cached record tuple is replaced in `cache` by its message. The pure twin of
+    `lightqueue._cresolve.resolve_cached` (which builds a plain PUBLISH's message itself when
+    `topics` knows its topic; `topics` and `cls` are for it)."""
+    out: list[Any] = [None] * len(entries)
+    missing: dict[tuple[str, int], list[int]] = {}
+    tp: tuple[str, int] | None = None  # the partition of the run being grouped
+    g: list[int] = []
+    get = cache.get
+    for i, e in enumerate(entries):
+        if e is None:
+            continue
+        v = get(e)
+        if v is None:
+            if tp is None or e[0] != tp[0] or e[1] != tp[1]:
+                tp = (e[0], e[1])  # a new partition, usually once per read
+                g = missing.setdefault(tp, [])
+            g.append(e[2])
+            continue
+        if type(v) is tuple:
+            v = cache[e] = message(e[0], e[1], v)
+        out[i] = v
+    return out, missing
+
+
+def cache_records_py(
+    recs: list[RecordTuple], cache: dict[tuple[str, int, int], Any], t: str, p: int
+) -> int:
+    """Each record of `recs` into `cache` under (t, p, offset) unless already there. The pure
+    twin of `lightqueue._cresolve.cache_records`."""
+    for r in recs:
+        k = (t, p, r[0])
+        if k not in cache:
+            cache[k] = r
+    return len(recs)
+
+
+_cr = load("lightqueue._cresolve")
+_resolve_cached = resolve_cached_py if _cr is None else _cr.resolve_cached
+_cache_records = cache_records_py if _cr is None else _cr.cache_records

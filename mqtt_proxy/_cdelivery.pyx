@@ -209,29 +209,46 @@ cdef extern from "Python.h":
 
 from cpython.ref cimport Py_INCREF
 
-# MqttMessage's fields, in __init__'s order: their slots are filled in place.
+# MqttMessage's and Inflight's fields, in __init__'s order: their slots are filled in place.
 _FIELDS = ("topic", "payload", "qos", "client_id", "retain", "properties", "timestamp_ms")
+_IFIELDS = ("queue", "seq", "qos", "data", "released", "filter_raw")
 cdef Py_ssize_t _off[7]
+cdef Py_ssize_t _ioff[6]
 cdef object _slots_of = None  # the class whose slot offsets _off holds
+cdef object _islots_of = None  # ... and _ioff
 cdef object _F = False
 
 
-cdef bint _learn_slots(type cls) except -1:
-    """Read the slot offsets of `cls` (a dataclass with slots=True and exactly these fields,
-    nothing run at __init__ but the assignments); False: construct by calling `cls`."""
-    global _slots_of
+cdef bint _learn(type cls, tuple fields, Py_ssize_t* off) except -1:
+    """Read the slot offsets of `cls` into `off` (a dataclass with slots=True and exactly
+    `fields`, nothing run at __init__ but the assignments); False: construct by calling `cls`."""
     import dataclasses
     import types
     if not dataclasses.is_dataclass(cls) or hasattr(cls, "__post_init__"):
         return False
-    if tuple(f.name for f in dataclasses.fields(cls)) != _FIELDS:
+    if tuple(f.name for f in dataclasses.fields(cls)) != fields:
         return False
-    for i, name in enumerate(_FIELDS):
+    for i, name in enumerate(fields):
         d = cls.__dict__.get(name)
         if type(d) is not types.MemberDescriptorType:  # a slot of this very class
             return False
-        _off[i] = (<PyMemberDescrObject*>d).d_member.offset
+        off[i] = (<PyMemberDescrObject*>d).d_member.offset
+    return True
+
+
+cdef bint _learn_slots(type cls) except -1:
+    global _slots_of
+    if not _learn(cls, _FIELDS, _off):
+        return False
     _slots_of = cls
+    return True
+
+
+cdef bint _learn_islots(type cls) except -1:
+    global _islots_of
+    if not _learn(cls, _IFIELDS, _ioff):
+        return False
+    _islots_of = cls
     return True
 
 
@@ -280,3 +297,98 @@ def publish_messages(list packets, Py_ssize_t i, object cid, object now_ms, obje
         pids.append(p[5])
         i += 1
     return msgs, pids, i
+
+
+# -- outbound: a 3.1.1 QoS 1 reader's run of PUBLISHes -------------------------------------------
+
+def qos1_run(dict cache, Py_ssize_t seq, Py_ssize_t end, dict pending, dict inflight,
+             Py_ssize_t room, int pid, int64_t now_ms, object queue, object filter_raw,
+             type icls, object observe, list out, int sub_qos, bint rap):
+    """Same packets, records and observations as `cohorts.qos1_run_py`: each PUBLISH built
+    here in one allocation, its `Inflight` allocated and its slots filled in place."""
+    cdef Py_ssize_t nbytes = 0, same = 0, tlen, plen, rl, total, guard
+    cdef int64_t ts0 = 0, ts
+    cdef bint blocked = False, fast = icls is _islots_of or _learn_islots(icls)
+    cdef int q
+    cdef CachedBase c
+    cdef const char* t
+    cdef uint8_t* p
+    cdef object o, data, inf, key, pid_o
+    cdef _AllocType* tp = <_AllocType*>icls
+    cdef char* base
+    while seq < end:
+        o = cache[seq]
+        key = seq
+        if o is None or key in pending:
+            seq += 1
+            continue
+        c = <CachedBase>o
+        exp = c.expire_at_ms
+        if exp is not None and now_ms >= <int64_t>exp:
+            seq += 1
+            continue
+        q = c.qos if c.qos < sub_qos else sub_qos
+        if q != 1 or (rap and c.retain) or type(c.payload) is not bytes:
+            break
+        t = PyUnicode_AsUTF8AndSize(c.topic, &tlen)
+        plen = PyBytes_GET_SIZE(c.payload)
+        rl = 4 + tlen + plen
+        if tlen > 65535 or rl > 268435455:
+            break  # the general path reports it
+        if room <= 0:
+            blocked = True
+            break
+        guard = 0
+        while pid in inflight:
+            pid = pid + 1 if pid < 65535 else 1
+            guard += 1
+            if guard > 65535:
+                raise RuntimeError("no free packet id")
+        total = 1 + _varint_size(rl) + rl
+        data = PyBytes_FromStringAndSize(NULL, total)
+        p = <uint8_t*>PyBytes_AS_STRING(data)
+        p[0] = 0x32
+        p += 1
+        while rl >= 128:
+            p[0] = (rl & 0x7F) | 0x80
+            rl >>= 7
+            p += 1
+        p[0] = rl
+        p[1] = tlen >> 8
+        p[2] = tlen & 0xFF
+        p += 3
+        memcpy(p, t, tlen)
+        p += tlen
+        p[0] = pid >> 8
+        p[1] = pid & 0xFF
+        memcpy(p + 2, PyBytes_AS_STRING(c.payload), plen)
+        pid_o = pid
+        if fast:
+            inf = tp.tp_alloc(tp, 0)
+            PyObject_GC_UnTrack(<void*>inf)  # strs, bytes, ints and a bool
+            base = <char*><PyObject*>inf
+            _put(base, _ioff[0], queue)
+            _put(base, _ioff[1], key)
+            _put(base, _ioff[2], 1)
+            _put(base, _ioff[3], data)
+            _put(base, _ioff[4], _F)
+            _put(base, _ioff[5], filter_raw)
+        else:
+            inf = icls(queue, key, 1, data, False, filter_raw)
+        inflight[pid_o] = inf
+        pending[key] = pid_o
+        out.append(data)
+        nbytes += total
+        room -= 1
+        pid = pid + 1 if pid < 65535 else 1
+        ts = c.ts_ms
+        if ts != ts0:
+            if same:
+                observe(now_ms - ts0, same)
+            ts0 = ts
+            same = 0
+        same += 1
+        seq += 1
+    if same:
+        observe(now_ms - ts0, same)
+    return seq, pid, nbytes, blocked

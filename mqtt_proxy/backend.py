@@ -29,7 +29,7 @@ from bisect import bisect_right
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from lightqueue.model import ReadResult, StoredMessage
 from mqtt_proxy.ports import (
@@ -128,7 +128,19 @@ class Backend:
         """Messages found in the recent runs, and the indexes of the entries that were not."""
         parts = self._parts
         out: list[Message | None] = [None] * len(entries)
-        missing: list[int] = []
+        missing: list[int]
+        last = entries[-1] if entries else None
+        if last is not None:
+            part = parts.get((last[0], last[1]))
+            if part is not None and part[0] and last[2] < part[0][0]:
+                # A reader behind the runs: its newest entry is older than every run of its
+                # partition, so (oldest runs go first) the others are gone too; at worst one
+                # more is read from the log. Saves the lookups per entry (a lagging QoS 1
+                # reader of a fan-in: ~4 % of the loop).
+                missing = [i for i, e in enumerate(entries) if e is not None]
+                self.cache_misses += len(missing)
+                return out, missing
+        missing = []
         hits: dict[
             tuple[str, int], tuple[int, list[MqttMessage]]
         ] = {}  # last run hit per partition
@@ -292,7 +304,8 @@ class LocalBackend(Backend):
         msgs, missing = self._from_recent(res.entries)
         if missing:
             entries = res.entries
-            want = [entries[i] for i in missing]
+            every = len(missing) == len(entries)  # a reader behind the recent runs
+            want = list(entries) if every else [entries[i] for i in missing]
             if not fetched and self.queues.remote_reads:
                 # The log is a Kafka cluster: fetch the records first (one fetch per partition
                 # run, store.backend), then resolve in one go; `done` runs later, as remotely.
@@ -307,8 +320,11 @@ class LocalBackend(Backend):
                 asyncio.ensure_future(self.queues.prefetch(want)).add_done_callback(fetched_cb)
                 return
             got = self.queues.resolve(want)
-            for i, m in zip(missing, got, strict=True):
-                msgs[i] = m
+            if every:
+                msgs = cast("list[Message | None]", got)
+            else:
+                for i, m in zip(missing, got, strict=True):
+                    msgs[i] = m
         done(res, msgs)
 
     def acquire_many(self, specs: list[FilterSpec], done: Callable[[list[Acquired]], None],

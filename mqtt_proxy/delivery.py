@@ -42,6 +42,7 @@ from lightqueue.model import ReadResult
 from mqtt_proxy.codec import publish_v3_qos1
 from mqtt_proxy.cohorts import CohortPump
 from mqtt_proxy.ports import Entries, Message, PeerPort, QueuesPort
+from mqtt_proxy.qos1_run import qos1_run
 from mqtt_proxy.queue_cache import PUMP_BATCHES, CachedMsg, QueueState, fill_cache
 from mqtt_proxy.session import Inflight, Session, Subscription
 from mqtt_proxy.settings import ProxySettings
@@ -383,6 +384,8 @@ class Delivery:
         more = False
         observe = self.deliver_latency.observe_ms
         ts = ts_n = 0
+        # A 3.1.1 QoS 1 reader: its QoS 1 messages go through `qos1_run` (compiled).
+        run1 = not v5 and sub.qos and check is None and not conn.session_overlap
         for _ in range(PUMP_BATCHES):
             if not conn.writable:
                 break
@@ -394,6 +397,18 @@ class Delivery:
             seq = start
             blocked = False
             while seq < end:
+                if run1:
+                    seq, session.next_pid, n1, blocked = qos1_run(
+                        cache, seq, end, sub.pending, session.inflight,
+                        conn.out_window - len(session.inflight), session.next_pid, now_ms,
+                        qs.name, sub.spec.raw, Inflight, observe, out, sub.qos,
+                        sub.retain_as_published,
+                    )  # fmt: skip
+                    if n1:
+                        nbytes += n1
+                        session.dirty = True
+                    if blocked or seq >= end:
+                        break
                 m = cache[seq]
                 if m is None or seq in sub.pending or m.expired(now_ms):
                     seq += 1

@@ -1,5 +1,5 @@
 """The compiled hot loops (`store/_speedups.pyx`, `mqtt_proxy/codec/_cparser.pyx`,
-`mqtt_proxy/_cdelivery.pyx`, `lightqueue/_cblocks.pyx`), if built.
+`mqtt_proxy/_cdelivery.pyx`, `lightqueue/_cblocks.pyx`, `lightqueue/_cresolve.pyx`), if built.
 
 setup.py compiles them with Cython at install time (`pip install -e .`); when that is not
 possible (no C compiler) install still succeeds and every caller uses its pure-Python twin, which
@@ -19,6 +19,7 @@ MODULES = (
     "mqtt_proxy.codec._cparser",
     "mqtt_proxy._cdelivery",
     "lightqueue._cblocks",
+    "lightqueue._cresolve",
 )
 
 

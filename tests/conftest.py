@@ -100,6 +100,7 @@ def speedups_impl(request: pytest.FixtureRequest) -> Iterator[str | None]:
     import lightqueue.index_batch as index_batch
     import lightqueue.keys as keys
     import lightqueue.queues as queues
+    import lightqueue.resolver as resolver
     import mqtt_proxy.codec.parser as parser
     import store.mqtt_batches as mqtt_batches
 
@@ -113,6 +114,8 @@ def speedups_impl(request: pytest.FixtureRequest) -> Iterator[str | None]:
         mp.setattr(dispatcher, "_index_batch", dispatcher._index_batch_py)
         mp.setattr(index_batch, "_put_blocks", keys.put_blocks_py)
         mp.setattr(queues, "_read_entries", keys.read_entries_py)
+        mp.setattr(resolver, "_resolve_cached", resolver.resolve_cached_py)
+        mp.setattr(resolver, "_cache_records", resolver.cache_records_py)
         yield impl
 
 

@@ -48,6 +48,13 @@ def compiled_blocks() -> Any:
     return _cblocks
 
 
+def compiled_resolve() -> Any:
+    require_extensions()
+    from lightqueue import _cresolve  # type: ignore[attr-defined]
+
+    return _cresolve
+
+
 def test_extensions_built_and_in_use() -> None:
     """On a machine with a C compiler `pip install -e .` builds them, and the hot paths call
     them (not the twins)."""
@@ -69,6 +76,9 @@ def test_extensions_built_and_in_use() -> None:
     import lightqueue.queues as queues
 
     assert queues._read_entries is cb.read_entries and index_batch._put_blocks is cb.put_blocks
+    cr = compiled_resolve()
+    assert resolver._resolve_cached is cr.resolve_cached
+    assert resolver._cache_records is cr.cache_records
     assert sp.__file__.endswith(".so") and cp.__file__.endswith(".so")
     import mqtt_proxy.cohorts as cohorts
     import mqtt_proxy.queue_cache as queue_cache
@@ -78,6 +88,9 @@ def test_extensions_built_and_in_use() -> None:
     import mqtt_proxy.handlers as handlers
 
     assert handlers._publish_messages is cd.publish_messages
+    import mqtt_proxy.qos1_run as qos1_run
+
+    assert qos1_run.qos1_run is cd.qos1_run
     assert issubclass(queue_cache.CachedMsg, cd.CachedBase)
 
 
@@ -93,15 +106,19 @@ def test_env_var_forces_pure_python() -> None:
         "q.CachedMsg.__base__ is q._CachedFields, lq._read_entries is lq.read_entries_py, "
         "h._publish_messages is h.publish_messages_py); "
         "import lightqueue.index_batch as ib, lightqueue.keys as k; "
-        "print(ib._put_blocks is k.put_blocks_py)"
+        "import mqtt_proxy.qos1_run as qr; "
+        "print(ib._put_blocks is k.put_blocks_py, r._resolve_cached is r.resolve_cached_py, "
+        "r._cache_records is r.cache_records_py, qr.qos1_run is qr.qos1_run_py)"
     )
     env = {**os.environ, "LIGHTGATE_NO_EXTENSIONS": "1", "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == [
         "{'store._speedups':", "False,", "'mqtt_proxy.codec._cparser':", "False,",
-        "'mqtt_proxy._cdelivery':", "False,", "'lightqueue._cblocks':", "False}",
+        "'mqtt_proxy._cdelivery':", "False,", "'lightqueue._cblocks':", "False,",
+        "'lightqueue._cresolve':", "False}",
         "None", "True", "None", "True", "True", "True", "True", "True", "True", "True", "True",
+        "True", "True", "True",
     ]  # fmt: skip
 
 
@@ -237,6 +254,64 @@ def test_put_blocks_same_as_twin(bufs: list[tuple[int, int]], block_max: int) ->
         assert all(q.buf is None for q in qs)
         results.append(puts)
     assert results[0] == results[1]
+
+
+@SETTINGS
+@given(
+    st.lists(_record, min_size=1, max_size=30),
+    st.lists(st.one_of(st.none(), st.integers(0, 40)), max_size=40),
+    st.sets(st.integers(0, 40)),
+    st.booleans(),
+)
+def test_resolve_cached_same_as_twin(
+    records: list[Any], wanted: list[int | None], asked: set[int], known_topics: bool
+) -> None:
+    """Entries -> messages from the resolver's cache, compiled and pure: the same messages
+    (a plain PUBLISH built in place by the compiled one, any other record through
+    `Resolver._message`), the same offsets missing, grouped by partition, and the same cache
+    after (each record asked for replaced by its message); a message built in place is left
+    off the cyclic GC's lists."""
+    import gc
+
+    from lightqueue.model import StoredMessage
+    from lightqueue.resolver import Resolver, cache_records_py, resolve_cached_py
+
+    sp, _ = compiled()
+    cr = compiled_resolve()
+    batch = bytes(build_batch(records, 0))
+    recs = sp.decode_records(batch, 0, len(batch), -1)
+    entries = [None if o is None else (("t", 0, o) if o % 7 else ("u", 1, o)) for o in wanted]
+    outs = []
+    for resolve, cache_records in ((resolve_cached_py, cache_records_py),
+                                   (cr.resolve_cached, cr.cache_records)):  # fmt: skip
+        res = Resolver(None)  # type: ignore[arg-type]  # only its record -> message view is used
+        cache: dict[Any, Any] = {}
+        assert cache_records(recs, cache, "t", 0) == len(recs)
+        assert cache_records(recs[:3], cache, "t", 0) == min(3, len(recs))  # already there: kept
+        for o in sorted(asked):  # asked for before: already a message in the cache
+            if ("t", 0, o) in cache:
+                cache[("t", 0, o)] = res._message("t", 0, cache[("t", 0, o)])
+        if known_topics:
+            for r in recs:
+                res._message("t", 0, r)  # fills its topic mapping
+        out, missing = resolve(entries, cache, res._topics, StoredMessage, res._message)
+        assert len(out) == len(entries)
+        for e, m in zip(entries, out, strict=True):
+            assert (m is None) == (e is None or e not in cache)
+            if m is not None:
+                assert type(m) is StoredMessage and cache[e] is m
+                assert (m.log_topic, m.partition, m.offset) == e
+                built_here = known_topics and e[0] == "t" and e[2] not in asked
+                if built_here and recs[e[2]][6] is None and resolve is cr.resolve_cached:
+                    assert not gc.is_tracked(m)
+        outs.append((out, missing, cache))
+    (o1, m1, c1), (o2, m2, c2) = outs
+    assert o1 == o2 and m1 == m2 and c1 == c2
+    want: dict[Any, list[int]] = {}
+    for e in entries:
+        if e is not None and e not in c1:
+            want.setdefault(e[:2], []).append(e[2])
+    assert m1 == want
 
 
 @SETTINGS
@@ -532,6 +607,71 @@ def test_delivery_cache_and_qos0_run_same_as_twins(
     if n:  # whole packets, as the codec reads them
         got = Parser(version=5 if v5 else 4).feed(data)
         assert len(got) == n
+
+
+@SETTINGS
+@given(
+    st.lists(_cached, max_size=30),
+    st.integers(0, 2**41),
+    st.sets(st.integers(0, 29)),
+    st.sets(st.integers(1, 12)),
+    st.integers(0, 12),
+    st.sampled_from([1, 2, 65534, 65535]),
+    st.integers(1, 2),
+    st.booleans(),
+)
+def test_qos1_run_same_as_twin(
+    msgs: list[MqttMessage | None],
+    now_ms: int,
+    pending_at: set[int],
+    pids_in_flight: set[int],
+    room: int,
+    pid: int,
+    sub_qos: int,
+    rap: bool,
+) -> None:
+    """A 3.1.1 QoS 1 reader's run, compiled and pure: the same packets (each parses back as a
+    QoS 1 PUBLISH with the packet id recorded for it), the same in-flight records and pending
+    sequences, the same stop (a message for the general path, or blocked) and the same latency
+    observations, whatever is already pending or in flight; in-flight records built in place
+    are left off the cyclic GC's lists."""
+    import gc
+
+    cd = compiled_delivery()
+    from mqtt_proxy.qos1_run import qos1_run_py
+    from mqtt_proxy.queue_cache import CachedMsg, fill_cache_py
+    from mqtt_proxy.session import Inflight
+
+    cache: dict[int, Any] = {}
+    fill_cache_py(CachedMsg, msgs, cache, 5, "__lightgate", "__lightgate_probe/")
+    results = []
+    for run in (qos1_run_py, cd.qos1_run):
+        pending = {5 + i: 100 + i for i in pending_at}
+        inflight = {p: Inflight("q", 0, 1, b"old", False, "f") for p in pids_in_flight}
+        seen: list[tuple[int, int]] = []
+        out: list[bytes] = [b"before"]
+        res = run(cache, 5, 5 + len(msgs), pending, inflight, room, pid, now_ms, "q", "f/+",
+                  Inflight, lambda lat, k, seen=seen: seen.append((lat, k)), out, sub_qos,
+                  rap)  # fmt: skip
+        results.append((res, out, pending, inflight, seen))
+    assert results[0] == results[1]
+    (seq, next_pid, nbytes, blocked), out, pending, inflight, seen = results[1]
+    assert 5 <= seq <= 5 + len(msgs) and nbytes == sum(len(d) for d in out[1:])
+    sent = [p for p in inflight if p not in pids_in_flight]
+    assert len(sent) == len(out) - 1 <= room
+    if blocked:
+        assert len(sent) == room and seq < 5 + len(msgs)
+    elif seq < 5 + len(msgs):  # stopped at a message for the general path
+        m = cache[seq]
+        assert min(m.qos, sub_qos) != 1 or (rap and m.retain)
+    for data, p in zip(out[1:], sent, strict=True):
+        (pkt,) = Parser(version=4).feed(data)
+        assert pkt.qos == 1 and pkt.packet_id == p and not pkt.retain and not pkt.dup
+        inf = inflight[p]
+        assert inf.data == data and pending[inf.seq] == p and inf.filter_raw == "f/+"
+        assert (pkt.topic, pkt.payload) == (cache[inf.seq].topic, cache[inf.seq].payload)
+        assert not gc.is_tracked(inf)
+    assert sum(k for _, k in seen) == len(sent)
 
 
 # As the parser makes them (tuple.__new__, no checks: packet id 0 at QoS 0).

@@ -1,0 +1,137 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""Compiled halves of the resolver (`lightqueue/resolver.py` holds the pure twins): built at
+install time with the other extensions (store.speedups explains).
+
+* `resolve_cached` - `resolver.resolve_cached_py`: entries -> messages from the decoded-record
+  cache, a plain PUBLISH record's `StoredMessage` allocated and its slots filled in place (the
+  dataclass __init__ was most of the 1.1 us per message of `Resolver._message`);
+* `cache_records` - `resolver.cache_records_py`: a decoded batch's records into that cache.
+
+A subscriber far behind its queue (a QoS 1 reader of a fan-in) reads every message this way.
+"""
+
+from cpython.dict cimport PyDict_GetItem, PyDict_SetItem
+from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
+from cpython.object cimport PyObject
+from cpython.ref cimport Py_INCREF
+
+
+cdef extern from "Python.h":
+    void PyObject_GC_UnTrack(void* op)
+    object PyUnicode_DecodeUTF8(const char* s, Py_ssize_t size, const char* errors)
+    char* PyBytes_AS_STRING(object o)
+    Py_ssize_t PyBytes_GET_SIZE(object o)
+    ctypedef struct PyMemberDef:
+        Py_ssize_t offset
+    ctypedef struct PyMemberDescrObject:
+        PyMemberDef* d_member
+    ctypedef struct _AllocType "PyTypeObject":
+        object (*tp_alloc)(_AllocType*, Py_ssize_t)
+
+
+# StoredMessage's fields, in __init__'s order: their slots are filled in place.
+_FIELDS = ("topic", "payload", "qos", "client_id", "retain", "properties", "timestamp_ms",
+           "log_topic", "partition", "offset")
+cdef Py_ssize_t _off[10]
+cdef object _slots_of = None  # the class whose slot offsets _off holds
+cdef object _F = False
+cdef bytes _EMPTY = b""
+
+
+cdef bint _learn_slots(type cls) except -1:
+    """Read the slot offsets of `cls` (a dataclass with slots=True and exactly these fields,
+    nothing run at __init__ but the assignments); False: construct by calling `cls`."""
+    global _slots_of
+    import dataclasses
+    import types
+    if not dataclasses.is_dataclass(cls) or hasattr(cls, "__post_init__"):
+        return False
+    if tuple(f.name for f in dataclasses.fields(cls)) != _FIELDS:
+        return False
+    for i, name in enumerate(_FIELDS):
+        d = cls.__dict__.get(name)
+        if type(d) is not types.MemberDescriptorType:  # a slot of this very class
+            return False
+        _off[i] = (<PyMemberDescrObject*>d).d_member.offset
+    _slots_of = cls
+    return True
+
+
+cdef inline void _put(char* base, Py_ssize_t off, object v) noexcept:
+    Py_INCREF(v)
+    (<PyObject**>(base + off))[0] = <PyObject*>v
+
+
+def resolve_cached(list entries, dict cache, dict topics, type cls, object message):
+    """(messages aligned with `entries`, {(log topic, partition): [offsets not in `cache`]}).
+    A cached record tuple is replaced in `cache` by its message: a plain PUBLISH whose topic
+    mapping `topics` knows is built here, any other by `message(log topic, partition, record)`."""
+    cdef Py_ssize_t i, n = PyList_GET_SIZE(entries)
+    cdef list out = [None] * n
+    cdef dict missing = {}
+    cdef list g = None
+    cdef object e, v, topic, cid, value, k, gt = None, gp = None
+    cdef tuple et, r
+    cdef PyObject* got
+    cdef _AllocType* tp = <_AllocType*>cls
+    cdef char* base
+    cdef bint fast = cls is _slots_of or _learn_slots(cls)
+    for i in range(n):
+        e = <object>PyList_GET_ITEM(entries, i)
+        if e is None:
+            continue
+        got = PyDict_GetItem(cache, e)
+        if got is NULL:
+            et = <tuple>e
+            if g is None or et[0] != gt or et[1] != gp:  # a new partition, usually once a read
+                gt = et[0]
+                gp = et[1]
+                g = missing.setdefault((gt, gp), [])
+            g.append(et[2])
+            continue
+        v = <object>got
+        if type(v) is tuple:
+            r = <tuple>v
+            et = <tuple>e
+            cid = r[5]
+            topic = None
+            if r[6] is None and type(cid) is bytes:
+                k = (et[0], r[1])
+                got = PyDict_GetItem(topics, k)
+                if got is not NULL:
+                    topic = <object>got
+            if topic is None or not fast:
+                v = message(et[0], et[1], r)
+            else:
+                value = r[2]
+                if value is None:
+                    value = _EMPTY
+                cid = PyUnicode_DecodeUTF8(PyBytes_AS_STRING(cid), PyBytes_GET_SIZE(cid),
+                                           "replace")
+                v = tp.tp_alloc(tp, 0)
+                PyObject_GC_UnTrack(<void*>v)  # strs, bytes and ints only
+                base = <char*><PyObject*>v
+                _put(base, _off[0], topic)
+                _put(base, _off[1], value)
+                _put(base, _off[2], r[4])
+                _put(base, _off[3], cid)
+                _put(base, _off[4], _F)
+                _put(base, _off[5], None)
+                _put(base, _off[6], r[3])
+                _put(base, _off[7], et[0])
+                _put(base, _off[8], et[1])
+                _put(base, _off[9], r[0])
+            PyDict_SetItem(cache, e, v)
+        out[i] = v
+    return out, missing
+
+
+def cache_records(list recs, dict cache, object t, object p):
+    """Each record tuple of `recs` into `cache` under (t, p, offset), unless already there
+    (decoded, or already asked for as a message). Returns len(recs)."""
+    cdef object r, k
+    for r in recs:
+        k = (t, p, (<tuple>r)[0])
+        if PyDict_GetItem(cache, k) is NULL:
+            PyDict_SetItem(cache, k, r)
+    return len(recs)
