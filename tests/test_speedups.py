@@ -495,8 +495,9 @@ def test_clean_removes_built_modules() -> None:
     clean = text[text.index("\nclean:") :]
     assert "*.so" in clean and "_speedups.c" in clean and "_cparser.c" in clean
     assert "mqtt_proxy/*.so" in clean and "_cdelivery.c" in clean
+    assert "lightqueue/*.so" in clean and "_cblocks.c" in clean and "_cresolve.c" in clean
     ignored = (ROOT / ".gitignore").read_text()
-    assert "*.so" in ignored
+    assert "*.so" in ignored and "lightqueue/_cresolve.c" in ignored
 
 
 def test_hot_objects_are_not_tracked_by_the_gc() -> None:
