@@ -166,8 +166,9 @@ class GatewayConfig:
         choices=("always", "interval_ms", "never"),
     )
     fsync_interval_ms: int = key(
-        50,
-        "flush interval under `interval_ms` (and the timer that fsyncs unacknowledged writes)",
+        200,
+        "flush interval under `interval_ms` (and the timer that fsyncs unacknowledged writes: "
+        "each fsync disturbs delivery on a small machine, see below)",
         lo=1,
         hi=3_600_000,
     )

@@ -33,7 +33,7 @@ class StoreConfig:
 
     default_partitions: int = 4
     fsync: str = "always"
-    fsync_interval_ms: int = 50
+    fsync_interval_ms: int = 200  # lightgate/config.py documents the default
     segment_bytes: int = 256 << 20
     segment_ms: int = 7 * 24 * 3600 * 1000
     retention_ms: int = 7 * 24 * 3600 * 1000
