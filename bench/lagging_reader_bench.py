@@ -44,7 +44,7 @@ async def main(records: int, batch: int, repeat: int) -> None:
         info = lq.info("f/+")
         assert info is not None and info[2] >= records, info
         for _ in range(repeat):
-            lq.resolver._cache.clear()
+            lq.resolver.clear()
             t_read = t_resolve = t_fill = 0.0
             seq, total = info[1], 0
             while seq < info[2]:

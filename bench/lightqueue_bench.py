@@ -87,7 +87,7 @@ async def bench_dispatch(records: int, nfilters: int) -> dict[str, float]:
             if info is None:
                 continue
             total, seq = 0, info[1]
-            lq.resolver._cache.clear()
+            lq.resolver.clear()
             t1 = time.process_time()
             while seq < info[2]:
                 r = lq.read(name, seq, 100)

@@ -5,12 +5,13 @@ install time with the other extensions (store.speedups explains).
 * `resolve_cached` - `resolver.resolve_cached_py`: entries -> messages from the decoded-record
   cache, a plain PUBLISH record's `StoredMessage` allocated and its slots filled in place (the
   dataclass __init__ was most of the 1.1 us per message of `Resolver._message`);
-* `cache_records` - `resolver.cache_records_py`: a decoded batch's records into that cache.
+* `cache_records` - `resolver.cache_records_py`: a decoded batch's records into that cache;
+* `evict` - `resolver.evict_py`: its oldest records out, in the order they were decoded.
 
 A subscriber far behind its queue (a QoS 1 reader of a fan-in) reads every message this way.
 """
 
-from cpython.dict cimport PyDict_GetItem, PyDict_SetItem
+from cpython.dict cimport PyDict_DelItem, PyDict_GetItem, PyDict_SetItem, PyDict_Size
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF
@@ -126,12 +127,25 @@ def resolve_cached(list entries, dict cache, dict topics, type cls, object messa
     return out, missing
 
 
-def cache_records(list recs, dict cache, object t, object p):
+def cache_records(list recs, dict cache, object order, object t, object p):
     """Each record tuple of `recs` into `cache` under (t, p, offset), unless already there
-    (decoded, or already asked for as a message). Returns len(recs)."""
+    (decoded, or already asked for as a message), its key appended to `order` (a deque).
+    Returns len(recs)."""
     cdef object r, k
+    append = order.append
     for r in recs:
         k = (t, p, (<tuple>r)[0])
         if PyDict_GetItem(cache, k) is NULL:
             PyDict_SetItem(cache, k, r)
+            append(k)
     return len(recs)
+
+
+def evict(dict cache, object order, Py_ssize_t keep):
+    """Drop the oldest keys of `order` (a deque) from `cache` until it holds at most `keep`; a
+    key no longer in `cache` is skipped."""
+    popleft = order.popleft
+    while PyDict_Size(cache) > keep and len(order):
+        k = popleft()
+        if PyDict_GetItem(cache, k) is not NULL:
+            PyDict_DelItem(cache, k)

@@ -12,8 +12,8 @@ place, so a message read through its topic queue and a filter queue is decoded o
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Sequence
-from itertools import islice
 from typing import Any
 
 from lightqueue.dispatcher import mqtt_topic_of
@@ -50,6 +50,10 @@ class Resolver:
         # Decoded records by (log topic, partition, offset), oldest first: evicted in the order
         # they were decoded (a reader behind reads forward, so what it decoded last is hot).
         self._cache: dict[tuple[str, int, int], Any] = {}
+        # Its keys in the order they were decoded: eviction pops from here. Iterating the dict
+        # from its front instead skipped the holes deletions leave there until the next resize
+        # (measured: 316 ns per evicted key for the `islice` alone at 100,000 records).
+        self._order: deque[tuple[str, int, int]] = deque()
         self._max = cache_records
         self._avg: dict[tuple[str, int], float] = {}
         self._topics: dict[tuple[str, bytes | None], str] = {}
@@ -59,6 +63,7 @@ class Resolver:
         """A deleted log topic: its cached records must not answer for a new topic's offsets."""
         for k in [k for k in self._cache if k[0] == topic]:
             del self._cache[k]
+        self._order = deque(k for k in self._order if k[0] != topic)
         for tp in [tp for tp in self._avg if tp[0] == topic]:
             del self._avg[tp]
 
@@ -77,11 +82,14 @@ class Resolver:
             for (t, p), offs in missing.items():
                 self._fetch(t, p, sorted(set(offs)))
             out, _ = _resolve_cached(entries, cache, self._topics, StoredMessage, self._message)
-        over = len(cache) - self._max
-        if over > 0:  # evict only once the answer is built (oldest decoded first)
-            for k in list(islice(cache, over)):
-                del cache[k]
+        if len(cache) > self._max:  # evict only once the answer is built (oldest decoded first)
+            _evict(cache, self._order, self._max)
         return out
+
+    def clear(self) -> None:
+        """Forget every decoded record (benchmarks: a cold read)."""
+        self._cache.clear()
+        self._order.clear()
 
     def _message(self, t: str, p: int, r: RecordTuple) -> StoredMessage:
         """The MQTT view of a record. Fast path for the two headers every plain MQTT PUBLISH
@@ -139,7 +147,7 @@ class Resolver:
                 recs = _decode_records_py(data, pos, size, lat)
             else:
                 recs = decode(data, pos, size, lat)
-            n += _cache_records(recs, cache, t, p)
+            n += _cache_records(recs, cache, self._order, t, p)
         return n
 
 
@@ -205,17 +213,34 @@ def resolve_cached_py(
 
 
 def cache_records_py(
-    recs: list[RecordTuple], cache: dict[tuple[str, int, int], Any], t: str, p: int
+    recs: list[RecordTuple],
+    cache: dict[tuple[str, int, int], Any],
+    order: deque[tuple[str, int, int]],
+    t: str,
+    p: int,
 ) -> int:
-    """Each record of `recs` into `cache` under (t, p, offset) unless already there. The pure
-    twin of `lightqueue._cresolve.cache_records`."""
+    """Each record of `recs` into `cache` under (t, p, offset) unless already there, its key
+    appended to `order`. The pure twin of `lightqueue._cresolve.cache_records`."""
     for r in recs:
         k = (t, p, r[0])
         if k not in cache:
             cache[k] = r
+            order.append(k)
     return len(recs)
+
+
+def evict_py(
+    cache: dict[tuple[str, int, int], Any], order: deque[tuple[str, int, int]], keep: int
+) -> None:
+    """Drop the oldest keys of `order` from `cache` until it holds at most `keep` (a key of
+    `order` no longer in `cache` is skipped). The pure twin of `lightqueue._cresolve.evict`."""
+    pop = cache.pop
+    popleft = order.popleft
+    while len(cache) > keep and order:
+        pop(popleft(), None)
 
 
 _cr = load("lightqueue._cresolve")
 _resolve_cached = resolve_cached_py if _cr is None else _cr.resolve_cached
 _cache_records = cache_records_py if _cr is None else _cr.cache_records
+_evict = evict_py if _cr is None else _cr.evict

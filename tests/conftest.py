@@ -116,6 +116,7 @@ def speedups_impl(request: pytest.FixtureRequest) -> Iterator[str | None]:
         mp.setattr(queues, "_read_entries", keys.read_entries_py)
         mp.setattr(resolver, "_resolve_cached", resolver.resolve_cached_py)
         mp.setattr(resolver, "_cache_records", resolver.cache_records_py)
+        mp.setattr(resolver, "_evict", resolver.evict_py)
         yield impl
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -78,7 +79,7 @@ def test_extensions_built_and_in_use() -> None:
     assert queues._read_entries is cb.read_entries and index_batch._put_blocks is cb.put_blocks
     cr = compiled_resolve()
     assert resolver._resolve_cached is cr.resolve_cached
-    assert resolver._cache_records is cr.cache_records
+    assert resolver._cache_records is cr.cache_records and resolver._evict is cr.evict
     assert sp.__file__.endswith(".so") and cp.__file__.endswith(".so")
     import mqtt_proxy.cohorts as cohorts
     import mqtt_proxy.queue_cache as queue_cache
@@ -108,7 +109,8 @@ def test_env_var_forces_pure_python() -> None:
         "import lightqueue.index_batch as ib, lightqueue.keys as k; "
         "import mqtt_proxy.qos1_run as qr; "
         "print(ib._put_blocks is k.put_blocks_py, r._resolve_cached is r.resolve_cached_py, "
-        "r._cache_records is r.cache_records_py, qr.qos1_run is qr.qos1_run_py)"
+        "r._cache_records is r.cache_records_py, qr.qos1_run is qr.qos1_run_py, "
+        "r._evict is r.evict_py)"
     )
     env = {**os.environ, "LIGHTGATE_NO_EXTENSIONS": "1", "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
@@ -118,7 +120,7 @@ def test_env_var_forces_pure_python() -> None:
         "'mqtt_proxy._cdelivery':", "False,", "'lightqueue._cblocks':", "False,",
         "'lightqueue._cresolve':", "False}",
         "None", "True", "None", "True", "True", "True", "True", "True", "True", "True", "True",
-        "True", "True", "True",
+        "True", "True", "True", "True",
     ]  # fmt: skip
 
 
@@ -274,7 +276,7 @@ def test_resolve_cached_same_as_twin(
     import gc
 
     from lightqueue.model import StoredMessage
-    from lightqueue.resolver import Resolver, cache_records_py, resolve_cached_py
+    from lightqueue.resolver import Resolver, cache_records_py, evict_py, resolve_cached_py
 
     sp, _ = compiled()
     cr = compiled_resolve()
@@ -286,8 +288,11 @@ def test_resolve_cached_same_as_twin(
                                    (cr.resolve_cached, cr.cache_records)):  # fmt: skip
         res = Resolver(None)  # type: ignore[arg-type]  # only its record -> message view is used
         cache: dict[Any, Any] = {}
-        assert cache_records(recs, cache, "t", 0) == len(recs)
-        assert cache_records(recs[:3], cache, "t", 0) == min(3, len(recs))  # already there: kept
+        order: deque[Any] = deque()
+        assert cache_records(recs, cache, order, "t", 0) == len(recs)
+        # already there: kept, not listed twice
+        assert cache_records(recs[:3], cache, order, "t", 0) == min(3, len(recs))
+        assert list(order) == list(cache) == [("t", 0, o) for o in range(len(recs))]
         for o in sorted(asked):  # asked for before: already a message in the cache
             if ("t", 0, o) in cache:
                 cache[("t", 0, o)] = res._message("t", 0, cache[("t", 0, o)])
@@ -304,14 +309,23 @@ def test_resolve_cached_same_as_twin(
                 built_here = known_topics and e[0] == "t" and e[2] not in asked
                 if built_here and recs[e[2]][6] is None and resolve is cr.resolve_cached:
                     assert not gc.is_tracked(m)
-        outs.append((out, missing, cache))
-    (o1, m1, c1), (o2, m2, c2) = outs
-    assert o1 == o2 and m1 == m2 and c1 == c2
+        outs.append((out, missing, cache, order))
+    (o1, m1, c1, d1), (o2, m2, c2, d2) = outs
+    assert o1 == o2 and m1 == m2 and c1 == c2 and d1 == d2
     want: dict[Any, list[int]] = {}
     for e in entries:
         if e is not None and e not in c1:
             want.setdefault(e[:2], []).append(e[2])
     assert m1 == want
+    # Eviction: the oldest keys go first, keys already gone are skipped, the rest stay.
+    keep = len(c1) // 2
+    for k in list(d1)[:2]:  # forgotten (e.g. a deleted topic) while still listed
+        c1.pop(k, None)
+        c2.pop(k, None)
+    evict_py(c1, d1, keep)
+    cr.evict(c2, d2, keep)
+    assert c1 == c2 and d1 == d2 and len(c1) <= keep
+    assert list(c1) == [k for k in d1 if k in c1]
 
 
 @SETTINGS
