@@ -90,13 +90,18 @@ class SharedGroups:
         if g is None:
             g = self.groups[key] = CoreGroup(queue, int(hint))
         g.peers.add(peer)
+        last = self.queues.last_seq(queue)
+        end = (-1 if last is None else int(last)) + 1
+        if len(g.peers) > 1:
+            # A fair share of what is there now: the first proxy to ask must not take a whole
+            # burst while the others' members, woken by the same event, find nothing left.
+            avail = len(g.redeliver) + max(0, end - g.pos)
+            n = min(n, max(1, -(-avail // len(g.peers))))
         out: list[int] = []
         while g.redeliver and len(out) < n:
             seq = g.redeliver.pop(0)
             out.append(seq)
         if len(out) < n:
-            last = self.queues.last_seq(queue)
-            end = (-1 if last is None else int(last)) + 1
             stop = min(end, g.pos + n - len(out))
             out.extend(range(g.pos, stop))
             g.pos = max(g.pos, stop)
