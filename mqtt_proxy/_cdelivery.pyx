@@ -109,6 +109,23 @@ cdef inline Py_ssize_t _varint_size(Py_ssize_t v) noexcept:
     return 4
 
 
+cdef inline uint8_t* _head(uint8_t* p, uint8_t first, Py_ssize_t rl, const char* t,
+                           Py_ssize_t tlen) noexcept:
+    """A PUBLISH's fixed header and topic name at `p`; returns where the rest goes."""
+    p[0] = first
+    p += 1
+    while rl >= 128:
+        p[0] = (rl & 0x7F) | 0x80
+        rl >>= 7
+        p += 1
+    p[0] = rl
+    p[1] = tlen >> 8
+    p[2] = tlen & 0xFF
+    p += 3
+    memcpy(p, t, tlen)
+    return p + tlen
+
+
 def qos0_run(dict cache, Py_ssize_t start, Py_ssize_t end, int64_t now_ms, bint v5,
              tuple sub_ids, bint rap, object observe, Py_ssize_t nsubs):
     """(the QoS 0 PUBLISH packets of cache[start:end] joined, their count), or (None, 0); the
@@ -171,18 +188,7 @@ def qos0_run(dict cache, Py_ssize_t start, Py_ssize_t end, int64_t now_ms, bint 
         t = PyUnicode_AsUTF8AndSize(c.topic, &tlen)
         plen = PyBytes_GET_SIZE(c.payload)
         rl = 2 + tlen + v5 + plen
-        p[0] = 0x31 if (c.retain and rap) else 0x30
-        p += 1
-        while rl >= 128:
-            p[0] = (rl & 0x7F) | 0x80
-            rl >>= 7
-            p += 1
-        p[0] = rl
-        p[1] = tlen >> 8
-        p[2] = tlen & 0xFF
-        p += 3
-        memcpy(p, t, tlen)
-        p += tlen
+        p = _head(p, 0x31 if (c.retain and rap) else 0x30, rl, t, tlen)
         if v5:
             p[0] = 0
             p += 1
@@ -346,19 +352,7 @@ def qos1_run(dict cache, Py_ssize_t seq, Py_ssize_t end, dict pending, dict infl
                 raise RuntimeError("no free packet id")
         total = 1 + _varint_size(rl) + rl
         data = PyBytes_FromStringAndSize(NULL, total)
-        p = <uint8_t*>PyBytes_AS_STRING(data)
-        p[0] = 0x32
-        p += 1
-        while rl >= 128:
-            p[0] = (rl & 0x7F) | 0x80
-            rl >>= 7
-            p += 1
-        p[0] = rl
-        p[1] = tlen >> 8
-        p[2] = tlen & 0xFF
-        p += 3
-        memcpy(p, t, tlen)
-        p += tlen
+        p = _head(<uint8_t*>PyBytes_AS_STRING(data), 0x32, rl, t, tlen)
         p[0] = pid >> 8
         p[1] = pid & 0xFF
         memcpy(p + 2, PyBytes_AS_STRING(c.payload), plen)

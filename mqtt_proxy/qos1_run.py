@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mqtt_proxy.codec import publish_v3_qos1
-from mqtt_proxy.session import Inflight
+from mqtt_proxy.session import Inflight, free_pid
 from store.speedups import load
 
 
@@ -57,12 +57,7 @@ def qos1_run_py(
         if room <= 0:
             blocked = True
             break
-        for _ in range(65536):
-            if pid not in inflight:
-                break
-            pid = pid + 1 if pid < 65535 else 1
-        else:  # pragma: no cover - the window is far below 65535
-            raise RuntimeError("no free packet id")
+        pid = free_pid(inflight, pid)
         data = publish_v3_qos1(m.topic, m.payload, pid)
         inflight[pid] = icls(queue, seq, 1, data, False, filter_raw)
         pending[seq] = pid

@@ -48,6 +48,15 @@ class Subscription:
         return min(self.pending) if self.pending else self.pos
 
 
+def free_pid(inflight: dict[int, Any], pid: int) -> int:
+    """The first packet id from `pid` on (1..65535, wrapping) not in `inflight`."""
+    for _ in range(65535):
+        if pid not in inflight:
+            return pid
+        pid = pid + 1 if pid < 65535 else 1
+    raise RuntimeError("no free packet id")  # pragma: no cover - the window is far below 65535
+
+
 @dataclass(slots=True)
 class Inflight:
     """An outbound QoS 1/2 PUBLISH awaiting PUBACK, PUBREC or (after PUBREL) PUBCOMP."""
@@ -90,14 +99,7 @@ class Session:
 
     def alloc_pid(self) -> int:
         """Next free packet id (1..65535) not in flight."""
-        pid = self.next_pid
-        inflight = self.inflight
-        for _ in range(65535):
-            if pid not in inflight:
-                break
-            pid = pid + 1 if pid < 65535 else 1
-        else:  # pragma: no cover - the window is far below 65535
-            raise RuntimeError("no free packet id")
+        pid = free_pid(self.inflight, self.next_pid)
         self.next_pid = pid + 1 if pid < 65535 else 1
         return pid
 
