@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from store.kafka_log import KafkaLog
 
 log = logging.getLogger("lightgate")
+CLOSE_STEP_S = 25.0  # per component at shutdown (Gateway.close; the supervisor reaps in 20)
 
 
 class _Closer(Protocol):
@@ -282,11 +283,20 @@ class Gateway:
         }
 
     async def close(self) -> None:
+        """Close every component, newest first. Each gets CLOSE_STEP_S: a component that does
+        not finish by then is logged by name and left behind, so SIGTERM always ends the
+        process (a split gateway was seen twice hanging after "shutting down", cause not found;
+        what is not flushed then is what a kill -9 leaves, which recovery handles)."""
         for closer in reversed(self._closers):
+            name = type(closer).__name__
+            log.debug("closing %s", name)
             try:
-                await closer.close()
+                await asyncio.wait_for(closer.close(), CLOSE_STEP_S)
+            except TimeoutError:
+                log.error("%s did not close within %.0f s; going on without it", name,
+                          CLOSE_STEP_S, extra={"component": name})  # fmt: skip
             except Exception:
-                log.exception("error while closing", extra={"component": type(closer).__name__})
+                log.exception("error while closing", extra={"component": name})
         self._closers.clear()
 
 
