@@ -31,7 +31,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, cast
 
-from lightqueue.model import ReadResult, StoredMessage
+from lightqueue.model import Position, ReadResult, StoredMessage
 from mqtt_proxy.ports import (
     Acquired,
     Entries,
@@ -47,6 +47,7 @@ from mqtt_proxy.ports import (
 from mqtt_proxy.subscriptions import FilterSpec
 from store.append_result import Run
 from store.mapping import MqttMessage
+from store.speedups import load
 
 if TYPE_CHECKING:
     from lightqueue.queues import LightQueues
@@ -140,33 +141,7 @@ class Backend:
                 missing = [i for i, e in enumerate(entries) if e is not None]
                 self.cache_misses += len(missing)
                 return out, missing
-        missing = []
-        hits: dict[
-            tuple[str, int], tuple[int, list[MqttMessage]]
-        ] = {}  # last run hit per partition
-        for i, e in enumerate(entries):
-            if e is None:
-                continue
-            t, p, o = e
-            key = (t, p)
-            hit = hits.get(key)
-            if hit is not None:
-                j = o - hit[0]
-                if 0 <= j < len(hit[1]):
-                    out[i] = hit[1][j]
-                    continue
-            part = parts.get(key)
-            if part is not None:
-                bases, rs = part
-                k = bisect_right(bases, o) - 1
-                if k >= 0:
-                    run = rs[k]
-                    j = o - bases[k]
-                    if j < len(run):
-                        out[i] = run[j]
-                        hits[key] = (bases[k], run)
-                        continue
-            missing.append(i)
+        missing = _from_recent_runs(entries if type(entries) is list else list(entries), parts, out)
         self.cache_misses += len(missing)
         self.cache_hits += len(entries) - len(missing)
         return out, missing
@@ -395,3 +370,38 @@ if TYPE_CHECKING:
         link_notifier: LinkNotifier,
     ) -> tuple[QueuesPort, QueuesPort, LogPort, LogPort, NotifierPort, NotifierPort]:
         return local, remote, store, remote_store, notifier, link_notifier
+
+
+def from_recent_py(
+    entries: list[Position | None],
+    parts: dict[tuple[str, int], tuple[list[int], list[list[MqttMessage]]]],
+    out: list[Message | None],
+) -> list[int]:
+    """out[i] = the message of entries[i] found in the recent runs `parts` ((run base offsets,
+    runs) per partition, bases ascending); returns the indexes of the entries not found. The
+    compiled twin is `_cdelivery.from_recent` (this loop was ~7 % of a QoS 0 fan-in)."""
+    missing: list[int] = []
+    run: list[MqttMessage] | None = None
+    base = 0
+    last: tuple[str, int] | None = None
+    for i, e in enumerate(entries):
+        if e is None:
+            continue
+        t, p, o = e
+        if run is not None and last == (t, p) and 0 <= o - base < len(run):
+            out[i] = run[o - base]
+            continue
+        part = parts.get((t, p))
+        if part is not None:
+            bases, rs = part
+            k = bisect_right(bases, o) - 1
+            if k >= 0 and o - bases[k] < len(rs[k]):
+                run, base, last = rs[k], bases[k], (t, p)
+                out[i] = run[o - base]
+                continue
+        missing.append(i)
+    return missing
+
+
+_cdelivery = load("mqtt_proxy._cdelivery")
+_from_recent_runs = from_recent_py if _cdelivery is None else _cdelivery.from_recent

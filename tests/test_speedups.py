@@ -19,6 +19,7 @@ import lightqueue.dispatcher as dispatcher
 import store.mqtt_batches as mqtt_batches
 from lightqueue.db import Queue
 from lightqueue.keys import entry_head
+from lightqueue.model import StoredMessage
 from mqtt_proxy.codec import EMPTY_PROPERTIES, Parser, Properties, Publish, RemoteProtocolError
 from store.mapping import MqttMessage, MqttProperties, headers_for
 from store.record_batch import build_batch, check_batch, check_records
@@ -92,6 +93,9 @@ def test_extensions_built_and_in_use() -> None:
     import mqtt_proxy.qos1_run as qos1_run
 
     assert qos1_run.qos1_run is cd.qos1_run
+    import mqtt_proxy.backend as backend
+
+    assert backend._from_recent_runs is cd.from_recent
     assert issubclass(queue_cache.CachedMsg, cd.CachedBase)
 
 
@@ -111,6 +115,7 @@ def test_env_var_forces_pure_python() -> None:
         "print(ib._put_blocks is k.put_blocks_py, r._resolve_cached is r.resolve_cached_py, "
         "r._cache_records is r.cache_records_py, qr.qos1_run is qr.qos1_run_py, "
         "r._evict is r.evict_py)"
+        "; import mqtt_proxy.backend as mb; print(mb._from_recent_runs is mb.from_recent_py)"
     )
     env = {**os.environ, "LIGHTGATE_NO_EXTENSIONS": "1", "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
@@ -120,7 +125,7 @@ def test_env_var_forces_pure_python() -> None:
         "'mqtt_proxy._cdelivery':", "False,", "'lightqueue._cblocks':", "False,",
         "'lightqueue._cresolve':", "False}",
         "None", "True", "None", "True", "True", "True", "True", "True", "True", "True", "True",
-        "True", "True", "True", "True",
+        "True", "True", "True", "True", "True",
     ]  # fmt: skip
 
 
@@ -550,18 +555,22 @@ _dprops = st.one_of(
         user_properties=st.lists(st.tuples(_word, _word), max_size=3).map(tuple),
     ),
 )
-_cached = st.one_of(
-    st.none(),
-    st.builds(
-        MqttMessage,
-        topic=st.sampled_from(["a", "a/b", "sensors/é/t", "x" * 300, "__lightgate_x", "__lightgate_probe/1"]),
-        payload=st.binary(max_size=300),
-        qos=st.integers(0, 2),
-        client_id=st.text(max_size=4),
-        retain=st.booleans(),
-        properties=_dprops,
-        timestamp_ms=st.sampled_from([0, 1000, 1001, 2**40]),
+_mfields = dict(
+    topic=st.sampled_from(
+        ["a", "a/b", "sensors/é/t", "x" * 300, "__lightgate_x", "__lightgate_probe/1"]
     ),
+    payload=st.binary(max_size=300),
+    qos=st.integers(0, 2),
+    client_id=st.text(max_size=4),
+    retain=st.booleans(),
+    properties=_dprops,
+    timestamp_ms=st.sampled_from([0, 1000, 1001, 2**40]),
+)
+_cached = st.one_of(  # as the proxy appended it (MqttMessage) or as read back (StoredMessage)
+    st.none(),
+    st.builds(MqttMessage, **_mfields),
+    st.builds(StoredMessage, **_mfields, log_topic=st.just("mqtt"), partition=st.integers(0, 3),
+              offset=st.integers(0, 2**40)),
 )  # fmt: skip
 
 
@@ -728,3 +737,44 @@ def test_publish_messages_same_as_twin(packets: list[Any], i: int, now_ms: int) 
     for m, w in zip(got[0], want[0], strict=True):
         assert type(m) is MqttMessage and not gc.is_tracked(m)
         assert hash(m) == hash(w) and dataclasses.replace(m, qos=0) == dataclasses.replace(w, qos=0)
+
+
+@SETTINGS
+@given(
+    st.dictionaries(
+        st.tuples(st.sampled_from(["mqtt", "other"]), st.integers(0, 1)),
+        st.lists(st.tuples(st.integers(0, 8), st.integers(0, 6)), min_size=1, max_size=4),
+        max_size=3,
+    ),
+    st.lists(
+        st.one_of(st.none(), st.tuples(st.sampled_from(["mqtt", "other", "x"]),
+                                       st.integers(0, 2), st.integers(0, 60))),
+        max_size=40,
+    ),
+)  # fmt: skip
+def test_from_recent_same_as_twin(
+    layout: dict[tuple[str, int], list[tuple[int, int]]], entries: list[Any]
+) -> None:
+    """Entries resolved from the recent-append runs, compiled and pure: the same messages and
+    the same indexes left to read from the store (gaps between runs, a run's end, unknown
+    partitions, void entries); each found message is the one at its offset."""
+    from mqtt_proxy.backend import from_recent_py
+
+    cd = compiled_delivery()
+    parts: dict[tuple[str, int], tuple[list[int], list[list[Any]]]] = {}
+    for (t, p), runs in layout.items():
+        bases, rs, base = [], [], 0
+        for gap, n in runs:  # ascending bases, a gap (or none) between runs
+            base += gap
+            bases.append(base)
+            rs.append([f"{t}-{p}-{base + j}" for j in range(n)])
+            base += n
+        parts[(t, p)] = (bases, rs)
+    outs: list[list[Any]] = [[None] * len(entries), [None] * len(entries)]
+    missing = [from_recent_py(entries, parts, outs[0]), cd.from_recent(entries, parts, outs[1])]
+    assert missing[0] == missing[1] and outs[0] == outs[1]
+    for i, e in enumerate(entries):
+        if outs[1][i] is not None:
+            assert outs[1][i] == f"{e[0]}-{e[1]}-{e[2]}"
+        else:
+            assert e is None or i in missing[1]
