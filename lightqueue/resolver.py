@@ -7,11 +7,13 @@ kept (oldest decoded evicted first) as the tuple `store._speedups.decode_records
 (compiled: one pass over the batch, the two headers of a plain PUBLISH read in place, no header
 list; its pure-Python twin `_decode_records_py` goes through aiokafka's reader); the MQTT view
 (topic, headers → properties) is built only for records someone asks for, then cached in its
-place, so a message read through its topic queue and a filter queue is decoded once.
+place, so a message read through its topic queue and a filter queue is decoded once. A read none
+of whose ends is cached (a reader far behind) skips the cache: `Resolver._resolve_cold`.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -77,6 +79,8 @@ class Resolver:
         cache = self._cache
         if type(entries) is not list:
             entries = list(entries)
+        if _cold(entries, cache):
+            return self._resolve_cold(entries)
         out, missing = _resolve_cached(entries, cache, self._topics, StoredMessage, self._message)
         if missing:
             for (t, p), offs in missing.items():
@@ -84,6 +88,44 @@ class Resolver:
             out, _ = _resolve_cached(entries, cache, self._topics, StoredMessage, self._message)
         if len(cache) > self._max:  # evict only once the answer is built (oldest decoded first)
             _evict(cache, self._order, self._max)
+        return out
+
+    def _resolve_cold(self, entries: list[Position | None]) -> list[StoredMessage | None]:
+        """A read none of whose ends is decoded here (a reader far behind): each partition's
+        offsets read and decoded straight into messages, nothing cached. A lagging QoS 1 reader
+        of a fan-in read this way costs ~7 % of the loop less than through the cache (lookups,
+        caching and evicting records read once)."""
+        recs = {tp: self._read_records(tp[0], tp[1], offs)
+                for tp, offs in _group_offsets(entries).items()}  # fmt: skip
+        return _resolve_records(entries, recs, self._topics, StoredMessage, self._message)
+
+    def _read_records(self, t: str, p: int, offs: list[int]) -> list[RecordTuple]:
+        """The records holding `offs` (ascending after sorting), in offset order: one sized
+        read per run of nearby offsets, as `_fetch`."""
+        offs.sort()
+        out: list[RecordTuple] = []
+        avg = self._avg.get((t, p), 200.0)
+        i, n = 0, len(offs)
+        while i < n:
+            o = offs[i]
+            j = min(i + 255, n - 1)
+            while j > i and (offs[j] - o) * avg > _MAX_READ:
+                j = (i + j) // 2
+            want = int(min(_MAX_READ, max(_MIN_READ, (offs[j] - o + 1) * avg * 1.2)))
+            try:
+                data = self.store.read(t, p, o, want)
+            except (OffsetOutOfRangeError, UnknownTopicOrPartitionError, FetchPending):
+                data = b""
+            self.reads += 1
+            recs = _records_of(data) if data else []
+            if not recs or recs[-1][0] < o:
+                i += 1  # `o` is gone (retention, lost tail): resolves to None
+                continue
+            self._avg[(t, p)] = avg = max(16.0, len(data) / len(recs))
+            if out and recs[0][0] <= out[-1][0]:  # the batch holding `o` was read before
+                recs = [r for r in recs if r[0] > out[-1][0]]
+            out.extend(recs)
+            i = bisect_right(offs, recs[-1][0], i)
         return out
 
     def clear(self) -> None:
@@ -134,21 +176,35 @@ class Resolver:
             i += 1  # `o` is now cached, or gone (retention, lost tail): resolves to None
 
     def _decode(self, t: str, p: int, data: bytes) -> int:
-        cache = self._cache
-        n = 0
-        decode = _decode_records
-        for pos, size in iter_batches(data):
-            h = HEADER.unpack_from(data, pos)
-            attrs = h[5]
-            if attrs & CONTROL_MASK:
-                continue
-            lat = h[8] if attrs & TIMESTAMP_TYPE_MASK else -1  # LogAppendTime: max timestamp
-            if attrs & COMPRESSION_MASK:
-                recs = _decode_records_py(data, pos, size, lat)
-            else:
-                recs = decode(data, pos, size, lat)
-            n += _cache_records(recs, cache, self._order, t, p)
-        return n
+        return _cache_records(_records_of(data), self._cache, self._order, t, p)
+
+
+def _cold(entries: list[Position | None], cache: dict[tuple[str, int, int], Any]) -> bool:
+    """Neither end of the read is decoded here: `Resolver._resolve_cold` serves it."""
+    first = last = None
+    for first in entries:
+        if first is not None:
+            break
+    for last in reversed(entries):
+        if last is not None:
+            break
+    return first is not None and first not in cache and last not in cache
+
+
+def _records_of(data: bytes) -> list[RecordTuple]:
+    """The records of the batches in `data`, in offset order (control batches skipped)."""
+    out: list[RecordTuple] = []
+    for pos, size in iter_batches(data):
+        h = HEADER.unpack_from(data, pos)
+        attrs = h[5]
+        if attrs & CONTROL_MASK:
+            continue
+        lat = h[8] if attrs & TIMESTAMP_TYPE_MASK else -1  # LogAppendTime: max timestamp
+        if attrs & COMPRESSION_MASK:
+            out += _decode_records_py(data, pos, size, lat)
+        else:
+            out += _decode_records(data, pos, size, lat)
+    return out
 
 
 # (offset, key, value, timestamp, qos, client id, headers): see store._speedups.decode_records
@@ -240,7 +296,38 @@ def evict_py(
         pop(popleft(), None)
 
 
+def group_offsets_py(entries: list[Position | None]) -> dict[tuple[str, int], list[int]]:
+    """{(log topic, partition): [offsets]} of the entries, in entry order. The pure twin of
+    `lightqueue._cresolve.group_offsets`."""
+    groups: dict[tuple[str, int], list[int]] = {}
+    for e in entries:
+        if e is not None:
+            groups.setdefault((e[0], e[1]), []).append(e[2])
+    return groups
+
+
+def resolve_records_py(
+    entries: list[Position | None],
+    recs: dict[tuple[str, int], list[RecordTuple]],
+    topics: dict[tuple[str, bytes | None], str],
+    cls: type[StoredMessage],
+    message: Callable[[str, int, RecordTuple], StoredMessage],
+) -> list[Any]:
+    """Messages aligned with `entries`, each from the record at its offset in `recs`; None
+    where there is none. The pure twin of `lightqueue._cresolve.resolve_records`."""
+    by_off = {(tp[0], tp[1], r[0]): r for tp, rs in recs.items() for r in rs}
+    out: list[Any] = [None] * len(entries)
+    for i, e in enumerate(entries):
+        if e is not None:
+            r = by_off.get(e)
+            if r is not None:
+                out[i] = message(e[0], e[1], r)
+    return out
+
+
 _cr = load("lightqueue._cresolve")
 _resolve_cached = resolve_cached_py if _cr is None else _cr.resolve_cached
 _cache_records = cache_records_py if _cr is None else _cr.cache_records
 _evict = evict_py if _cr is None else _cr.evict
+_group_offsets = group_offsets_py if _cr is None else _cr.group_offsets
+_resolve_records = resolve_records_py if _cr is None else _cr.resolve_records

@@ -81,6 +81,8 @@ def test_extensions_built_and_in_use() -> None:
     cr = compiled_resolve()
     assert resolver._resolve_cached is cr.resolve_cached
     assert resolver._cache_records is cr.cache_records and resolver._evict is cr.evict
+    assert resolver._group_offsets is cr.group_offsets
+    assert resolver._resolve_records is cr.resolve_records
     assert sp.__file__.endswith(".so") and cp.__file__.endswith(".so")
     import mqtt_proxy.cohorts as cohorts
     import mqtt_proxy.queue_cache as queue_cache
@@ -115,7 +117,8 @@ def test_env_var_forces_pure_python() -> None:
         "print(ib._put_blocks is k.put_blocks_py, r._resolve_cached is r.resolve_cached_py, "
         "r._cache_records is r.cache_records_py, qr.qos1_run is qr.qos1_run_py, "
         "r._evict is r.evict_py)"
-        "; import mqtt_proxy.backend as mb; print(mb._from_recent_runs is mb.from_recent_py)"
+        "; import mqtt_proxy.backend as mb; print(mb._from_recent_runs is mb.from_recent_py, "
+        "r._group_offsets is r.group_offsets_py, r._resolve_records is r.resolve_records_py)"
     )
     env = {**os.environ, "LIGHTGATE_NO_EXTENSIONS": "1", "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
@@ -125,7 +128,7 @@ def test_env_var_forces_pure_python() -> None:
         "'mqtt_proxy._cdelivery':", "False,", "'lightqueue._cblocks':", "False,",
         "'lightqueue._cresolve':", "False}",
         "None", "True", "None", "True", "True", "True", "True", "True", "True", "True", "True",
-        "True", "True", "True", "True", "True",
+        "True", "True", "True", "True", "True", "True", "True",
     ]  # fmt: skip
 
 
@@ -331,6 +334,61 @@ def test_resolve_cached_same_as_twin(
     cr.evict(c2, d2, keep)
     assert c1 == c2 and d1 == d2 and len(c1) <= keep
     assert list(c1) == [k for k in d1 if k in c1]
+
+
+@SETTINGS
+@given(
+    st.lists(_record, min_size=1, max_size=30),
+    st.lists(st.one_of(st.none(), st.integers(0, 40)), max_size=40),
+    st.integers(0, 5),
+    st.booleans(),
+    st.booleans(),
+)
+def test_resolve_records_same_as_twin(
+    records: list[Any], wanted: list[int | None], gap: int, known_topics: bool, shuffle: bool
+) -> None:
+    """A cold read's entries -> messages straight from the records read, compiled and pure:
+    grouped offsets, then the same messages (each the record at its offset; None for a void
+    entry or an offset no record has: past the end, in a gap, an unknown partition), whether
+    the entries are in offset order per partition or not; a plain PUBLISH built in place is
+    left off the cyclic GC's lists."""
+    import gc
+    import random
+
+    from lightqueue.model import StoredMessage
+    from lightqueue.resolver import Resolver, group_offsets_py, resolve_records_py
+
+    sp, _ = compiled()
+    cr = compiled_resolve()
+    batch = bytes(build_batch(records, 0))
+    recs = sp.decode_records(batch, 0, len(batch), -1)
+    recs = [r for r in recs if r[0] < 3 or r[0] >= 3 + gap]  # a hole in the records
+    runs = {("t", 0): recs, ("u", 1): recs[: len(recs) // 2]}
+    entries = [None if o is None else [("t", 0, o), ("u", 1, o), ("v", 2, o)][o % 3]
+               for o in wanted]  # fmt: skip
+    if shuffle:
+        random.Random(len(entries)).shuffle(entries)
+    assert group_offsets_py(entries) == cr.group_offsets(entries)
+    outs = []
+    for resolve in (resolve_records_py, cr.resolve_records):
+        res = Resolver(None)  # type: ignore[arg-type]  # only its record -> message view is used
+        if known_topics:
+            for r in recs:
+                res._message("t", 0, r)  # fills its topic mapping
+                res._message("u", 1, r)
+        out = resolve(entries, runs, res._topics, StoredMessage, res._message)
+        assert len(out) == len(entries)
+        for e, m in zip(entries, out, strict=True):
+            have = e is not None and any(r[0] == e[2] for r in runs.get(e[:2], []))
+            assert (m is not None) == have
+            if m is not None:
+                assert (m.log_topic, m.partition, m.offset) == e
+                r = next(r for r in runs[e[:2]] if r[0] == e[2])
+                assert m == res._message(e[0], e[1], r)
+                if known_topics and r[6] is None and resolve is cr.resolve_records:
+                    assert not gc.is_tracked(m)
+        outs.append(out)
+    assert outs[0] == outs[1]
 
 
 @SETTINGS
