@@ -100,28 +100,18 @@ class Resolver:
         return _resolve_records(entries, recs, self._topics, StoredMessage, self._message)
 
     def _read_records(self, t: str, p: int, offs: list[int]) -> list[RecordTuple]:
-        """The records holding `offs` (ascending after sorting), in offset order: one sized
-        read per run of nearby offsets, as `_fetch`."""
+        """The records holding `offs` (ascending after sorting), in offset order."""
         offs.sort()
         out: list[RecordTuple] = []
-        avg = self._avg.get((t, p), 200.0)
         i, n = 0, len(offs)
         while i < n:
             o = offs[i]
-            j = min(i + 255, n - 1)
-            while j > i and (offs[j] - o) * avg > _MAX_READ:
-                j = (i + j) // 2
-            want = int(min(_MAX_READ, max(_MIN_READ, (offs[j] - o + 1) * avg * 1.2)))
-            try:
-                data = self.store.read(t, p, o, want)
-            except (OffsetOutOfRangeError, UnknownTopicOrPartitionError, FetchPending):
-                data = b""
-            self.reads += 1
+            data = self._read_run(t, p, offs, i, 256)
             recs = _records_of(data) if data else []
             if not recs or recs[-1][0] < o:
                 i += 1  # `o` is gone (retention, lost tail): resolves to None
                 continue
-            self._avg[(t, p)] = avg = max(16.0, len(data) / len(recs))
+            self._avg[(t, p)] = max(16.0, len(data) / len(recs))
             if out and recs[0][0] <= out[-1][0]:  # the batch holding `o` was read before
                 recs = [r for r in recs if r[0] > out[-1][0]]
             out.extend(recs)
@@ -153,27 +143,31 @@ class Resolver:
 
     def _fetch(self, t: str, p: int, offs: list[int]) -> None:
         cache = self._cache
-        avg = self._avg.get((t, p), 200.0)
         i, n = 0, len(offs)
         while i < n:
-            o = offs[i]
-            if (t, p, o) in cache:  # decoded by an earlier fetch of this call
+            if (t, p, offs[i]) in cache:  # decoded by an earlier fetch of this call
                 i += 1
                 continue
-            # Size the read to the run of wanted offsets ahead (up to 64 of them).
-            j = min(i + 63, n - 1)
-            while j > i and (offs[j] - o) * avg > _MAX_READ:
-                j = (i + j) // 2
-            want = int(min(_MAX_READ, max(_MIN_READ, (offs[j] - o + 1) * avg * 1.2)))
-            try:
-                data = self.store.read(t, p, o, want)
-            except (OffsetOutOfRangeError, UnknownTopicOrPartitionError, FetchPending):
-                data = b""  # FetchPending: a caller that did not `prefetch` (cluster log)
-            self.reads += 1
+            data = self._read_run(t, p, offs, i, 64)
             got = self._decode(t, p, data) if data else 0
             if got:
-                avg = self._avg[(t, p)] = max(16.0, len(data) / got)
-            i += 1  # `o` is now cached, or gone (retention, lost tail): resolves to None
+                self._avg[(t, p)] = max(16.0, len(data) / got)
+            i += 1  # `offs[i]` is now cached, or gone (retention, lost tail): resolves to None
+
+    def _read_run(self, t: str, p: int, offs: list[int], i: int, ahead: int) -> bytes:
+        """One `Store.read` from offs[i], sized to the run of wanted offsets after it (up to
+        `ahead` of them, within _MAX_READ) from the partition's observed record size."""
+        avg = self._avg.get((t, p), 200.0)
+        o = offs[i]
+        j = min(i + ahead - 1, len(offs) - 1)
+        while j > i and (offs[j] - o) * avg > _MAX_READ:
+            j = (i + j) // 2
+        want = int(min(_MAX_READ, max(_MIN_READ, (offs[j] - o + 1) * avg * 1.2)))
+        self.reads += 1
+        try:
+            return self.store.read(t, p, o, want)
+        except (OffsetOutOfRangeError, UnknownTopicOrPartitionError, FetchPending):
+            return b""  # FetchPending: a caller that did not `prefetch` (cluster log)
 
     def _decode(self, t: str, p: int, data: bytes) -> int:
         return _cache_records(_records_of(data), self._cache, self._order, t, p)
