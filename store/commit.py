@@ -25,8 +25,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import queue
+import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +67,60 @@ def _fsync_fds(fds: list[int], directory: Path | None) -> None:
         fsync_dir(directory)
 
 
+class SyncWorkers:
+    """Threads that fsync: a job's completion is handed to the event loop in one hop.
+
+    `run_in_executor` took two loop iterations to get a finished fsync back (the executor
+    future's state copied into an asyncio future by one callback, whose own callbacks then ran
+    in the next iteration), and the loop of a busy gateway iterates every 1-2 ms: measured in a
+    QoS 1 fan-in, 2.2 ms on average from an fsync's end to its callback, the largest part of
+    what a PUBACK waits for (bench/RESULTS.md, issue 20)."""
+
+    def __init__(self, n: int, name: str) -> None:
+        self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._n, self._name = n, name
+        self._threads: list[threading.Thread] = []  # started on the first job
+
+    def submit(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        fds: list[int],
+        directory: Path | None,
+        done: Callable[[BaseException | None], None],
+    ) -> None:
+        """fsync `fds` (and `directory`), then `done(error or None)` on `loop`."""
+        if not self._threads:
+            for i in range(self._n):
+                t = threading.Thread(target=self._work, name=f"{self._name}-{i}", daemon=True)
+                t.start()
+                self._threads.append(t)
+        self._jobs.put((loop, fds, directory, done))
+
+    def _work(self) -> None:
+        jobs = self._jobs
+        while True:
+            job = jobs.get()
+            if job is None:
+                return
+            loop, fds, directory, done = job
+            exc: BaseException | None = None
+            try:
+                _fsync_fds(fds, directory)
+            except BaseException as e:  # noqa: BLE001 - handed to the loop, which fails the waiters
+                exc = e
+            try:
+                loop.call_soon_threadsafe(done, exc)
+            except RuntimeError:  # the loop is closed: nobody waits any more
+                pass
+
+    def shutdown(self) -> None:
+        threads, self._threads = self._threads, []
+        for _ in threads:
+            self._jobs.put(None)
+        for t in threads:
+            t.join()
+
+
 class GroupCommit:
     def __init__(
         self,
@@ -81,7 +136,7 @@ class GroupCommit:
         self._flush_scheduled = False
         self.interval_dirty: set[Log] = set()
         self._syncs: set[asyncio.Future[None]] = set()
-        self._io = ThreadPoolExecutor(max_workers=4, thread_name_prefix="store-fsync")
+        self._io = SyncWorkers(4, "store-fsync")
         self._loop: asyncio.AbstractEventLoop | None = None
         self.fsync_latency = LatencyHistogram()  # one observation per fsync round of a partition
 
@@ -172,10 +227,11 @@ class GroupCommit:
         ws, lg.sync_waiters = lg.sync_waiters, []
         lg.syncing = True
         loop = self._loop or asyncio.get_running_loop()
-        fut = loop.run_in_executor(self._io, _fsync_fds, [s.fd for s in segs], directory)
+        fut: asyncio.Future[None] = loop.create_future()  # for `drain`
         self._syncs.add(fut)
         t0 = loop.time()
-        fut.add_done_callback(lambda f: self._sync_done(lg, segs, ws, f, t0))
+        self._io.submit(loop, [s.fd for s in segs], directory,
+                        lambda exc: self._sync_done(lg, segs, ws, fut, t0, exc))  # fmt: skip
 
     def _sync_done(
         self,
@@ -183,15 +239,17 @@ class GroupCommit:
         segs: list[LogSegment],
         ws: list[_Durable],
         fut: asyncio.Future[None],
-        t0: float = 0.0,
+        t0: float,
+        exc: BaseException | None,
     ) -> None:
         self._syncs.discard(fut)
+        if not fut.done():
+            fut.set_result(None)
         if t0:
             self.fsync_latency.observe((self._loop or asyncio.get_running_loop()).time() - t0)
         lg.syncing = False
         for s in segs:
             s.sync_pending -= 1
-        exc = fut.exception()
         if exc is not None:
             lg.failed = exc
             log.critical("fsync of %s failed, partition offline until restart: %s", lg.name, exc)
@@ -224,4 +282,4 @@ class GroupCommit:
             await asyncio.gather(*map(asyncio.shield, list(self._syncs)), return_exceptions=True)
 
     def shutdown(self) -> None:
-        self._io.shutdown(wait=True)
+        self._io.shutdown()
