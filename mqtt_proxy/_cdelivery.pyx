@@ -80,43 +80,49 @@ cdef inline object _expire_at(object props, int64_t ts_ms):
     return ts_ms + expiry * 1000
 
 
-# The message classes fill_cache reads (MqttMessage, StoredMessage): their first fields, in
-# this order, are slots read in place (seven attribute lookups were half of its time per message).
-_RFIELDS = ("topic", "payload", "qos", "client_id", "retain", "properties", "timestamp_ms")
+# MqttMessage's fields, in __init__'s order: `publish_messages` fills their slots in place, and
+# `fill_cache` reads them in place from a MqttMessage or a StoredMessage (whose first fields they
+# are): seven attribute lookups were half of its time per message.
+_FIELDS = ("topic", "payload", "qos", "client_id", "retain", "properties", "timestamp_ms")
 cdef Py_ssize_t _roff[2][7]
 cdef object _rcls0 = None, _rcls1 = None  # the classes whose offsets _roff holds
 cdef set _rno = set()  # classes read by attribute (not a slots dataclass with these fields)
 
 
+cdef bint _learn(type cls, tuple fields, Py_ssize_t* off, bint prefix=False) except -1:
+    """Read the slot offsets of `cls` into `off` (a dataclass with slots=True and exactly
+    `fields`, nothing run at __init__ but the assignments); False: construct by calling `cls`.
+    `prefix`: only read, so `fields` need only be its first fields and __init__ may do more."""
+    import dataclasses
+    import types
+    if not dataclasses.is_dataclass(cls) or (not prefix and hasattr(cls, "__post_init__")):
+        return False
+    names = tuple(f.name for f in dataclasses.fields(cls))
+    if (names[:len(fields)] if prefix else names) != fields:
+        return False
+    for i, name in enumerate(fields):
+        d = cls.__dict__.get(name)
+        if type(d) is not types.MemberDescriptorType:  # a slot of this very class
+            return False
+        off[i] = (<PyMemberDescrObject*>d).d_member.offset
+    return True
+
+
 cdef Py_ssize_t* _read_offsets(type cls) except? NULL:
-    """The slot offsets of `cls`'s first fields (_RFIELDS), or NULL: read by attribute."""
+    """The slot offsets of `cls`'s first fields (_FIELDS), or NULL: read by attribute."""
     global _rcls0, _rcls1
     if cls is _rcls0:
         return _roff[0]
     if cls is _rcls1:
         return _roff[1]
-    if cls in _rno:
-        return NULL
-    import dataclasses
-    import types
-    cdef Py_ssize_t k = 0 if _rcls0 is None else 1
-    ok = dataclasses.is_dataclass(cls) and (
-        tuple(f.name for f in dataclasses.fields(cls))[:7] == _RFIELDS
-    )
-    if ok and (k == 0 or _rcls1 is None):
-        for i, name in enumerate(_RFIELDS):
-            d = cls.__dict__.get(name)
-            if type(d) is not types.MemberDescriptorType:  # a slot of this very class
-                ok = False
-                break
-            _roff[k][i] = (<PyMemberDescrObject*>d).d_member.offset
-        if ok:
-            if k == 0:
-                _rcls0 = cls
-            else:
-                _rcls1 = cls
-            return _roff[k]
-    _rno.add(cls)
+    if cls not in _rno:
+        if _rcls0 is None and _learn(cls, _FIELDS, _roff[0], True):
+            _rcls0 = cls
+            return _roff[0]
+        if _rcls0 is not None and _rcls1 is None and _learn(cls, _FIELDS, _roff[1], True):
+            _rcls1 = cls
+            return _roff[1]
+        _rno.add(cls)
     return NULL
 
 
@@ -147,7 +153,7 @@ def fill_cache(type cls, list msgs, dict cache, Py_ssize_t seq, str internal, st
             for i in range(7):
                 f[i] = (<PyObject**>(base + off[i]))[0]
                 if f[i] is NULL:  # an unset slot: let the attribute raise
-                    getattr(m, _RFIELDS[i])
+                    getattr(m, _FIELDS[i])
             topic = <object>f[0]
         else:
             topic = m.topic
@@ -328,31 +334,13 @@ def qos0_run(dict cache, Py_ssize_t start, Py_ssize_t end, int64_t now_ms, bint 
 
 # -- inbound: a read chunk's PUBLISHes -> MqttMessage ------------------------------------------
 
-# MqttMessage's and Inflight's fields, in __init__'s order: their slots are filled in place.
-_FIELDS = ("topic", "payload", "qos", "client_id", "retain", "properties", "timestamp_ms")
+# Inflight's fields, in __init__'s order (MqttMessage's are _FIELDS): slots filled in place.
 _IFIELDS = ("queue", "seq", "qos", "data", "released", "filter_raw")
 cdef Py_ssize_t _off[7]
 cdef Py_ssize_t _ioff[6]
 cdef object _slots_of = None  # the class whose slot offsets _off holds
 cdef object _islots_of = None  # ... and _ioff
 cdef object _F = False
-
-
-cdef bint _learn(type cls, tuple fields, Py_ssize_t* off) except -1:
-    """Read the slot offsets of `cls` into `off` (a dataclass with slots=True and exactly
-    `fields`, nothing run at __init__ but the assignments); False: construct by calling `cls`."""
-    import dataclasses
-    import types
-    if not dataclasses.is_dataclass(cls) or hasattr(cls, "__post_init__"):
-        return False
-    if tuple(f.name for f in dataclasses.fields(cls)) != fields:
-        return False
-    for i, name in enumerate(fields):
-        d = cls.__dict__.get(name)
-        if type(d) is not types.MemberDescriptorType:  # a slot of this very class
-            return False
-        off[i] = (<PyMemberDescrObject*>d).d_member.offset
-    return True
 
 
 cdef bint _learn_slots(type cls) except -1:
