@@ -245,8 +245,7 @@ class GroupCommit:
         self._syncs.discard(fut)
         if not fut.done():
             fut.set_result(None)
-        if t0:
-            self.fsync_latency.observe((self._loop or asyncio.get_running_loop()).time() - t0)
+        self.fsync_latency.observe((self._loop or asyncio.get_running_loop()).time() - t0)
         lg.syncing = False
         for s in segs:
             s.sync_pending -= 1
