@@ -4,9 +4,11 @@ Theory of operation. Appends stage their batches on the partition's `Log` and re
 `_Durable` waiter here (`enqueue`). One `call_soon` callback per tick (`flush`) writes each touched
 partition's staged batches with one writev: the high watermark moves, the waiters resolve (or
 queue for fsync), and then the append listeners run for every partition written.
-Under fsync `always` the partition then enters its pipeline: one fdatasync at a time per partition,
-in a worker thread, so the loop keeps going; everything written while it runs is covered by the
-next one, started as soon as it ends (group commit). Under `interval_ms` waiters resolve after the
+Under fsync `always` the partition then enters its pipeline: an fdatasync in a worker thread, so
+the loop keeps going, covering everything written before it started (group commit). Up to
+`SYNC_DEPTH` run at once per partition: what is written while one runs starts the next right away
+rather than after it (a PUBACK then waits for one fsync, not for the rest of another and then its
+own); rounds resolve in the order they started. Under `interval_ms` waiters resolve after the
 write and a timer fsyncs dirty partitions; under `never` only the OS (and close) sync.
 
 Known cost: the writev itself runs on the loop. On this machine's ext4 disk, with fsyncs running,
@@ -23,6 +25,7 @@ Event-loop-only.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
 import queue
@@ -57,6 +60,19 @@ class _Durable:
         if not self.fut.done():
             self.fut.set_exception(exc)
             self.fut.exception()  # we log the cause; don't warn "never retrieved" too
+
+
+SYNC_DEPTH = 2  # fsync rounds in flight per partition
+
+
+class _Round:
+    """One fsync of a partition in flight and the waiters it makes durable."""
+
+    __slots__ = ("waiters", "done")
+
+    def __init__(self, waiters: list[_Durable]) -> None:
+        self.waiters = waiters
+        self.done = False
 
 
 def _fsync_fds(fds: list[int], directory: Path | None) -> None:
@@ -136,6 +152,7 @@ class GroupCommit:
         self._flush_scheduled = False
         self.interval_dirty: set[Log] = set()
         self._syncs: set[asyncio.Future[None]] = set()
+        self._rounds: dict[Log, collections.deque[_Round]] = {}  # in flight, oldest first
         self._io = SyncWorkers(4, "store-fsync")
         self._loop: asyncio.AbstractEventLoop | None = None
         self.fsync_latency = LatencyHistogram()  # one observation per fsync round of a partition
@@ -208,7 +225,7 @@ class GroupCommit:
                 self.interval_dirty.add(lg)
                 return wrote
             lg.sync_waiters.extend(ws)
-            if not lg.syncing:
+            if lg.syncing < SYNC_DEPTH:
                 self.start_sync(lg)
         else:
             for w in ws:
@@ -224,20 +241,25 @@ class GroupCommit:
             s.sync_pending += 1
         directory = lg.dir if lg.dir_dirty else None
         lg.dir_dirty = False
-        ws, lg.sync_waiters = lg.sync_waiters, []
-        lg.syncing = True
+        rnd = _Round(lg.sync_waiters)
+        lg.sync_waiters = []
+        lg.syncing += 1
+        rounds = self._rounds.get(lg)
+        if rounds is None:
+            rounds = self._rounds[lg] = collections.deque()
+        rounds.append(rnd)
         loop = self._loop or asyncio.get_running_loop()
         fut: asyncio.Future[None] = loop.create_future()  # for `drain`
         self._syncs.add(fut)
         t0 = loop.time()
         self._io.submit(loop, [s.fd for s in segs], directory,
-                        lambda exc: self._sync_done(lg, segs, ws, fut, t0, exc))  # fmt: skip
+                        lambda exc: self._sync_done(lg, segs, rnd, fut, t0, exc))  # fmt: skip
 
     def _sync_done(
         self,
         lg: Log,
         segs: list[LogSegment],
-        ws: list[_Durable],
+        rnd: _Round,
         fut: asyncio.Future[None],
         t0: float,
         exc: BaseException | None,
@@ -246,27 +268,42 @@ class GroupCommit:
         if not fut.done():
             fut.set_result(None)
         self.fsync_latency.observe((self._loop or asyncio.get_running_loop()).time() - t0)
-        lg.syncing = False
+        lg.syncing -= 1
         for s in segs:
             s.sync_pending -= 1
+        rounds = self._rounds[lg]
         if exc is not None:
-            lg.failed = exc
-            log.critical("fsync of %s failed, partition offline until restart: %s", lg.name, exc)
+            if lg.failed is None:
+                lg.failed = exc
+                log.critical(
+                    "fsync of %s failed, partition offline until restart: %s", lg.name, exc
+                )
+            # Conservative: an earlier round still in flight may succeed, but nothing after a
+            # failed fsync can be called durable, and the partition is offline anyway.
             err = StoreError(f"fsync of {lg.name} failed: {exc}")
-            for w in ws + lg.sync_waiters:
+            for r in rounds:
+                for w in r.waiters:
+                    w.fail(err)
+                r.waiters = []
+            for w in lg.sync_waiters:
                 w.fail(err)
             lg.sync_waiters = []
-            return
-        for w in ws:
-            w.done_one()
-        if lg.sync_waiters:
+        rnd.done = True
+        # In order: a round's data is durable once it and every round started before it ended
+        # (an earlier round may carry the directory entry of the segment a later one synced).
+        while rounds and rounds[0].done:
+            for w in rounds.popleft().waiters:
+                w.done_one()
+        if not rounds:
+            del self._rounds[lg]
+        if lg.sync_waiters and lg.failed is None and lg.syncing < SYNC_DEPTH:
             self.start_sync(lg)
 
     def interval_tick(self) -> None:
         """Timer under `interval_ms`: start an fsync of every partition written since the last."""
         dirty, self.interval_dirty = self.interval_dirty, set()
         for lg in dirty:
-            if lg.failed is None and not lg.syncing:
+            if lg.failed is None and lg.syncing < SYNC_DEPTH:
                 self.start_sync(lg)
             elif lg.failed is None:
                 self.interval_dirty.add(lg)

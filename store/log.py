@@ -99,7 +99,7 @@ class Log:
         self._pending_size = 0
         self.failed: BaseException | None = None  # a failed fsync poisons the partition
         self.sync_waiters: list[Any] = []  # written, waiting for the next fsync (Store's)
-        self.syncing = False
+        self.syncing = 0  # fsync rounds in flight (store.commit)
         self.dir_dirty = False  # a new segment file needs its directory entry fsynced
         self.recovery_point = 0
         self.changed = False  # written or rolled since load (close must seal it)

@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kafka_helpers import make_batch
@@ -44,5 +46,87 @@ async def test_failed_fsync_fails_its_waiters_and_takes_the_partition_offline(
         monkeypatch.setattr(commit.os, "fdatasync", real)
         for i in range(20):  # the workers still serve later syncs
             await asyncio.wait_for(store.append_batch("t", 1, make_batch([b"%d" % i])).durable, 10)
+    finally:
+        await store.close()
+
+
+def _hold_first_fsync(monkeypatch: pytest.MonkeyPatch, fd: int, fail: bool = False) -> Any:
+    """The next fdatasync of `fd` waits for the returned event (then fails with EIO if `fail`);
+    later ones run at once. Records the order of fdatasync starts and ends on `fd`."""
+    real = os.fdatasync
+    release = threading.Event()
+    calls: list[str] = []
+    first = [True]
+
+    def fdatasync(f: int) -> None:
+        if f != fd:
+            real(f)
+            return
+        held, first[0] = first[0], False
+        calls.append("start")
+        if held:
+            release.wait(10)
+            calls.append("end held")
+            if fail:
+                raise OSError(errno.EIO, "Input/output error")
+        real(f)
+        if not held:
+            calls.append("end")
+
+    monkeypatch.setattr(commit.os, "fdatasync", fdatasync)
+    return release, calls
+
+
+async def _until(cond: Any) -> None:
+    for _ in range(500):
+        if cond():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("condition not reached")
+
+
+async def test_overlapping_fsync_rounds_resolve_in_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A second fsync of a partition starts while the first runs (its waiters need not wait for
+    the first to end before theirs starts), but they are told only once every earlier round has
+    ended too: an earlier round may carry what a later one relies on (a new segment's directory
+    entry, the bytes before theirs)."""
+    store = await Store.open(tmp_path / "data", StoreConfig(fsync="always"))
+    try:
+        store.ensure_topic("t", 1)
+        await asyncio.wait_for(store.append_batch("t", 0, make_batch([b"a"])).durable, 10)
+        release, calls = _hold_first_fsync(monkeypatch, store._log("t", 0).segments[-1].fd)
+        first = store.append_batch("t", 0, make_batch([b"b"]))
+        await _until(lambda: calls == ["start"])
+        second = store.append_batch("t", 0, make_batch([b"c"]))
+        await _until(lambda: calls == ["start", "start", "end"])  # overlapped, ended first
+        await asyncio.sleep(0.05)
+        assert not first.durable.done() and not second.durable.done()
+        release.set()
+        await asyncio.wait_for(asyncio.gather(first.durable, second.durable), 10)
+        assert calls == ["start", "start", "end", "end held"]
+    finally:
+        await store.close()
+
+
+async def test_a_failed_round_fails_the_later_rounds_that_ended_before_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = await Store.open(tmp_path / "data", StoreConfig(fsync="always"))
+    try:
+        store.ensure_topic("t", 1)
+        await asyncio.wait_for(store.append_batch("t", 0, make_batch([b"a"])).durable, 10)
+        release, calls = _hold_first_fsync(monkeypatch, store._log("t", 0).segments[-1].fd, True)
+        first = store.append_batch("t", 0, make_batch([b"b"]))
+        await _until(lambda: calls == ["start"])
+        second = store.append_batch("t", 0, make_batch([b"c"]))
+        await _until(lambda: calls == ["start", "start", "end"])
+        release.set()
+        for append in (first, second):
+            with pytest.raises(StoreError, match="fsync of t-0 failed"):
+                await asyncio.wait_for(append.durable, 10)
+        with pytest.raises(StoreError, match="offline"):
+            store.append_batch("t", 0, make_batch([b"d"]))
     finally:
         await store.close()
