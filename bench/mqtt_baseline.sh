@@ -13,6 +13,9 @@ DAY=$(date +%F-%H%M)  # one set of files per run
 OUT="$ROOT/bench/results"
 mkdir -p "$OUT"
 cd "$MB"
+# the machine's own latency noise, before and after (bench/machine_jitter.py: slow windows make
+# every Python broker's p99 a measure of the machine)
+"$PY" "$ROOT/bench/machine_jitter.py" --json >> "$OUT/$DAY-machine.jsonl"
 "$PY" baseline.py --label lightgate --port 18832 --out "$OUT/$DAY-lightgate.jsonl" "$@" \
     -- "$ROOT/bench/mqtt_serve.sh" 18832 /tmp/lightgate-mqtt-bench
 "$PY" baseline.py --label lightgate-split --port 18834 --out "$OUT/$DAY-lightgate-split.jsonl" "$@" \
@@ -21,5 +24,7 @@ cd "$MB"
     -- mosquitto -c brokers/mosquitto.conf
 "$PY" baseline.py --label amqtt --port 18831 --out "$OUT/$DAY-amqtt.jsonl" "$@" \
     -- "$ROOT/.venv/bin/amqtt" -c brokers/amqtt.yaml
+"$PY" "$ROOT/bench/machine_jitter.py" --json >> "$OUT/$DAY-machine.jsonl"
 "$PY" baseline.py --table "$OUT/$DAY-lightgate.jsonl" "$OUT/$DAY-lightgate-split.jsonl" \
     "$OUT/$DAY-mosquitto.jsonl" "$OUT/$DAY-amqtt.jsonl"
+echo "machine jitter (before, after):"; cat "$OUT/$DAY-machine.jsonl"
