@@ -47,6 +47,9 @@ class SessionManager:
     def __init__(self, server: MqttServer) -> None:
         self.server = server
         self.sessions: dict[str, Session] = {}
+        # The persistent ones among them (possibly a few that stopped being persistent since):
+        # all `flush` looks at, so 10^5 clean-session clients cost it nothing.
+        self.persistent: dict[str, Session] = {}
         self._flushes = 0
 
     # -- restore / persist ---------------------------------------------------------------------
@@ -78,7 +81,7 @@ class SessionManager:
             if not was_offline:
                 s.disconnected_at = now  # it was online when the gateway stopped
             _pending_from_inflight(s)
-            self.sessions[s.client_id] = s
+            self.sessions[s.client_id] = self.persistent[s.client_id] = s
             self._arm_expiry(s, now)
             if was_offline and s.will is not None:
                 # A will that was waiting out its delay: still due when it was due before.
@@ -101,7 +104,7 @@ class SessionManager:
         if not s.disconnected_at:
             s.disconnected_at = time.time()
         _pending_from_inflight(s)
-        self.sessions[s.client_id] = s
+        self.sessions[s.client_id] = self.persistent[s.client_id] = s
         self._arm_expiry(s, s.disconnected_at)
 
     def hand_off(self, client_id: str) -> list[str]:
@@ -124,6 +127,7 @@ class SessionManager:
         queues = [sub.queue for sub in session.subs.values() if not sub.local]
         self.server.backend.save_sessions([self._state(session)])
         del self.sessions[client_id]
+        self.persistent.pop(client_id, None)
         return queues
 
     def _will_changed(self, session: Session) -> None:
@@ -141,7 +145,7 @@ class SessionManager:
         snapshot = force or self._flushes % 10 == 0
         items = [
             self._state(s)
-            for s in self.sessions.values()
+            for s in self.persistent.values()
             if s.persistent and (s.dirty or (snapshot and s.conn is not None))
         ]
         self.server.backend.save_sessions(items)
@@ -185,6 +189,10 @@ class SessionManager:
             session = Session(client_id=client_id)
             self.sessions[client_id] = session
         session.persistent = expiry > 0
+        if session.persistent:
+            self.persistent[client_id] = session
+        else:
+            self.persistent.pop(client_id, None)
         session.expiry = expiry
         session.version = version
         session.will = will
@@ -311,6 +319,8 @@ class SessionManager:
             self.publish_will(will)
         if self.sessions.get(session.client_id) is session:
             del self.sessions[session.client_id]
+        if self.persistent.get(session.client_id) is session:
+            del self.persistent[session.client_id]
         server.backend.delete_session(session.client_id)
 
     # -- subscribe -----------------------------------------------------------------------------

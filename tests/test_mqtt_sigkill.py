@@ -3,6 +3,8 @@ persistent subscriber after the crash, and a SUBACKed subscription survives one.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from mqtt_helpers import (
     CONNECT,
@@ -97,3 +99,32 @@ def test_68_sigkill_right_after_suback_keeps_the_subscription(broker):
     assert c.session_present
     assert [m.payload for m in c.expect(1)] == [b"after"]
     c.disconnect()
+
+
+@pytest.mark.restart
+def test_69_sigkill_keeps_flushed_positions_of_a_session_that_became_persistent(broker):
+    """Acknowledged deliveries move a persistent session's positions, which the periodic session
+    flush writes: after a SIGKILL a second later the session resumes after them. The client id
+    first had a clean session, so its session becomes persistent on the reconnect (the flush
+    looks only at persistent sessions and must see it)."""
+    if not hasattr(broker, "crash_restart"):
+        pytest.skip("SIGKILL needs `lightgate serve` in its own process")
+    Client(broker.port, "pos-kill").connect(clean=True).disconnect()
+    sub = Client(broker.port, "pos-kill").connect(clean=False)
+    sub.subscribe("pos/#", 1)
+    pub = Client(broker.port, "pos-pub").connect()
+    for i in range(20):
+        pub.publish("pos/t", str(i), 1)
+    assert [int(m.payload) for m in sub.expect(20)] == list(range(20))  # each PUBACKed by paho
+    time.sleep(1.5)  # session_flush_ms is 100: several flushes, one snapshot
+    broker.crash_restart()
+    sub.paho.loop_stop()
+    pub.paho.loop_stop()
+    pub = Client(broker.port, "pos-pub").connect()
+    for i in range(20, 25):
+        pub.publish("pos/t", str(i), 1)
+    sub = Client(broker.port, "pos-kill").connect(clean=False)
+    assert sub.session_present
+    assert [int(m.payload) for m in sub.expect(5)] == list(range(20, 25))
+    sub.expect_none(0.5)
+    sub.disconnect()
