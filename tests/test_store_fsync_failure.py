@@ -85,6 +85,18 @@ async def _until(cond: Any) -> None:
     raise AssertionError("condition not reached")
 
 
+async def _two_rounds(store: Store, monkeypatch: pytest.MonkeyPatch, fail: bool) -> Any:
+    """Two appends to t-0 whose fsyncs overlap: the first's is held, the second's has ended."""
+    store.ensure_topic("t", 1)
+    await asyncio.wait_for(store.append_batch("t", 0, make_batch([b"a"])).durable, 10)
+    release, calls = _hold_first_fsync(monkeypatch, store._log("t", 0).segments[-1].fd, fail)
+    first = store.append_batch("t", 0, make_batch([b"b"]))
+    await _until(lambda: calls == ["start"])
+    second = store.append_batch("t", 0, make_batch([b"c"]))
+    await _until(lambda: calls == ["start", "start", "end"])  # overlapped, ended first
+    return first, second, release, calls
+
+
 async def test_overlapping_fsync_rounds_resolve_in_order(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -94,13 +106,7 @@ async def test_overlapping_fsync_rounds_resolve_in_order(
     entry, the bytes before theirs)."""
     store = await Store.open(tmp_path / "data", StoreConfig(fsync="always"))
     try:
-        store.ensure_topic("t", 1)
-        await asyncio.wait_for(store.append_batch("t", 0, make_batch([b"a"])).durable, 10)
-        release, calls = _hold_first_fsync(monkeypatch, store._log("t", 0).segments[-1].fd)
-        first = store.append_batch("t", 0, make_batch([b"b"]))
-        await _until(lambda: calls == ["start"])
-        second = store.append_batch("t", 0, make_batch([b"c"]))
-        await _until(lambda: calls == ["start", "start", "end"])  # overlapped, ended first
+        first, second, release, calls = await _two_rounds(store, monkeypatch, fail=False)
         await asyncio.sleep(0.05)
         assert not first.durable.done() and not second.durable.done()
         release.set()
@@ -115,13 +121,7 @@ async def test_a_failed_round_fails_the_later_rounds_that_ended_before_it(
 ) -> None:
     store = await Store.open(tmp_path / "data", StoreConfig(fsync="always"))
     try:
-        store.ensure_topic("t", 1)
-        await asyncio.wait_for(store.append_batch("t", 0, make_batch([b"a"])).durable, 10)
-        release, calls = _hold_first_fsync(monkeypatch, store._log("t", 0).segments[-1].fd, True)
-        first = store.append_batch("t", 0, make_batch([b"b"]))
-        await _until(lambda: calls == ["start"])
-        second = store.append_batch("t", 0, make_batch([b"c"]))
-        await _until(lambda: calls == ["start", "start", "end"])
+        first, second, release, calls = await _two_rounds(store, monkeypatch, fail=True)
         release.set()
         for append in (first, second):
             with pytest.raises(StoreError, match="fsync of t-0 failed"):
