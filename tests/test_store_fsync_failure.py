@@ -92,6 +92,7 @@ async def _two_rounds(store: Store, monkeypatch: pytest.MonkeyPatch, fail: bool)
     release, calls = _hold_first_fsync(monkeypatch, store._log("t", 0).segments[-1].fd, fail)
     first = store.append_batch("t", 0, make_batch([b"b"]))
     await _until(lambda: calls == ["start"])
+    await asyncio.sleep(2 * commit.OVERLAP_AFTER_S)  # the held round is old enough to overlap
     second = store.append_batch("t", 0, make_batch([b"c"]))
     await _until(lambda: calls == ["start", "start", "end"])  # overlapped, ended first
     return first, second, release, calls
@@ -128,5 +129,28 @@ async def test_a_failed_round_fails_the_later_rounds_that_ended_before_it(
                 await asyncio.wait_for(append.durable, 10)
         with pytest.raises(StoreError, match="offline"):
             store.append_batch("t", 0, make_batch([b"d"]))
+    finally:
+        await store.close()
+
+
+async def test_a_young_fsync_round_is_not_overlapped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Data written while the partition's fsync has run less than OVERLAP_AFTER_S waits for
+    it and goes in the next round, started by its completion (a fast disk: no extra fsyncs)."""
+    monkeypatch.setattr(commit, "OVERLAP_AFTER_S", 60.0)
+    store = await Store.open(tmp_path / "data", StoreConfig(fsync="always"))
+    try:
+        store.ensure_topic("t", 1)
+        await asyncio.wait_for(store.append_batch("t", 0, make_batch([b"a"])).durable, 10)
+        release, calls = _hold_first_fsync(monkeypatch, store._log("t", 0).segments[-1].fd)
+        first = store.append_batch("t", 0, make_batch([b"b"]))
+        await _until(lambda: calls == ["start"])
+        second = store.append_batch("t", 0, make_batch([b"c"]))
+        await asyncio.sleep(0.1)
+        assert calls == ["start"] and not second.durable.done()
+        release.set()
+        await asyncio.wait_for(asyncio.gather(first.durable, second.durable), 10)
+        assert calls == ["start", "end held", "start", "end"]
     finally:
         await store.close()
