@@ -8,8 +8,9 @@ Under fsync `always` the partition then enters its pipeline: an fdatasync in a w
 the loop keeps going, covering everything written before it started (group commit). Up to
 `SYNC_DEPTH` run at once per partition: what is written while one has run for `OVERLAP_AFTER_S`
 starts the next right away rather than after it (a PUBACK then waits for one fsync, not for the
-rest of a slow one and then its own); rounds resolve in the order they started. Under `interval_ms` waiters resolve after the
-write and a timer fsyncs dirty partitions; under `never` only the OS (and close) sync.
+rest of a slow one and then its own); rounds resolve in the order they started. Under
+`interval_ms` waiters resolve after the write and a timer fsyncs dirty partitions; under `never`
+only the OS (and close) sync.
 
 Known cost: the writev itself runs on the loop. On this machine's ext4 disk, with fsyncs running,
 a writev took 154-297 us on average and up to 100 ms (the kernel makes writes that extend a file
