@@ -17,16 +17,14 @@ from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF
 
+from store._slots cimport learn_slots
+
 
 cdef extern from "Python.h":
     void PyObject_GC_UnTrack(void* op)
     object PyUnicode_DecodeUTF8(const char* s, Py_ssize_t size, const char* errors)
     char* PyBytes_AS_STRING(object o)
     Py_ssize_t PyBytes_GET_SIZE(object o)
-    ctypedef struct PyMemberDef:
-        Py_ssize_t offset
-    ctypedef struct PyMemberDescrObject:
-        PyMemberDef* d_member
     ctypedef struct _AllocType "PyTypeObject":
         object (*tp_alloc)(_AllocType*, Py_ssize_t)
 
@@ -41,20 +39,10 @@ cdef bytes _EMPTY = b""
 
 
 cdef bint _learn_slots(type cls) except -1:
-    """Read the slot offsets of `cls` (a dataclass with slots=True and exactly these fields,
-    nothing run at __init__ but the assignments); False: construct by calling `cls`."""
+    """StoredMessage's slot offsets into _off (store._slots); False: construct by calling `cls`."""
     global _slots_of
-    import dataclasses
-    import types
-    if not dataclasses.is_dataclass(cls) or hasattr(cls, "__post_init__"):
+    if not learn_slots(cls, _FIELDS, _off):
         return False
-    if tuple(f.name for f in dataclasses.fields(cls)) != _FIELDS:
-        return False
-    for i, name in enumerate(_FIELDS):
-        d = cls.__dict__.get(name)
-        if type(d) is not types.MemberDescriptorType:  # a slot of this very class
-            return False
-        _off[i] = (<PyMemberDescrObject*>d).d_member.offset
     _slots_of = cls
     return True
 

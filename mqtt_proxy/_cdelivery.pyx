@@ -24,19 +24,13 @@ cdef extern from "Python.h":
     Py_ssize_t PyUnicode_GET_LENGTH(object s)
     Py_UCS4 PyUnicode_READ_CHAR(object s, Py_ssize_t i)
 
-cdef extern from "structmember.h":
-    ctypedef struct PyMemberDef:
-        const char* name
-        int type
-        Py_ssize_t offset
-
 cdef extern from "Python.h":
-    ctypedef struct PyMemberDescrObject:
-        PyMemberDef* d_member
     ctypedef struct _AllocType "PyTypeObject":
         object (*tp_alloc)(_AllocType*, Py_ssize_t)
 
 from cpython.ref cimport Py_INCREF
+
+from store._slots cimport learn_slots
 
 cdef tuple _NOARGS = ()
 
@@ -89,25 +83,6 @@ cdef object _rcls0 = None, _rcls1 = None  # the classes whose offsets _roff hold
 cdef set _rno = set()  # classes read by attribute (not a slots dataclass with these fields)
 
 
-cdef bint _learn(type cls, tuple fields, Py_ssize_t* off, bint prefix=False) except -1:
-    """Read the slot offsets of `cls` into `off` (a dataclass with slots=True and exactly
-    `fields`, nothing run at __init__ but the assignments); False: construct by calling `cls`.
-    `prefix`: only read, so `fields` need only be its first fields and __init__ may do more."""
-    import dataclasses
-    import types
-    if not dataclasses.is_dataclass(cls) or (not prefix and hasattr(cls, "__post_init__")):
-        return False
-    names = tuple(f.name for f in dataclasses.fields(cls))
-    if (names[:len(fields)] if prefix else names) != fields:
-        return False
-    for i, name in enumerate(fields):
-        d = cls.__dict__.get(name)
-        if type(d) is not types.MemberDescriptorType:  # a slot of this very class
-            return False
-        off[i] = (<PyMemberDescrObject*>d).d_member.offset
-    return True
-
-
 cdef Py_ssize_t* _read_offsets(type cls) except? NULL:
     """The slot offsets of `cls`'s first fields (_FIELDS), or NULL: read by attribute."""
     global _rcls0, _rcls1
@@ -116,10 +91,10 @@ cdef Py_ssize_t* _read_offsets(type cls) except? NULL:
     if cls is _rcls1:
         return _roff[1]
     if cls not in _rno:
-        if _rcls0 is None and _learn(cls, _FIELDS, _roff[0], True):
+        if _rcls0 is None and learn_slots(cls, _FIELDS, _roff[0], True):
             _rcls0 = cls
             return _roff[0]
-        if _rcls0 is not None and _rcls1 is None and _learn(cls, _FIELDS, _roff[1], True):
+        if _rcls0 is not None and _rcls1 is None and learn_slots(cls, _FIELDS, _roff[1], True):
             _rcls1 = cls
             return _roff[1]
         _rno.add(cls)
@@ -345,7 +320,7 @@ cdef object _F = False
 
 cdef bint _learn_slots(type cls) except -1:
     global _slots_of
-    if not _learn(cls, _FIELDS, _off):
+    if not learn_slots(cls, _FIELDS, _off):
         return False
     _slots_of = cls
     return True
@@ -353,7 +328,7 @@ cdef bint _learn_slots(type cls) except -1:
 
 cdef bint _learn_islots(type cls) except -1:
     global _islots_of
-    if not _learn(cls, _IFIELDS, _ioff):
+    if not learn_slots(cls, _IFIELDS, _ioff):
         return False
     _islots_of = cls
     return True

@@ -1,0 +1,3 @@
+# The slot-offset reader shared by the compiled modules that fill dataclass slots in place
+# (mqtt_proxy/_cdelivery.pyx, lightqueue/_cresolve.pyx): both may import store, not each other.
+cdef bint learn_slots(type cls, tuple fields, Py_ssize_t* off, bint prefix=*) except -1

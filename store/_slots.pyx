@@ -1,0 +1,35 @@
+# cython: language_level=3
+"""Where a slots dataclass keeps each field, for compiled code that fills or reads the slots
+directly instead of calling __init__ or getattr (a message object per delivered message: the
+dataclass __init__ and seven attribute reads were most of their cost; bench/RESULTS.md, issue
+20). `learn_slots` is cimported by mqtt_proxy._cdelivery and lightqueue._cresolve (store.speedups
+explains the extensions); it has no pure twin: without it those modules are not used.
+"""
+
+
+cdef extern from "structmember.h":
+    ctypedef struct PyMemberDef:
+        Py_ssize_t offset
+
+cdef extern from "Python.h":
+    ctypedef struct PyMemberDescrObject:
+        PyMemberDef* d_member
+
+
+cdef bint learn_slots(type cls, tuple fields, Py_ssize_t* off, bint prefix=False) except -1:
+    """Read the slot offsets of `cls` into `off` (a dataclass with slots=True and exactly
+    `fields`, nothing run at __init__ but the assignments); False: construct by calling `cls`.
+    `prefix`: only read, so `fields` need only be its first fields and __init__ may do more."""
+    import dataclasses
+    import types
+    if not dataclasses.is_dataclass(cls) or (not prefix and hasattr(cls, "__post_init__")):
+        return False
+    names = tuple(f.name for f in dataclasses.fields(cls))
+    if (names[:len(fields)] if prefix else names) != fields:
+        return False
+    for i, name in enumerate(fields):
+        d = cls.__dict__.get(name)
+        if type(d) is not types.MemberDescriptorType:  # a slot of this very class
+            return False
+        off[i] = (<PyMemberDescrObject*>d).d_member.offset
+    return True
