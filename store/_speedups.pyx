@@ -259,10 +259,7 @@ def index_batch(const uint8_t[::1] data, Py_ssize_t pos, Py_ssize_t size, int64_
     cdef const uint8_t* b = &data[0]
     cdef Py_ssize_t bend = pos + size, q0 = pos + HEADER_SIZE, rec_end
     cdef int64_t count, off, klen, i, nh, h
-    cdef object key, targets, q, w, gate, ent
-    cdef bytearray buf
-    cdef Py_ssize_t blen
-    cdef uint8_t* vp
+    cdef object key, targets
     cdef uint8_t entry[16]
     if PyBytes_GET_SIZE(ehead) != 8:
         raise ValueError("entry head is 8 bytes")
@@ -286,55 +283,99 @@ def index_batch(const uint8_t[::1] data, Py_ssize_t pos, Py_ssize_t size, int64_
             q0 = _skip_bytes(b, q0, rec_end)
         if q0 != rec_end:
             raise ValueError("record length mismatch")
-    q0 = pos + HEADER_SIZE
-    for i in range(count):
-        rec_end = _record_end(b, &q0, bend)  # (the first walk checked them all)
-        q0 += 1  # attributes
-        _vget(b, &q0, rec_end)  # timestamp delta
-        off = base + _vget(b, &q0, rec_end)
-        klen = _vget(b, &q0, rec_end)
-        if klen > rec_end - q0:
-            raise ValueError("record key runs past its record")
-        if off < c:
+    # Second walk: a run of records with the same key (a device's messages, as appended) goes
+    # to its targets at once: one buffer resize and one `next` update per queue and run.
+    cdef int64_t* offs = <int64_t*>malloc(<size_t>(count if count > 0 else 1) * sizeof(int64_t))
+    cdef Py_ssize_t nrun = 0
+    cdef const uint8_t* rkey = NULL
+    cdef int64_t rklen = -2  # no run yet (-1 is a null key)
+    if offs == NULL:
+        raise MemoryError()
+    targets = None
+    try:
+        q0 = pos + HEADER_SIZE
+        for i in range(count):
+            rec_end = _record_end(b, &q0, bend)  # (the first walk checked them all)
+            q0 += 1  # attributes
+            _vget(b, &q0, rec_end)  # timestamp delta
+            off = base + _vget(b, &q0, rec_end)
+            klen = _vget(b, &q0, rec_end)
+            if klen > rec_end - q0:
+                raise ValueError("record key runs past its record")
+            if off < c:
+                q0 = rec_end
+                continue
+            if off >= end:
+                break
+            if n >= budget:
+                _run_to(targets, offs, nrun, entry, gate_key, t, p, stamp, grown)
+                return off, n
+            if klen != rklen or (klen > 0 and memcmp(b + q0, rkey, <size_t>klen) != 0):
+                _run_to(targets, offs, nrun, entry, gate_key, t, p, stamp, grown)
+                nrun = 0
+                key = None if klen < 0 else PyBytes_FromStringAndSize(<char*>(b + q0), klen)
+                targets = tcache.get(key)
+                if targets is None:
+                    targets = tcache[key] = targets_for(key)
+                rkey = b + q0
+                rklen = klen
+            offs[nrun] = off
+            nrun += 1
             q0 = rec_end
-            continue
-        if off >= end:
-            break
-        if n >= budget:
-            return off, n
-        if klen < 0:
-            key = None
-        else:
-            key = PyBytes_FromStringAndSize(<char*>(b + q0), klen)
-        q0 = rec_end
-        targets = tcache.get(key)
-        if targets is None:
-            targets = tcache[key] = targets_for(key)
-        _be(entry + 8, <uint64_t>off, 8)
-        for q in targets:
-            if gate_key is not None:
-                gate = q.gate
-                if gate is not None and off < gate.get(gate_key, 0):
+            n += 1
+        _run_to(targets, offs, nrun, entry, gate_key, t, p, stamp, grown)
+    finally:
+        free(offs)
+    return -1, n
+
+
+cdef int _run_to(object targets, const int64_t* offs, Py_ssize_t nrun, const uint8_t* head,
+                 object gate_key, str t, int p, int64_t stamp, list grown) except -1:
+    """Append one run of offsets (ascending, same targets) to each target queue: its entries
+    (`head` + offset) to `q.buf`, `(t, p, offset)` to `q.watch` if watched."""
+    cdef object q, w, gate, ent
+    cdef bytearray buf
+    cdef Py_ssize_t j, j0, blen, k
+    cdef int64_t floor
+    cdef uint8_t* dst
+    if nrun == 0:
+        return 0
+    for q in targets:
+        j0 = 0
+        if gate_key is not None:
+            gate = q.gate
+            if gate is not None:
+                floor = gate.get(gate_key, 0)
+                while j0 < nrun and offs[j0] < floor:
+                    j0 += 1
+                if j0 == nrun:
                     continue
-            buf = q.buf
-            if buf is None:
-                q.buf = PyByteArray_FromStringAndSize(<char*>entry, 16)
-            else:
-                blen = PyByteArray_GET_SIZE(buf)
-                PyByteArray_Resize(buf, blen + 16)
-                memcpy(PyByteArray_AS_STRING(buf) + blen, entry, 16)
-            w = q.watch
-            if w is not None:
+        k = nrun - j0
+        buf = q.buf
+        if buf is None:
+            buf = PyByteArray_FromStringAndSize(NULL, 16 * k)
+            q.buf = buf
+            blen = 0
+        else:
+            blen = PyByteArray_GET_SIZE(buf)
+            PyByteArray_Resize(buf, blen + 16 * k)
+        dst = <uint8_t*>PyByteArray_AS_STRING(buf) + blen
+        for j in range(j0, nrun):
+            memcpy(dst, head, 8)
+            _be(dst + 8, <uint64_t>offs[j], 8)
+            dst += 16
+        w = q.watch
+        if w is not None:
+            for j in range(j0, nrun):
                 # str and ints only, never in a cycle: no work for the cyclic GC (as above)
-                ent = (t, p, off)
+                ent = (t, p, offs[j])
                 PyObject_GC_UnTrack(<void*>ent)
                 w.append(ent)
-            q.next += 1
-            if q.touched != stamp:
-                q.touched = stamp
-                grown.append(q)
-        n += 1
-    return -1, n
+        q.next += k
+        if q.touched != stamp:
+            q.touched = stamp
+            grown.append(q)
+    return 0
 
 
 # --- Kafka's murmur2 --------------------------------------------------------------------------

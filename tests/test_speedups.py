@@ -479,12 +479,20 @@ def _index_both(data: bytes, base: int, c: int, end: int, budget: int, gated: bo
     st.integers(0, 40),
     st.integers(0, 35),
     st.booleans(),
+    st.lists(st.sampled_from([None, b"", b"a", b"ab", b"b"]), min_size=30, max_size=30),
 )
 def test_index_batch_same_entries(
-    msgs: list[MqttMessage], base: int, c: int, span: int, budget: int, gated: bool
+    msgs: list[MqttMessage],
+    base: int,
+    c: int,
+    span: int,
+    budget: int,
+    gated: bool,
+    keys: list[bytes | None],
 ) -> None:
-    # keyless records (a Kafka producer's) too; headers as an MQTT message's
-    recs = [(1, m.topic.encode() if m.qos else None, m.payload, headers_for(m)) for m in msgs]
+    """Runs of one key (the compiled loop hands a run to its queues at once), keyless records
+    (a Kafka producer's) and an empty key; headers as an MQTT message's."""
+    recs = [(1, k, m.payload, headers_for(m)) for m, k in zip(msgs, keys, strict=False)]
     data = bytes(build_batch(recs, base))
     py, cy = _index_both(data, base, base + c, base + c + span, budget, gated)
     assert py == cy
