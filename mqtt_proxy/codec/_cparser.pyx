@@ -6,7 +6,8 @@ Built at install time when a C compiler is there (setup.py); `parser.py` uses it
 stays the reference: the codec tests run against both (tests/conftest.py, `codec_impl`).
 """
 
-from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from libc.string cimport memcmp
 from cpython.ref cimport Py_INCREF
 from cpython.tuple cimport PyTuple_SET_ITEM
 
@@ -75,7 +76,12 @@ def walk(object parser, bytes buf, list out):
     maxsize = parser.max_packet_size
     cdef bint strict = parser.strict_utf8
     cdef dict cache = _strict_cache if strict else _lax_cache
-    cdef object topic, tb, props, pkt, decode
+    cdef object topic, tb, props, pkt, decode, payload
+    # The last topic's bytes and str: a chunk's PUBLISHes mostly repeat one topic (a device's),
+    # compared in place instead of a bytes object and a dict lookup per message.
+    cdef object last_topic = None
+    cdef const unsigned char* last_tb = NULL
+    cdef Py_ssize_t last_len = 0
     while n - pos >= 2:
         b0 = b[pos]
         rl = b[pos + 1]
@@ -116,15 +122,21 @@ def walk(object parser, bytes buf, list out):
             p = s + 2 + ((b[s] << 8) | b[s + 1])
             if p > end:
                 raise _E("PUBLISH topic runs past the end of the packet")
-            tb = buf[s + 2 : p]
-            topic = cache.get(tb)
-            if topic is None:
-                if p > s + 2:
-                    topic = _topic(tb, strict)
-                elif ver == 5:
-                    topic = ""
-                else:
-                    raise _E("empty topic name", 0x90)
+            if p - s - 2 == last_len and last_len and memcmp(b + s + 2, last_tb, last_len) == 0:
+                topic = last_topic
+            else:
+                tb = PyBytes_FromStringAndSize(<const char*>(b + s + 2), p - s - 2)
+                topic = cache.get(tb)
+                if topic is None:
+                    if p > s + 2:
+                        topic = _topic(tb, strict)
+                    elif ver == 5:
+                        topic = ""
+                    else:
+                        raise _E("empty topic name", 0x90)
+                last_topic = topic
+                last_tb = b + s + 2
+                last_len = p - s - 2
             if qos:
                 if qos == 3:
                     raise _E("PUBLISH QoS 3 [MQTT-3.3.1-4]")
@@ -148,7 +160,8 @@ def walk(object parser, bytes buf, list out):
                     raise _E("empty topic name without topic alias", 0x82)
             else:
                 props = _EMPTY
-            pkt = _publish(topic, buf[p:end], qos, _T if b0 & 1 else _F, _T if b0 & 8 else _F,
+            payload = PyBytes_FromStringAndSize(<const char*>(b + p), end - p)
+            pkt = _publish(topic, payload, qos, _T if b0 & 1 else _F, _T if b0 & 8 else _F,
                            pid, props)
             # Strings, bytes, ints and the properties: never in a reference cycle, so the
             # cyclic GC need not scan it (one per message: most of what its young
