@@ -30,7 +30,9 @@ cdef extern from "Python.h":
 
 from cpython.ref cimport Py_INCREF
 
-from store._slots cimport learn_slots
+from store._slots cimport learn_slots, message_slots
+
+from store._slots import MESSAGE_FIELDS as _FIELDS
 
 cdef tuple _NOARGS = ()
 
@@ -74,33 +76,6 @@ cdef inline object _expire_at(object props, int64_t ts_ms):
     return ts_ms + expiry * 1000
 
 
-# MqttMessage's fields, in __init__'s order: `publish_messages` fills their slots in place, and
-# `fill_cache` reads them in place from a MqttMessage or a StoredMessage (whose first fields they
-# are): seven attribute lookups were half of its time per message.
-_FIELDS = ("topic", "payload", "qos", "client_id", "retain", "properties", "timestamp_ms")
-cdef Py_ssize_t _roff[2][7]
-cdef object _rcls0 = None, _rcls1 = None  # the classes whose offsets _roff holds
-cdef set _rno = set()  # classes read by attribute (not a slots dataclass with these fields)
-
-
-cdef Py_ssize_t* _read_offsets(type cls) except? NULL:
-    """The slot offsets of `cls`'s first fields (_FIELDS), or NULL: read by attribute."""
-    global _rcls0, _rcls1
-    if cls is _rcls0:
-        return _roff[0]
-    if cls is _rcls1:
-        return _roff[1]
-    if cls not in _rno:
-        if _rcls0 is None and learn_slots(cls, _FIELDS, _roff[0], True):
-            _rcls0 = cls
-            return _roff[0]
-        if _rcls0 is not None and _rcls1 is None and learn_slots(cls, _FIELDS, _roff[1], True):
-            _rcls1 = cls
-            return _roff[1]
-        _rno.add(cls)
-    return NULL
-
-
 def fill_cache(type cls, list msgs, dict cache, Py_ssize_t seq, str internal, str probe):
     """cache[seq + i] = cls(msgs[i]); None for a missing message or one on an internal topic
     (`internal`, except the probes' `probe`). `cls` is CachedMsg, a subclass of CachedBase: a
@@ -122,7 +97,7 @@ def fill_cache(type cls, list msgs, dict cache, Py_ssize_t seq, str internal, st
             continue
         if type(m) is not mtype:
             mtype = type(m)
-            off = _read_offsets(mtype)
+            off = message_slots(mtype)
         if off is not NULL:
             base = <char*><PyObject*>m
             for i in range(7):
