@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from lightgate import __version__
 from lightgate.config import ConfigError, GatewayConfig
 from lightgate.config_load import proxy_count
+from lightgate.gc_pauses import GcPauses, freeze_startup_heap
 from lightgate.health import HealthWatch
 from lightgate.http import HttpServer
 from lightgate.metrics import Figures
@@ -68,6 +69,7 @@ class Gateway:
         self.security: Security = build_security(cfg)
         self._proxy: ProxySupervisor | None = None  # when MQTT runs in a child process
         self.figures = Figures(self)
+        self.gc_pauses: GcPauses | None = None  # `serve` times this process's collections
         self.watch = HealthWatch(self)
 
     async def start(self) -> None:
@@ -388,6 +390,7 @@ async def serve(cfg: GatewayConfig) -> int:
     except ConfigError as exc:
         print(f"lightgate: {exc}", file=sys.stderr)
         return 2
+    gateway.gc_pauses = GcPauses().install()  # this process's collections, for /metrics
     # As Mosquitto: SIGHUP reloads the users and ACL, never stops the gateway (even while starting).
     asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, gateway.reload)
     try:
@@ -409,6 +412,9 @@ async def serve(cfg: GatewayConfig) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    if cfg.gc_freeze:
+        frozen = freeze_startup_heap()
+        log.info("froze the start-up heap", extra={"objects": frozen})
     print(gateway.ready_line(), flush=True)
     log.info("gateway ready", extra={"endpoints": gateway.ready_line()})
     await stop.wait()

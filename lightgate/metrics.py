@@ -46,6 +46,10 @@ HISTOGRAMS: dict[str, tuple[str, str]] = {
         "lightgate_publish_deliver_latency_seconds",
         "Broker receive to PUBLISH written to a subscriber, per delivered copy (ms resolution)",
     ),
+    "gc_pause": (
+        "lightgate_gc_pause_seconds",
+        "One CPython garbage collection of the gateway process (its event loop stopped)",
+    ),
     "kafka_produce": (
         "lightgate_kafka_produce_latency_seconds",
         "Kafka Produce request received to response ready (durable under acks>=1)",
@@ -110,6 +114,8 @@ class Figures:
             hists[key] = _hist(d)
         if store is not None:
             hists["fsync"] = store.fsync_latency
+        if gw.gc_pauses is not None:
+            hists["gc_pause"] = gw.gc_pauses.histogram
         topics: dict[str, dict[str, int]] = {}
         if store is not None:
             for t, (nbytes, nrec) in store.disk_usage().items():

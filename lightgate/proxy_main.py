@@ -18,6 +18,7 @@ import sys
 from collections.abc import Callable
 
 from lightgate.config import ConfigError, GatewayConfig
+from lightgate.gc_pauses import freeze_startup_heap
 from lightgate.link_registry import HELLO, STATS, MethodRegistry
 from lightgate.split import READY_PREFIX, core_link_security
 from mqtt_proxy.cluster import ProxyCluster
@@ -136,6 +137,8 @@ async def run_proxy(
     peer.closed.add_done_callback(lambda _f: stop.set())
     parts = " ".join(f"{k}={h}:{p}" for k, (h, p) in endpoints.items())
     print(f"{READY_PREFIX} {parts}".rstrip(), flush=True)
+    if cfg.gc_freeze:
+        freeze_startup_heap()
     log.info("mqtt proxy ready", extra={"proxy_id": proxy_id, "core": core})
     await stop.wait()
     lost = peer.closed.done()

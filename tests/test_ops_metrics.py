@@ -73,6 +73,8 @@ def test_metrics_move_with_real_clients(gateway_factory: Callable[..., GatewayPr
     assert sample(m, "lightgate_puback_latency_seconds_bucket", le="+Inf") == N_MQTT
     assert sample(m, "lightgate_fsync_latency_seconds_count") > 0
     assert sample(m, "lightgate_dispatch_batch_latency_seconds_count") > 0
+    # The gateway's own garbage collections are timed (it collected while starting at least).
+    assert sample(m, "lightgate_gc_pause_seconds_count") > 0
     # Counters by protocol, connections by protocol and version, sessions, subscriptions.
     assert sample(m, "lightgate_messages_in_total", protocol="mqtt") == N_MQTT
     assert sample(m, "lightgate_messages_out_total", protocol="mqtt") == N_MQTT
