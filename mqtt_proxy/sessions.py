@@ -14,7 +14,10 @@ Persistence: dirty persistent sessions are written to the light-queue DB's sessi
 session before the SUBACK / UNSUBACK (retained messages follow the SUBACK), so a `kill -9` right
 after an ack cannot lose or resurrect a subscription. Connected persistent sessions are also
 snapshotted about once a second because QoS 0 delivery moves positions without marking them
-dirty (a restart then re-sends at most about a second of QoS 0 messages, which is allowed).
+dirty (a restart then re-sends at most about a second of QoS 0 messages, which is allowed). A
+flush looks only at the connected persistent sessions and the offline ones changed since their
+last write (`_watched`), plus every persistent session once in FULL_WALK_EVERY flushes: 100,000
+offline sessions cost each flush 4 ms when it walked them all (bench/RESULTS.md, issue 20).
 
 Wills: published on a close that was not a normal DISCONNECT, after
 min(will delay, session expiry); a reconnect to the session before then cancels it.
@@ -41,15 +44,20 @@ if TYPE_CHECKING:
 log = logging.getLogger("lightgate.mqtt.sessions")
 
 NEVER_EXPIRES = 0xFFFFFFFF
+FULL_WALK_EVERY = 100  # flushes (session_flush_ms each): every persistent session is looked at
 
 
 class SessionManager:
     def __init__(self, server: MqttServer) -> None:
         self.server = server
         self.sessions: dict[str, Session] = {}
-        # The persistent ones among them (possibly a few that stopped being persistent since):
-        # all `flush` looks at, so 10^5 clean-session clients cost it nothing.
+        # The persistent ones among them (possibly a few that stopped being persistent since).
         self.persistent: dict[str, Session] = {}
+        # What `flush` walks: the connected persistent sessions and the offline ones with changes
+        # not written yet (an offline session changes only at disconnect, when its will is
+        # published, or at restore), so 10^5 offline persistent sessions cost a flush nothing;
+        # every FULL_WALK_EVERY flushes it walks them all, in case a change came by another way.
+        self._watched: set[Session] = set()
         self._flushes = 0
 
     # -- restore / persist ---------------------------------------------------------------------
@@ -76,6 +84,7 @@ class SessionManager:
                           lost.session.client_id, lost.spec.raw, answer)  # fmt: skip
                 del lost.session.subs[lost.spec.raw]
                 lost.session.dirty = True
+                self._watched.add(lost.session)
         for s in restored:
             was_offline = bool(s.disconnected_at)
             if not was_offline:
@@ -128,6 +137,7 @@ class SessionManager:
         self.server.backend.save_sessions([self._state(session)])
         del self.sessions[client_id]
         self.persistent.pop(client_id, None)
+        self._watched.discard(session)
         return queues
 
     def _will_changed(self, session: Session) -> None:
@@ -143,12 +153,25 @@ class SessionManager:
     def flush(self, force: bool = False) -> None:
         self._flushes += 1
         snapshot = force or self._flushes % 10 == 0
-        items = [
-            self._state(s)
-            for s in self.persistent.values()
-            if s.persistent and (s.dirty or (snapshot and s.conn is not None))
-        ]
+        full = force or self._flushes % FULL_WALK_EVERY == 0
+        pool = self.persistent.values() if full else self._watched
+        items = []
+        written_offline = []
+        for s in pool:
+            if s.persistent and (s.dirty or (snapshot and s.conn is not None)):
+                items.append(self._state(s))
+                if s.conn is None:
+                    written_offline.append(s)
         self.server.backend.save_sessions(items)
+        if full:  # and whatever else has nothing left to write or is no longer registered
+            persistent = self.persistent
+            self._watched = {
+                s
+                for s in self._watched
+                if (s.conn is not None or s.dirty) and persistent.get(s.client_id) is s
+            }
+        else:
+            self._watched.difference_update(written_offline)
 
     def _state(self, s: Session) -> tuple[str, SessionState]:
         """(client id, state to store); the session is clean afterwards."""
@@ -199,6 +222,10 @@ class SessionManager:
         session.conn = conn
         session.disconnected_at = 0.0  # online again: restore() must not count from a stale time
         session.dirty = session.persistent
+        if session.persistent:
+            self._watched.add(session)
+        else:
+            self._watched.discard(session)
         if not session.persistent and present:
             # Resumed with expiry 0 (v5): nothing to keep in the store any more.
             server.backend.delete_session(client_id)
@@ -256,6 +283,7 @@ class SessionManager:
             return
         session.disconnected_at = time.time()
         session.dirty = True
+        self._watched.add(session)  # already there (it was connected): written, then dropped
         if will is not None:
             delay = min(will.delay, session.expiry)
             if delay <= 0:
@@ -273,6 +301,7 @@ class SessionManager:
         if session.conn is None and session.will is not None:
             will, session.will = session.will, None
             session.dirty = True
+            self._watched.add(session)
             self.publish_will(will)
             self._will_changed(session)
 
@@ -321,6 +350,7 @@ class SessionManager:
             del self.sessions[session.client_id]
         if self.persistent.get(session.client_id) is session:
             del self.persistent[session.client_id]
+        self._watched.discard(session)
         server.backend.delete_session(session.client_id)
 
     # -- subscribe -----------------------------------------------------------------------------

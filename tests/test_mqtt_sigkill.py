@@ -9,6 +9,7 @@ import pytest
 from mqtt_helpers import (
     CONNECT,
     V5,
+    WILLMESSAGE,
     Client,
     props,
     raw,
@@ -128,3 +129,33 @@ def test_69_sigkill_keeps_flushed_positions_of_a_session_that_became_persistent(
     assert [int(m.payload) for m in sub.expect(5)] == list(range(20, 25))
     sub.expect_none(0.5)
     sub.disconnect()
+
+
+@pytest.mark.restart
+def test_70_sigkill_after_an_offline_will_does_not_publish_it_again(broker):
+    """A delayed will published while its session is offline changes that session (no will
+    left), which the next session flush must write: the flush walks connected sessions and
+    offline ones with changes, not every persistent session (10^5 offline ones cost it nothing).
+    After a SIGKILL 1.5 s later the will is not published a second time."""
+    if not hasattr(broker, "crash_restart"):
+        pytest.skip("SIGKILL needs `lightgate serve` in its own process")
+    watcher = Client(broker.port, "wd-watch", V5).connect(
+        clean=False, props=props(CONNECT, SessionExpiryInterval=600)
+    )
+    watcher.subscribe("wd/#", 1)
+    dev = Client(broker.port, "wd-dev", V5).connect(
+        props=props(CONNECT, SessionExpiryInterval=600),
+        will=("wd/dev", b"gone", 1, False),
+        will_props=props(WILLMESSAGE, WillDelayInterval=1),
+    )
+    dev.kill()
+    assert [m.payload for m in watcher.expect(1, timeout=10)] == [b"gone"]
+    time.sleep(1.5)  # session_flush_ms is 100: the watcher's ack and the device's will written
+    broker.crash_restart()
+    watcher.paho.loop_stop()
+    watcher = Client(broker.port, "wd-watch", V5).connect(
+        clean=False, props=props(CONNECT, SessionExpiryInterval=600)
+    )
+    assert watcher.session_present
+    watcher.expect_none(3.0)  # a will still stored would be due at once after the restart
+    watcher.disconnect()
