@@ -30,6 +30,7 @@ from store.mapping import MqttMessage
 if TYPE_CHECKING:
     from mqtt_proxy.connection import MqttConnection
     from mqtt_proxy.server import MqttServer
+    from mqtt_proxy.session import Session
 
 # (connection, packet ids, ack packet type): a read chunk's QoS 1 ids in one run
 Ack = tuple["MqttConnection", list[int], int]
@@ -180,6 +181,22 @@ class Inbound:
             self._server.puback_latency.observe(
                 self._loop.time() - t0, sum([len(pids) for _c, pids, _a in acks])
             )
+        # A PUBREC promises the message is stored once: a persistent session's QoS 2 ids
+        # (`qos2_in`, how a resent PUBLISH is known) are written before it goes out, not at the
+        # next periodic flush (a crash in between made the client's resend a second copy).
+        qos2: set[Session] = set()
+        for conn, pids, ack in acks:
+            session = conn.session
+            if ack == PUBREC and session is not None:
+                session.qos2_pending.difference_update(pids)  # stored now: written as such
+                if session.persistent:
+                    qos2.add(session)
+        if qos2:
+            self._server.sessions.write_now(list(qos2), lambda: self._send_acks(acks))
+        else:
+            self._send_acks(acks)
+
+    def _send_acks(self, acks: list[Ack]) -> None:
         # One write per connection for all its acks of this fsync (was one syscall per ack:
         # 11 % of the loop in a QoS 1 fan-in profile), built per run of a read chunk.
         out: dict[MqttConnection, list[bytes]] = {}

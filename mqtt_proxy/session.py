@@ -120,7 +120,9 @@ class Session:
             "version": self.version,
             "disconnected_at": self.disconnected_at,
             "next_pid": self.next_pid,
-            "qos2_in": sorted(self.qos2_in),
+            # Not the ids whose message is not stored yet: after a crash their resend must be
+            # stored, not taken for a copy of something stored.
+            "qos2_in": sorted(self.qos2_in - self.qos2_pending),
             "subs": [
                 {
                     "raw": s.spec.raw,

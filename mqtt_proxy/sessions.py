@@ -12,7 +12,9 @@ disconnect; expiry deletes it and releases its wildcard filters.
 Persistence: dirty persistent sessions are written to the light-queue DB's session store every
 `session_flush_ms`, at disconnect and on graceful close; a SUBSCRIBE or UNSUBSCRIBE writes its
 session before the SUBACK / UNSUBACK (retained messages follow the SUBACK), so a `kill -9` right
-after an ack cannot lose or resurrect a subscription. Connected persistent sessions are also
+after an ack cannot lose or resurrect a subscription; a stored QoS 2 PUBLISH writes it (its id in
+`qos2_in`) before the PUBREC, so a resend after a `kill -9` is known as one (`write_now`). Ids
+whose message is not stored yet are never written as stored (`Session.to_state`). Connected persistent sessions are also
 snapshotted about once a second because QoS 0 delivery moves positions without marking them
 dirty (a restart then re-sends at most about a second of QoS 0 messages, which is allowed). A
 flush looks only at the connected persistent sessions and the offline ones changed since their
@@ -172,6 +174,10 @@ class SessionManager:
             }
         else:
             self._watched.difference_update(written_offline)
+
+    def write_now(self, sessions: list[Session], done: Callable[[], None]) -> None:
+        """Write these sessions' state at once (not at the next flush); `done` once written."""
+        self.server.backend.save_sessions([self._state(s) for s in sessions], done)
 
     def _state(self, s: Session) -> tuple[str, SessionState]:
         """(client id, state to store); the session is clean afterwards."""

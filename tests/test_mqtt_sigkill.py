@@ -159,3 +159,37 @@ def test_70_sigkill_after_an_offline_will_does_not_publish_it_again(broker):
     assert watcher.session_present
     watcher.expect_none(3.0)  # a will still stored would be due at once after the restart
     watcher.disconnect()
+
+
+@pytest.mark.restart
+def test_71_sigkill_right_after_pubrec_stores_a_qos2_resend_once(broker):
+    """A PUBREC says the message is stored once: the persistent session's QoS 2 ids are written
+    before it goes out. SIGKILL right after the PUBREC (well inside the periodic session flush);
+    the client, as one that never saw the PUBREC would, resends the PUBLISH with DUP after the
+    restart: it is acknowledged, not stored again, and the subscriber gets one copy."""
+    if not hasattr(broker, "crash_restart"):
+        pytest.skip("SIGKILL needs `lightgate serve` in its own process")
+    sub = Client(broker.port, "q2k-sub").connect(clean=False)
+    sub.subscribe("q2k/#", 2)
+    publish = packet(0x34, s16(b"q2k/t") + b"\x00\x07" + b"once")  # QoS 2, packet id 7
+    s = raw(broker.port)
+    s.sendall(connect_packet(b"q2k-pub", clean=False))
+    assert read_packets(s, 1) == [b"\x20\x02\x00\x00"]
+    s.sendall(publish)
+    assert read_packets(s, 1) == [b"\x50\x02\x00\x07"]  # PUBREC
+    broker.crash_restart()
+    s.close()
+    sub.paho.loop_stop()
+    s = raw(broker.port)
+    s.sendall(connect_packet(b"q2k-pub", clean=False))
+    assert read_packets(s, 1) == [b"\x20\x02\x01\x00"]  # session present
+    s.sendall(packet(0x3C, s16(b"q2k/t") + b"\x00\x07" + b"once"))  # the same, DUP set
+    assert read_packets(s, 1) == [b"\x50\x02\x00\x07"]
+    s.sendall(b"\x62\x02\x00\x07")  # PUBREL
+    assert read_packets(s, 1) == [b"\x70\x02\x00\x07"]  # PUBCOMP
+    s.close()
+    sub = Client(broker.port, "q2k-sub").connect(clean=False)
+    assert sub.session_present
+    assert [m.payload for m in sub.expect(1, timeout=10)] == [b"once"]
+    sub.expect_none(1.0)
+    sub.disconnect()
