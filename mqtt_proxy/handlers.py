@@ -202,8 +202,12 @@ def _on_pubrec(conn: MqttConnection, p: Pubrec) -> None:
         _outbound_done_now(conn, pid)
         return
     inf.released = True
-    session.dirty = session.persistent
-    conn.send(Pubrel(pid))
+    if session.persistent:
+        # After a PUBREL the PUBLISH is never sent again (3.1.1 §4.3.3): the session says so
+        # before the PUBREL goes out, so a restart resends the PUBREL, not a second copy.
+        conn.server.sessions.write_now([session], lambda: conn.send(Pubrel(pid)))
+    else:
+        conn.send(Pubrel(pid))
 
 
 def _outbound_done_now(conn: MqttConnection, pid: int) -> None:

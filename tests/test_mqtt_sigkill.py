@@ -16,6 +16,7 @@ from mqtt_helpers import (
     read_packets,
 )
 from mqtt_raw import (
+    assert_silent,
     connect_packet,
     packet,
     s16,
@@ -193,3 +194,35 @@ def test_71_sigkill_right_after_pubrec_stores_a_qos2_resend_once(broker):
     assert [m.payload for m in sub.expect(1, timeout=10)] == [b"once"]
     sub.expect_none(1.0)
     sub.disconnect()
+
+
+@pytest.mark.restart
+def test_72_sigkill_right_after_pubrel_resends_the_pubrel_not_the_publish(broker):
+    """Once the gateway sent a PUBREL for an outbound QoS 2 message it never sends that PUBLISH
+    again (3.1.1 §4.3.3): the session records the release before the PUBREL goes out. SIGKILL
+    right after the PUBREL; on the subscriber's return the gateway resends the PUBREL, and a
+    PUBCOMP completes the message."""
+    if not hasattr(broker, "crash_restart"):
+        pytest.skip("SIGKILL needs `lightgate serve` in its own process")
+    s = raw(broker.port)
+    s.sendall(connect_packet(b"q2o-sub", clean=False))
+    assert read_packets(s, 1) == [b"\x20\x02\x00\x00"]
+    s.sendall(packet(0x82, b"\x00\x01" + s16(b"q2o/#") + b"\x02"))
+    assert read_packets(s, 1) == [b"\x90\x03\x00\x01\x02"]
+    pubc = Client(broker.port, "q2o-pub").connect()
+    pubc.publish("q2o/t", b"once", 2)
+    (pub,) = read_packets(s, 1)
+    assert pub[0] & 0xF6 == 0x34  # PUBLISH, QoS 2
+    pid = pub[9:11]  # after the fixed header (2), the topic (2 + 5)
+    s.sendall(b"\x50\x02" + pid)  # PUBREC
+    assert read_packets(s, 1) == [b"\x62\x02" + pid]  # PUBREL
+    broker.crash_restart()
+    s.close()
+    pubc.paho.loop_stop()  # its gateway is gone; no reconnect attempts to the old port
+    s = raw(broker.port)
+    s.sendall(connect_packet(b"q2o-sub", clean=False))
+    assert read_packets(s, 1) == [b"\x20\x02\x01\x00"]  # session present
+    assert read_packets(s, 1) == [b"\x62\x02" + pid]  # the PUBREL again, not the PUBLISH
+    s.sendall(b"\x70\x02" + pid)  # PUBCOMP
+    assert_silent(s, 1.0)
+    s.close()
