@@ -205,7 +205,7 @@ def _on_pubrec(conn: MqttConnection, p: Pubrec) -> None:
     if session.persistent:
         # After a PUBREL the PUBLISH is never sent again (3.1.1 §4.3.3): the session says so
         # before the PUBREL goes out, so a restart resends the PUBREL, not a second copy.
-        conn.server.sessions.write_now([session], lambda: conn.send(Pubrel(pid)))
+        conn.server.sessions.after_write(session, lambda: conn.send(Pubrel(pid)))
     else:
         conn.send(Pubrel(pid))
 

@@ -61,6 +61,8 @@ class SessionManager:
         # every FULL_WALK_EVERY flushes it walks them all, in case a change came by another way.
         self._watched: set[Session] = set()
         self._flushes = 0
+        # `after_write`: what waits for a session's next write, written once per loop pass.
+        self._waiting: dict[Session, list[Callable[[], None]]] = {}
 
     # -- restore / persist ---------------------------------------------------------------------
     async def restore(self) -> None:
@@ -176,8 +178,34 @@ class SessionManager:
             self._watched.difference_update(written_offline)
 
     def write_now(self, sessions: list[Session], done: Callable[[], None]) -> None:
-        """Write these sessions' state at once (not at the next flush); `done` once written."""
-        self.server.backend.save_sessions([self._state(s) for s in sessions], done)
+        """Write these sessions' state at once (not at the next flush); `done` once written.
+        A session no longer registered here (ended, or handed to another proxy) is not
+        written: that would bring back a deleted one or overwrite its new owner's."""
+        persistent = self.persistent
+        items = [self._state(s) for s in sessions if persistent.get(s.client_id) is s]
+        self.server.backend.save_sessions(items, done)
+
+    def after_write(self, session: Session, then: Callable[[], None]) -> None:
+        """`then()` once `session` is written, in a write shared by everything that asked in
+        this pass of the loop (a read chunk of PUBRECs: one write, not one per packet)."""
+        waiting = self._waiting
+        if not waiting:
+            asyncio.get_running_loop().call_soon(self._write_waiting)
+        fns = waiting.get(session)
+        if fns is None:
+            waiting[session] = [then]
+        else:
+            fns.append(then)
+
+    def _write_waiting(self) -> None:
+        waiting, self._waiting = self._waiting, {}
+
+        def done() -> None:
+            for fns in waiting.values():
+                for fn in fns:
+                    fn()
+
+        self.write_now(list(waiting), done)
 
     def _state(self, s: Session) -> tuple[str, SessionState]:
         """(client id, state to store); the session is clean afterwards."""
