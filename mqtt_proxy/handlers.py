@@ -228,7 +228,11 @@ def _on_pubrel(conn: MqttConnection, p: Pubrel) -> None:
     found = pid in session.qos2_in
     if found:
         session.qos2_in.discard(pid)
-        session.dirty = session.persistent
+        if session.persistent:
+            # After its PUBCOMP the client may use the id for a new message: the session
+            # forgets it before, or after a restart that message would be taken for a resend.
+            conn.server.sessions.after_write(session, lambda: conn.send(Pubcomp(pid, 0)))
+            return
     conn.send(Pubcomp(pid, PACKET_ID_NOT_FOUND if conn.v5 and not found else 0))
 
 

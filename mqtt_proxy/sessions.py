@@ -13,8 +13,10 @@ Persistence: dirty persistent sessions are written to the light-queue DB's sessi
 `session_flush_ms`, at disconnect and on graceful close; a SUBSCRIBE or UNSUBSCRIBE writes its
 session before the SUBACK / UNSUBACK (retained messages follow the SUBACK), so a `kill -9` right
 after an ack cannot lose or resurrect a subscription; a stored QoS 2 PUBLISH writes it (its id in
-`qos2_in`) before the PUBREC, so a resend after a `kill -9` is known as one (`write_now`). Ids
-whose message is not stored yet are never written as stored (`Session.to_state`). Connected persistent sessions are also
+`qos2_in`) before the PUBREC, so a resend after a `kill -9` is known as one (`write_now`), and
+writes it again before the PUBCOMP (the id forgotten: the client may reuse it) and before an
+outbound PUBREL (the PUBLISH released: never sent again), these per loop pass (`after_write`).
+Ids whose message is not stored yet are never written as stored (`Session.to_state`). Connected persistent sessions are also
 snapshotted about once a second because QoS 0 delivery moves positions without marking them
 dirty (a restart then re-sends at most about a second of QoS 0 messages, which is allowed). A
 flush looks only at the connected persistent sessions and the offline ones changed since their

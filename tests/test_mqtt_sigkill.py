@@ -4,6 +4,7 @@ persistent subscriber after the crash, and a SUBACKed subscription survives one.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 from mqtt_helpers import (
@@ -226,3 +227,38 @@ def test_72_sigkill_right_after_pubrel_resends_the_pubrel_not_the_publish(broker
     s.sendall(b"\x70\x02" + pid)  # PUBCOMP
     assert_silent(s, 1.0)
     s.close()
+
+
+@pytest.mark.restart
+def test_73_sigkill_right_after_pubcomp_stores_a_reused_packet_id(broker):
+    """After its PUBCOMP a client may use the packet id for a new message: the session forgets
+    the id before the PUBCOMP goes out. SIGKILL right after the PUBCOMP; after the restart a new
+    QoS 2 PUBLISH with the same id is stored, not taken for a resend of the first."""
+    if not hasattr(broker, "crash_restart"):
+        pytest.skip("SIGKILL needs `lightgate serve` in its own process")
+    sub = Client(broker.port, "q2c-sub").connect(clean=False)
+    sub.subscribe("q2c/#", 2)
+    sub.disconnect()
+
+    def exchange(s: Any, payload: bytes) -> None:
+        s.sendall(packet(0x34, s16(b"q2c/t") + b"\x00\x09" + payload))  # QoS 2, packet id 9
+        assert read_packets(s, 1) == [b"\x50\x02\x00\x09"]  # PUBREC
+        s.sendall(b"\x62\x02\x00\x09")  # PUBREL
+        assert read_packets(s, 1) == [b"\x70\x02\x00\x09"]  # PUBCOMP
+
+    s = raw(broker.port)
+    s.sendall(connect_packet(b"q2c-pub", clean=False))
+    assert read_packets(s, 1) == [b"\x20\x02\x00\x00"]
+    exchange(s, b"first")
+    broker.crash_restart()
+    s.close()
+    s = raw(broker.port)
+    s.sendall(connect_packet(b"q2c-pub", clean=False))
+    assert read_packets(s, 1) == [b"\x20\x02\x01\x00"]  # session present
+    exchange(s, b"second")
+    s.close()
+    sub = Client(broker.port, "q2c-sub").connect(clean=False)
+    assert sub.session_present
+    assert [m.payload for m in sub.expect(2, timeout=10)] == [b"first", b"second"]
+    sub.expect_none(0.5)
+    sub.disconnect()
