@@ -23,7 +23,6 @@ class GcPauses:
 
     def __init__(self) -> None:
         self.histogram = LatencyHistogram()
-        self.full = 0  # collections of the oldest generation
         self._t0 = 0.0
 
     def _callback(self, phase: str, info: dict[str, Any]) -> None:
@@ -31,17 +30,11 @@ class GcPauses:
             self._t0 = time.perf_counter()
         else:
             self.histogram.observe(time.perf_counter() - self._t0)
-            if info.get("generation") == 2:
-                self.full += 1
 
     def install(self) -> GcPauses:
         if self._callback not in gc.callbacks:
             gc.callbacks.append(self._callback)
         return self
-
-    def uninstall(self) -> None:
-        if self._callback in gc.callbacks:
-            gc.callbacks.remove(self._callback)
 
 
 def freeze_startup_heap() -> int:
