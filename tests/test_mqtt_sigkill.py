@@ -3,6 +3,7 @@ persistent subscriber after the crash, and a SUBACKed subscription survives one.
 
 from __future__ import annotations
 
+import socket
 import time
 from typing import Any
 
@@ -21,7 +22,26 @@ from mqtt_raw import (
     connect_packet,
     packet,
     s16,
+    subscribe_packet,
 )
+
+
+def _needs_sigkill(broker: Any) -> None:
+    if not hasattr(broker, "crash_restart"):
+        pytest.skip("SIGKILL needs `lightgate serve` in its own process")
+
+
+def _raw_connect(port: int, client_id: bytes, present: bool = False) -> socket.socket:
+    """A 3.1.1 persistent session over a raw socket, its CONNACK checked."""
+    s = raw(port)
+    s.sendall(connect_packet(client_id, clean=False))
+    assert read_packets(s, 1) == [b"\x20\x02" + bytes([present]) + b"\x00"]
+    return s
+
+
+def _subscribe(s: socket.socket, filt: bytes, qos: int) -> None:
+    s.sendall(subscribe_packet(filt, qos))
+    assert read_packets(s, 1) == [b"\x90\x03\x00\x01" + bytes([qos])]
 
 
 @pytest.mark.restart
@@ -29,8 +49,7 @@ def test_60_sigkill_loses_nothing_acknowledged(broker):
     """The gateway is SIGKILLed right after the last PUBACK/PUBCOMP: a v3.1.1 persistent session
     and a v5 session with expiry both get every acknowledged message after the restart, in order
     per topic, and a subscriber that had the messages in flight (no PUBACK) gets them again."""
-    if not hasattr(broker, "crash_restart"):
-        pytest.skip("SIGKILL needs `lightgate serve` in its own process")
+    _needs_sigkill(broker)
     v3 = Client(broker.port, "kill-v3").connect(clean=False)
     v3.subscribe("kill/#", 1)
     v3.disconnect()
@@ -39,11 +58,8 @@ def test_60_sigkill_loses_nothing_acknowledged(broker):
     v5.subscribe("kill/#", 2)
     v5.disconnect()
     # A subscriber that is online and gets the messages but never acknowledges them.
-    busy = raw(broker.port)
-    busy.sendall(connect_packet(b"kill-busy", clean=False))
-    assert read_packets(busy, 1) == [b"\x20\x02\x00\x00"]
-    busy.sendall(packet(0x82, b"\x00\x01" + s16(b"kill/#") + b"\x01"))
-    assert read_packets(busy, 1) == [b"\x90\x03\x00\x01\x01"]
+    busy = _raw_connect(broker.port, b"kill-busy")
+    _subscribe(busy, b"kill/#", 1)
     # No pause here: a persistent session is written before its SUBACK (not only by the flush
     # every session_flush_ms), so the SIGKILL may come right after it.
 
@@ -86,13 +102,9 @@ def test_68_sigkill_right_after_suback_keeps_the_subscription(broker):
     """A persistent session's SUBSCRIBE is stored before its SUBACK: a SIGKILL right after the
     SUBACK (well inside the periodic session flush) loses neither the session nor the
     subscription, and a message published after the restart reaches it."""
-    if not hasattr(broker, "crash_restart"):
-        pytest.skip("SIGKILL needs `lightgate serve` in its own process")
-    s = raw(broker.port)
-    s.sendall(connect_packet(b"suback-kill", clean=False))
-    assert read_packets(s, 1) == [b"\x20\x02\x00\x00"]
-    s.sendall(packet(0x82, b"\x00\x01" + s16(b"sk/#") + b"\x01"))
-    assert read_packets(s, 1) == [b"\x90\x03\x00\x01\x01"]
+    _needs_sigkill(broker)
+    s = _raw_connect(broker.port, b"suback-kill")
+    _subscribe(s, b"sk/#", 1)
     broker.crash_restart()
     s.close()
     pub = Client(broker.port, "sk-pub").connect()
@@ -110,8 +122,7 @@ def test_69_sigkill_keeps_flushed_positions_of_a_session_that_became_persistent(
     flush writes: after a SIGKILL a second later the session resumes after them. The client id
     first had a clean session, so its session becomes persistent on the reconnect (the flush
     looks only at persistent sessions and must see it)."""
-    if not hasattr(broker, "crash_restart"):
-        pytest.skip("SIGKILL needs `lightgate serve` in its own process")
+    _needs_sigkill(broker)
     Client(broker.port, "pos-kill").connect(clean=True).disconnect()
     sub = Client(broker.port, "pos-kill").connect(clean=False)
     sub.subscribe("pos/#", 1)
@@ -139,8 +150,7 @@ def test_70_sigkill_after_an_offline_will_does_not_publish_it_again(broker):
     left), which the next session flush must write: the flush walks connected sessions and
     offline ones with changes, not every persistent session (10^5 offline ones cost it nothing).
     After a SIGKILL 1.5 s later the will is not published a second time."""
-    if not hasattr(broker, "crash_restart"):
-        pytest.skip("SIGKILL needs `lightgate serve` in its own process")
+    _needs_sigkill(broker)
     watcher = Client(broker.port, "wd-watch", V5).connect(
         clean=False, props=props(CONNECT, SessionExpiryInterval=600)
     )
@@ -169,22 +179,17 @@ def test_71_sigkill_right_after_pubrec_stores_a_qos2_resend_once(broker):
     before it goes out. SIGKILL right after the PUBREC (well inside the periodic session flush);
     the client, as one that never saw the PUBREC would, resends the PUBLISH with DUP after the
     restart: it is acknowledged, not stored again, and the subscriber gets one copy."""
-    if not hasattr(broker, "crash_restart"):
-        pytest.skip("SIGKILL needs `lightgate serve` in its own process")
+    _needs_sigkill(broker)
     sub = Client(broker.port, "q2k-sub").connect(clean=False)
     sub.subscribe("q2k/#", 2)
     sub.disconnect()  # offline: what it gets after the restart is every copy stored
     publish = packet(0x34, s16(b"q2k/t") + b"\x00\x07" + b"once")  # QoS 2, packet id 7
-    s = raw(broker.port)
-    s.sendall(connect_packet(b"q2k-pub", clean=False))
-    assert read_packets(s, 1) == [b"\x20\x02\x00\x00"]
+    s = _raw_connect(broker.port, b"q2k-pub")
     s.sendall(publish)
     assert read_packets(s, 1) == [b"\x50\x02\x00\x07"]  # PUBREC
     broker.crash_restart()
     s.close()
-    s = raw(broker.port)
-    s.sendall(connect_packet(b"q2k-pub", clean=False))
-    assert read_packets(s, 1) == [b"\x20\x02\x01\x00"]  # session present
+    s = _raw_connect(broker.port, b"q2k-pub", present=True)
     s.sendall(packet(0x3C, s16(b"q2k/t") + b"\x00\x07" + b"once"))  # the same, DUP set
     assert read_packets(s, 1) == [b"\x50\x02\x00\x07"]
     s.sendall(b"\x62\x02\x00\x07")  # PUBREL
@@ -203,13 +208,9 @@ def test_72_sigkill_right_after_pubrel_resends_the_pubrel_not_the_publish(broker
     again (3.1.1 §4.3.3): the session records the release before the PUBREL goes out. SIGKILL
     right after the PUBREL; on the subscriber's return the gateway resends the PUBREL, and a
     PUBCOMP completes the message."""
-    if not hasattr(broker, "crash_restart"):
-        pytest.skip("SIGKILL needs `lightgate serve` in its own process")
-    s = raw(broker.port)
-    s.sendall(connect_packet(b"q2o-sub", clean=False))
-    assert read_packets(s, 1) == [b"\x20\x02\x00\x00"]
-    s.sendall(packet(0x82, b"\x00\x01" + s16(b"q2o/#") + b"\x02"))
-    assert read_packets(s, 1) == [b"\x90\x03\x00\x01\x02"]
+    _needs_sigkill(broker)
+    s = _raw_connect(broker.port, b"q2o-sub")
+    _subscribe(s, b"q2o/#", 2)
     pubc = Client(broker.port, "q2o-pub").connect()
     pubc.publish("q2o/t", b"once", 2)
     (pub,) = read_packets(s, 1)
@@ -234,8 +235,7 @@ def test_73_sigkill_right_after_pubcomp_stores_a_reused_packet_id(broker):
     """After its PUBCOMP a client may use the packet id for a new message: the session forgets
     the id before the PUBCOMP goes out. SIGKILL right after the PUBCOMP; after the restart a new
     QoS 2 PUBLISH with the same id is stored, not taken for a resend of the first."""
-    if not hasattr(broker, "crash_restart"):
-        pytest.skip("SIGKILL needs `lightgate serve` in its own process")
+    _needs_sigkill(broker)
     sub = Client(broker.port, "q2c-sub").connect(clean=False)
     sub.subscribe("q2c/#", 2)
     sub.disconnect()
@@ -246,15 +246,11 @@ def test_73_sigkill_right_after_pubcomp_stores_a_reused_packet_id(broker):
         s.sendall(b"\x62\x02\x00\x09")  # PUBREL
         assert read_packets(s, 1) == [b"\x70\x02\x00\x09"]  # PUBCOMP
 
-    s = raw(broker.port)
-    s.sendall(connect_packet(b"q2c-pub", clean=False))
-    assert read_packets(s, 1) == [b"\x20\x02\x00\x00"]
+    s = _raw_connect(broker.port, b"q2c-pub")
     exchange(s, b"first")
     broker.crash_restart()
     s.close()
-    s = raw(broker.port)
-    s.sendall(connect_packet(b"q2c-pub", clean=False))
-    assert read_packets(s, 1) == [b"\x20\x02\x01\x00"]  # session present
+    s = _raw_connect(broker.port, b"q2c-pub", present=True)
     exchange(s, b"second")
     s.close()
     sub = Client(broker.port, "q2c-sub").connect(clean=False)
