@@ -36,6 +36,7 @@ from lightqueue.keys import (
     block_count,
     checkpoint_key,
     decode_meta,
+    encode_block_py,
     encode_meta,
     entry_key_seq,
     entry_prefix,
@@ -47,14 +48,18 @@ from lightqueue.keys import (
     unpack_u32,
     unpack_u64,
 )
+from store.speedups import load
 
 log = logging.getLogger("lightgate.lightqueue")
+
+_cb = load("lightqueue._cblocks")
+_encode_block = encode_block_py if _cb is None else _cb.encode_block
 
 LIGHTQUEUE_DIR = "lightqueue"  # under the data dir
 
 
-CONVERT_CHUNK = 100_000  # entries per WriteBatch when converting a layout-1 DB
-G_CONVERTED = G_LAYOUT + b".converted"  # the last entry key converted so far (layout 1 -> 2)
+CONVERT_CHUNK = 100_000  # keys per WriteBatch when converting an older layout
+G_CONVERTED = G_LAYOUT + b".converted"  # the last entry key converted so far (to layout 3)
 
 
 class Queue:
@@ -104,12 +109,15 @@ class QueueDB:
             block_size=16 << 10,
             lru_cache_size=32 << 20,
             bloom_filter_bits=10,
+            # Entry blocks are compact already (keys.py, "Block values"); snappy on them cost
+            # ~20 % of the CPU per message in fan-in for little (bench/RESULTS.md, issue 20).
+            compression=None,
         )
         layout = self.db.get(G_LAYOUT)
         if layout is None:
             self.db.put(G_LAYOUT, pack_u32(LAYOUT_VERSION), sync=True)
-        elif unpack_u32(layout)[0] == 1:
-            self._from_layout_1()
+        elif unpack_u32(layout)[0] in (1, 2):
+            self._convert(unpack_u32(layout)[0])
         elif unpack_u32(layout)[0] != LAYOUT_VERSION:
             raise RuntimeError(f"light-queue DB layout {unpack_u32(layout)[0]} is not supported")
         self.queues: dict[str, Queue] = {}
@@ -159,29 +167,32 @@ class QueueDB:
             fq.filter = rec["filter"]
             self.filters[name] = rec
 
-    def _from_layout_1(self) -> None:
-        """Layout 1 kept one key per entry (uvarint topic id, uvarint partition, big-endian
-        offset; b"" void): rewrite each as a one-entry block, keys unchanged. In WriteBatches of
-        CONVERT_CHUNK entries, each recording the last key it converted (G_CONVERTED), so a
-        conversion cut short resumes after it instead of reading a block as a layout-1 value."""
+    def _convert(self, layout: int) -> None:
+        """Rewrite every entry value of an older layout as a layout-3 block, keys unchanged:
+        layout 1 kept one key per entry (uvarint topic id, uvarint partition, big-endian offset;
+        b"" void), layout 2 blocks of 16-byte entries. In WriteBatches of CONVERT_CHUNK keys,
+        each recording the last key it converted (G_CONVERTED), so a conversion cut short
+        resumes after it instead of reading a new value as an old one."""
         db = self.db
         done = db.get(G_CONVERTED)
         start = P_ENTRY if done is None else done + b"\x00"
         n = 0
+        t0 = time.monotonic()
         wb = db.write_batch(sync=True)
         for k, v in db.iterator(start=start, stop=prefix_end(P_ENTRY)):
-            wb.put(k, layout_1_block(v))
+            wb.put(k, _encode_block(layout_1_block(v) if layout == 1 else v))
             n += 1
             if n % CONVERT_CHUNK == 0:
                 wb.put(G_CONVERTED, k)
                 wb.write()
                 wb = db.write_batch(sync=True)
-                log.info("light-queue DB: %d entries converted to layout %d so far", n,
-                         LAYOUT_VERSION)  # fmt: skip
+                log.info("light-queue DB: %d keys converted from layout %d to %d so far (%.0f s)",
+                         n, layout, LAYOUT_VERSION, time.monotonic() - t0)  # fmt: skip
         wb.put(G_LAYOUT, pack_u32(LAYOUT_VERSION))
         wb.delete(G_CONVERTED)
         wb.write()
-        log.info("light-queue DB: %d entries converted to layout %d", n, LAYOUT_VERSION)
+        log.info("light-queue DB: %d keys converted from layout %d to %d in %.1f s", n, layout,
+                 LAYOUT_VERSION, time.monotonic() - t0)  # fmt: skip
 
     def forget_topic(self, topic: str, wb: Any) -> None:
         """A deleted log topic: retire its id (entries naming it read as void from now on, and a

@@ -49,6 +49,7 @@ from lightqueue.keys import (
     VOID_ENTRY,
     block_entries,
     checkpoint_key,
+    encode_block_py,
     entry_head,
     pack_entry,
     pack_u64,
@@ -233,7 +234,8 @@ class Dispatcher:
                             ents[i] = None
                             hit += 1
                 if hit:
-                    wb.put(k, b"".join(VOID_ENTRY if e is None else pack_entry(*e) for e in ents))
+                    raw = b"".join(VOID_ENTRY if e is None else pack_entry(*e) for e in ents)
+                    wb.put(k, encode_block_py(raw))
                     voided += hit
         for (t, p), (_old, new) in changed.items():
             self.qdb.checkpoints[(t, p)] = new

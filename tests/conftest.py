@@ -96,6 +96,7 @@ def speedups_impl(request: pytest.FixtureRequest) -> Iterator[str | None]:
     if impl is None:
         yield None
         return
+    import lightqueue.db as lqdb
     import lightqueue.dispatcher as dispatcher
     import lightqueue.index_batch as index_batch
     import lightqueue.keys as keys
@@ -114,6 +115,7 @@ def speedups_impl(request: pytest.FixtureRequest) -> Iterator[str | None]:
         mp.setattr(dispatcher, "_index_batch", dispatcher._index_batch_py)
         mp.setattr(index_batch, "_put_blocks", keys.put_blocks_py)
         mp.setattr(queues, "_read_entries", keys.read_entries_py)
+        mp.setattr(lqdb, "_encode_block", keys.encode_block_py)
         mp.setattr(resolver, "_resolve_cached", resolver.resolve_cached_py)
         mp.setattr(resolver, "_cache_records", resolver.cache_records_py)
         mp.setattr(resolver, "_evict", resolver.evict_py)

@@ -5,7 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from lightqueue.keys import ENTRY_SIZE, P_CHECKPOINT, P_ENTRY, P_META, entry_key_seq
+from lightqueue.keys import (
+    ENTRY_SIZE,
+    P_CHECKPOINT,
+    P_ENTRY,
+    P_META,
+    decode_block_py,
+    entry_key_seq,
+)
 from lightqueue.queues import LightQueueConfig, LightQueues
 from store import MqttMessage, Store, StoreConfig
 
@@ -47,8 +54,9 @@ def raw_dump(db: Any) -> dict[bytes, bytes]:
     for k, v in db.iterator():
         if k[:1] == P_ENTRY:
             seq = entry_key_seq(k)
-            for i in range(0, len(v), ENTRY_SIZE):
-                out[k[:5] + (seq + i // ENTRY_SIZE).to_bytes(8, "big")] = v[i : i + ENTRY_SIZE]
+            raw = decode_block_py(v)
+            for i in range(0, len(raw), ENTRY_SIZE):
+                out[k[:5] + (seq + i // ENTRY_SIZE).to_bytes(8, "big")] = raw[i : i + ENTRY_SIZE]
         elif k[:1] in (P_META, P_CHECKPOINT):
             out[k] = v
     return out

@@ -1,4 +1,5 @@
-"""The light-queue DB's entry layout: blocks per round, and a layout-1 DB converted at open."""
+"""The light-queue DB's entry layout: compact blocks per round, and layout-1 and layout-2 DBs
+converted at open."""
 
 from __future__ import annotations
 
@@ -11,13 +12,14 @@ from lightqueue_helpers import flushed, msg, open_all
 import lightqueue.db as lqdb
 from lightqueue.db import QueueDB
 from lightqueue.keys import (
-    ENTRY_SIZE,
     G_LAYOUT,
     KIND_EXACT,
     LAYOUT_VERSION,
     P_ENTRY,
     P_TOPIC,
     VOID_TID,
+    block_count,
+    encode_block_py,
     encode_meta,
     entry_key,
     entry_key_seq,
@@ -73,17 +75,46 @@ def test_layout_1_entries_convert_to_blocks(
 
 def test_layout_1_conversion_cut_short_resumes(tmp_path: Path) -> None:
     """Killed after its first batch: the entries up to the recorded key are blocks already (a
-    16-byte block is also a well-formed layout-1 value: reading it as one again would corrupt
-    it); the next open converts only the rest."""
+    block can also be a well-formed layout-1 value: reading it as one again would corrupt it);
+    the next open converts only the rest."""
     path = tmp_path / "lq"
     _layout_1_db(path)
     db = plyvel.DB(str(path))
-    db.put(entry_key(3, 0), pack_entry(0, 0, 7))
-    db.put(entry_key(3, 1), pack_entry(VOID_TID, 0, 0))
-    db.put(entry_key(3, 2), pack_entry(200, 2, 2**40 + 5))
+    db.put(entry_key(3, 0), encode_block_py(pack_entry(0, 0, 7)))
+    db.put(entry_key(3, 1), encode_block_py(pack_entry(VOID_TID, 0, 0)))
+    db.put(entry_key(3, 2), encode_block_py(pack_entry(200, 2, 2**40 + 5)))
     db.put(lqdb.G_CONVERTED, entry_key(3, 2))
     db.close()
     _check(path)
+
+
+def _layout_2_db(path: Path) -> None:
+    """A DB as layout 2 wrote it: blocks of 16-byte entries."""
+    db = plyvel.DB(str(path), create_if_missing=True)
+    db.put(G_LAYOUT, pack_u32(2))
+    db.put(P_TOPIC + b"a", pack_u32(0))
+    db.put(P_TOPIC + b"b", pack_u32(200))
+    db.put(meta_key("a/b"), encode_meta(3, KIND_EXACT, 0, 0))
+    db.put(entry_key(3, 0), pack_entry(0, 0, 7) + pack_entry(VOID_TID, 0, 0))
+    db.put(entry_key(3, 2), pack_entry(200, 2, 2**40 + 5) + pack_entry(0, 1, 0))
+    db.close()
+
+
+@pytest.mark.parametrize("cut", [False, True])
+def test_layout_2_blocks_convert(tmp_path: Path, cut: bool) -> None:
+    """A layout-2 DB opens with the same entries, in compact blocks (half the keys converted
+    before a kill: the next open converts only the other half)."""
+    path = tmp_path / "lq"
+    _layout_2_db(path)
+    if cut:
+        db = plyvel.DB(str(path))
+        db.put(entry_key(3, 0), encode_block_py(pack_entry(0, 0, 7) + pack_entry(VOID_TID, 0, 0)))
+        db.put(lqdb.G_CONVERTED, entry_key(3, 0))
+        db.close()
+    _check(path)
+    db = plyvel.DB(str(path))
+    assert [block_count(v) for _, v in db.iterator(prefix=entry_prefix(3))] == [2, 2]
+    db.close()
 
 
 async def test_a_round_writes_one_block_per_queue(tmp_path: Path) -> None:
@@ -101,7 +132,9 @@ async def test_a_round_writes_one_block_per_queue(tmp_path: Path) -> None:
     lq.dispatcher.catch_up()
     q = lq.qdb.queues["d/+"]
     blocks = list(lq.qdb.db.iterator(prefix=entry_prefix(q.qid)))
-    assert [(entry_key_seq(k), len(v) // ENTRY_SIZE) for k, v in blocks] == [(0, 300), (300, 30)]
+    assert [(entry_key_seq(k), block_count(v)) for k, v in blocks] == [(0, 300), (300, 30)]
+    # 100 entries of one topic at offsets 3 apart: one byte each, plus the first entry's head
+    assert len(lq.qdb.db.get(entry_key(lq.qdb.queues["d/0"].qid, 0))) < 100 + 20
     assert sum(1 for _ in lq.qdb.db.iterator(prefix=P_ENTRY)) == 2 * 4  # 3 topics + filter
     for first in (0, 1, 150, 299, 300, 317):
         res = lq.read("d/+", first, 20)

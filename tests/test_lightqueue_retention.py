@@ -9,7 +9,7 @@ from pathlib import Path
 
 from lightqueue_helpers import flushed, msg
 
-from lightqueue.keys import KIND_DROPPED, KIND_FILTER, P_ENTRY, entry_prefix
+from lightqueue.keys import KIND_DROPPED, KIND_FILTER, P_ENTRY, block_count, entry_prefix
 from lightqueue.queues import LightQueueConfig, LightQueues
 from store import MqttMessage, Store, StoreConfig
 
@@ -28,8 +28,8 @@ def entries_below(lq: LightQueues, queue: str, seq: int) -> int:
     q = lq.qdb.queues[queue]
     n = 0
     for k, v in lq.qdb.db.iterator(prefix=entry_prefix(q.qid)):
-        if int.from_bytes(k[5:], "big") + len(v) // 16 <= seq:
-            n += len(v) // 16
+        if int.from_bytes(k[5:], "big") + block_count(v) <= seq:
+            n += block_count(v)
     return n
 
 
@@ -145,7 +145,7 @@ async def test_log_tail_lost_voids_entries(tmp_path: Path) -> None:
         got = [m.payload if m else None for m in lq.resolve(res.entries)]
         assert got == [b"first%d" % i for i in range(hwm)] + [None] * (10 - hwm) + [
             b"second0", b"second1", b"second2"]  # fmt: skip
-    n_entries = sum(len(v) // 16 for _, v in lq.qdb.db.iterator(prefix=P_ENTRY))
+    n_entries = sum(block_count(v) for _, v in lq.qdb.db.iterator(prefix=P_ENTRY))
     assert n_entries == 26
     await lq.close()
     await store.close()

@@ -78,6 +78,9 @@ def test_extensions_built_and_in_use() -> None:
     import lightqueue.queues as queues
 
     assert queues._read_entries is cb.read_entries and index_batch._put_blocks is cb.put_blocks
+    import lightqueue.db as lqdb
+
+    assert lqdb._encode_block is cb.encode_block
     cr = compiled_resolve()
     assert resolver._resolve_cached is cr.resolve_cached
     assert resolver._cache_records is cr.cache_records and resolver._evict is cr.evict
@@ -119,6 +122,7 @@ def test_env_var_forces_pure_python() -> None:
         "r._evict is r.evict_py)"
         "; import mqtt_proxy.backend as mb; print(mb._from_recent_runs is mb.from_recent_py, "
         "r._group_offsets is r.group_offsets_py, r._resolve_records is r.resolve_records_py)"
+        "; import lightqueue.db as db; print(db._encode_block is k.encode_block_py)"
     )
     env = {**os.environ, "LIGHTGATE_NO_EXTENSIONS": "1", "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
@@ -128,7 +132,7 @@ def test_env_var_forces_pure_python() -> None:
         "'mqtt_proxy._cdelivery':", "False,", "'lightqueue._cblocks':", "False,",
         "'lightqueue._cresolve':", "False}",
         "None", "True", "None", "True", "True", "True", "True", "True", "True", "True", "True",
-        "True", "True", "True", "True", "True", "True", "True",
+        "True", "True", "True", "True", "True", "True", "True", "True",
     ]  # fmt: skip
 
 
@@ -196,7 +200,14 @@ def test_read_entries_same_as_twin(
     the same tuples, None for void entries, retired topic ids and sequences no block holds,
     whichever way the entries were cut into blocks and wherever in a block the read starts."""
     sp, _ = compiled()
-    from lightqueue.keys import VOID_TID, entry_key, pack_entry, read_entries_py
+    from lightqueue.keys import (
+        VOID_TID,
+        block_count,
+        encode_block_py,
+        entry_key,
+        pack_entry,
+        read_entries_py,
+    )
 
     names = ["", "t0", "t1"]  # topic id 0 is retired
     want: list[Any] = []
@@ -223,14 +234,14 @@ def test_read_entries_same_as_twin(
         i = 0
         while i < len(ents):
             n = max(1, next(cut_at, len(ents)))
-            pairs.append((entry_key(7, f + i), b"".join(ents[i : i + n])))
+            pairs.append((entry_key(7, f + i), encode_block_py(b"".join(ents[i : i + n]))))
             i += n
     want += [None] * tail
     end = seq + tail
     # A read starts `back` entries into the data (the block holding its first sequence).
     start = min(first + back, end)
     want = want[start - first :]
-    pairs = [p for p in pairs if int.from_bytes(p[0][5:], "big") + len(p[1]) // 16 > start]
+    pairs = [p for p in pairs if int.from_bytes(p[0][5:], "big") + block_count(p[1]) > start]
     got = compiled_blocks().read_entries(iter(pairs), start, end, names)
     assert got == read_entries_py(iter(pairs), start, end, names) == want
 
@@ -245,7 +256,13 @@ def test_put_blocks_same_as_twin(bufs: list[tuple[int, int]], block_max: int) ->
     first key at `next - n`, blocks of at most `block_max` entries, every entry once, in order;
     each queue's buffer is reset."""
     sp, _ = compiled()
-    from lightqueue.keys import entry_key, pack_entry, put_blocks_py
+    from lightqueue.keys import (
+        decode_block_py,
+        encode_block_py,
+        entry_key,
+        pack_entry,
+        put_blocks_py,
+    )
 
     results = []
     for fn in (put_blocks_py, compiled_blocks().put_blocks):
@@ -260,10 +277,67 @@ def test_put_blocks_same_as_twin(bufs: list[tuple[int, int]], block_max: int) ->
             ]
         puts: list[tuple[bytes, bytes]] = []
         fn(qs, lambda k, v, a=puts.append: a((k, v)), block_max)
-        assert puts == [(k, b"".join(e)) for k, e in want]
+        assert puts == [(k, encode_block_py(b"".join(e))) for k, e in want]
+        assert [decode_block_py(v) for _, v in puts] == [b"".join(e) for _, e in want]
         assert all(q.buf is None for q in qs)
         results.append(puts)
     assert results[0] == results[1]
+
+
+_block_entry = st.one_of(
+    st.none(),  # void
+    st.tuples(st.integers(0, 20), st.integers(0, 3), st.integers(-3, 3)),  # near the last offset
+    st.tuples(st.integers(0, 20), st.integers(0, 3), st.integers(0, 2**63 - 1)),  # anywhere
+)
+
+
+@SETTINGS
+@given(
+    st.lists(_block_entry, max_size=80), st.lists(st.tuples(st.integers(0), st.integers(0, 255)))
+)
+@example([(0, 0, 2**63 - 1), (0, 0, 0), (0, 0, 2**63 - 1)], [])  # the widest jumps both ways
+def test_block_codec_same_as_twin(ents: list[Any], damage: list[tuple[int, int]]) -> None:
+    """Entries -> a compact block -> the same entries, compiled and pure byte for byte: runs,
+    jumps both ways, voids and more heads than the encoder scans. A damaged block is refused
+    (ValueError) by both or read the same by both, never read past."""
+    from lightqueue.keys import (
+        VOID_ENTRY,
+        block_count,
+        block_entries,
+        decode_block_py,
+        encode_block_py,
+        pack_entry,
+    )
+
+    cb = compiled_blocks()
+    last: dict[tuple[int, int], int] = {}
+    raw = b""
+    for e in ents:
+        if e is None:
+            raw += VOID_ENTRY
+            continue
+        tid, part, off = e
+        if -3 <= off <= 3:
+            off = min(max(last.get((tid, part), 0) + 1 + off, 0), 2**63 - 1)
+        last[(tid, part)] = off
+        raw += pack_entry(tid, part, off)
+    v = encode_block_py(raw)
+    assert cb.encode_block(raw) == v
+    assert decode_block_py(v) == cb.decode_block(v) == raw
+    assert block_count(v) == len(ents)
+    assert len(block_entries(v)) == len(ents)
+    bad = bytearray(v)
+    for at, byte in damage:
+        if bad:
+            bad[at % len(bad)] = byte
+    for cut in (len(bad), len(bad) // 2):
+        outs = []
+        for fn in (decode_block_py, cb.decode_block):
+            try:
+                outs.append(fn(bytes(bad[:cut])))
+            except ValueError:
+                outs.append(None)
+        assert outs[0] == outs[1]
 
 
 @SETTINGS
