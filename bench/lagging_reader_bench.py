@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from lightqueue.queues import LightQueueConfig, LightQueues  # noqa: E402
-from mqtt_proxy.queue_cache import CachedMsg, fill_cache  # noqa: E402
+from mqtt_proxy.queue_cache import RAW_TYPES, CachedMsg, fill_cache  # noqa: E402
 from store import MqttMessage, Store, StoreConfig  # noqa: E402
 
 
@@ -53,7 +53,9 @@ async def main(records: int, batch: int, repeat: int) -> None:
                 t1 = time.perf_counter()
                 msgs = lq.resolve(r.entries)
                 t2 = time.perf_counter()
-                fill_cache(CachedMsg, msgs, {}, r.first_seq, "__lightgate", "__lightgate_probe/")
+                fill_cache(
+                    CachedMsg, msgs, {}, r.first_seq, "__lightgate", "__lightgate_probe/", RAW_TYPES
+                )
                 t3 = time.perf_counter()
                 t_read, t_resolve, t_fill = t_read + t1 - t0, t_resolve + t2 - t1, t_fill + t3 - t2
                 total += len(r.entries)

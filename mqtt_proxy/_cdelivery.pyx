@@ -76,10 +76,13 @@ cdef inline object _expire_at(object props, int64_t ts_ms):
     return ts_ms + expiry * 1000
 
 
-def fill_cache(type cls, list msgs, dict cache, Py_ssize_t seq, str internal, str probe):
-    """cache[seq + i] = cls(msgs[i]); None for a missing message or one on an internal topic
-    (`internal`, except the probes' `probe`). `cls` is CachedMsg, a subclass of CachedBase: a
-    heap type, so its instances are GC objects; they are untracked here (see CachedBase)."""
+def fill_cache(type cls, list msgs, dict cache, Py_ssize_t seq, str internal, str probe,
+               tuple raw_types):
+    """cache[seq + i] = msgs[i] itself when its type is one of `raw_types` and it carries no
+    properties (what QoS 0 and 1 runs read, in place), else cls(msgs[i]); None for a missing
+    message or one on an internal topic (`internal`, except the probes' `probe`). `cls` is
+    CachedMsg, a subclass of CachedBase: a heap type, so its instances are GC objects; they
+    are untracked here (see CachedBase)."""
     cdef CachedBase c
     cdef PyTypeObject* t = <PyTypeObject*>cls
     cdef Py_ssize_t* off = NULL
@@ -87,6 +90,7 @@ def fill_cache(type cls, list msgs, dict cache, Py_ssize_t seq, str internal, st
     cdef PyObject* f[7]
     cdef Py_ssize_t i
     cdef object mtype = None
+    cdef bint raw = False
     if not issubclass(cls, CachedBase):
         raise TypeError(f"{cls!r} is not a CachedBase")
     cdef Py_UCS4 first = internal[0]
@@ -98,6 +102,7 @@ def fill_cache(type cls, list msgs, dict cache, Py_ssize_t seq, str internal, st
         if type(m) is not mtype:
             mtype = type(m)
             off = message_slots(mtype)
+            raw = off is not NULL and mtype in raw_types
         if off is not NULL:
             base = <char*><PyObject*>m
             for i in range(7):
@@ -112,6 +117,8 @@ def fill_cache(type cls, list msgs, dict cache, Py_ssize_t seq, str internal, st
             and topic.startswith(internal) and not topic.startswith(probe)
         ):
             cache[seq] = None
+        elif raw and f[5] == <PyObject*>None:
+            cache[seq] = m
         else:
             c = <CachedBase>t.tp_new(cls, <PyObject*>_NOARGS, NULL)
             PyObject_GC_UnTrack(<void*>c)
@@ -134,6 +141,50 @@ def fill_cache(type cls, list msgs, dict cache, Py_ssize_t seq, str internal, st
             c.expire_at_ms = _expire_at(props, c.ts_ms)
             cache[seq] = c
         seq += 1
+
+
+cdef struct _Msg:
+    # A cached entry's fields as the runs read them (borrowed: the cache holds the object).
+    PyObject* topic
+    PyObject* payload
+    PyObject* expire_at_ms  # None for a raw message (it carries no properties)
+    PyObject* data0  # None for a raw message
+    bint retain
+    bint raw
+    int qos
+    int64_t ts_ms
+
+
+cdef int _fields(object o, _Msg* m) except -1:
+    """A cache entry (not None): a CachedBase, or a raw message `fill_cache` kept as it is (a
+    slots class without properties)."""
+    cdef CachedBase c
+    cdef Py_ssize_t* off
+    cdef char* base
+    if isinstance(o, CachedBase):
+        c = <CachedBase>o
+        m.topic = <PyObject*>c.topic
+        m.payload = <PyObject*>c.payload
+        m.expire_at_ms = <PyObject*>c.expire_at_ms
+        m.data0 = <PyObject*>c.data0
+        m.retain = c.retain
+        m.qos = c.qos
+        m.ts_ms = c.ts_ms
+        m.raw = False
+        return 0
+    off = message_slots(type(o))
+    if off is NULL:
+        raise TypeError(f"{type(o)!r} in a delivery cache")
+    base = <char*><PyObject*>o
+    m.topic = (<PyObject**>(base + off[0]))[0]
+    m.payload = (<PyObject**>(base + off[1]))[0]
+    m.qos = <int><object>(<PyObject**>(base + off[2]))[0]
+    m.retain = <bint><object>(<PyObject**>(base + off[4]))[0]
+    m.ts_ms = <int64_t><object>(<PyObject**>(base + off[6]))[0]
+    m.expire_at_ms = <PyObject*>None
+    m.data0 = <PyObject*>None
+    m.raw = True
+    return 0
 
 
 def from_recent(list entries, dict parts, list out):
@@ -212,45 +263,49 @@ cdef inline uint8_t* _head(uint8_t* p, uint8_t first, Py_ssize_t rl, const char*
 
 
 def qos0_run(dict cache, Py_ssize_t start, Py_ssize_t end, int64_t now_ms, bint v5,
-             tuple sub_ids, bint rap, object observe, Py_ssize_t nsubs):
+             tuple sub_ids, bint rap, object observe, Py_ssize_t nsubs, object upgrade):
     """(the QoS 0 PUBLISH packets of cache[start:end] joined, their count), or (None, 0); the
     receive-to-write latency observed once per run of equal timestamps (times `nsubs`). Same
     bytes and observations as `cohorts.qos0_run_py`: one buffer, no packet object per message
-    (a message carrying properties or subscription ids is encoded by its own `qos0`)."""
-    cdef list parts = []  # a CachedBase encoded here, or the bytes of one packet
+    (a message carrying properties or subscription ids is encoded by its own `qos0`, a raw one
+    after `upgrade(cache, seq)` made it a CachedMsg)."""
+    cdef list parts = []  # a cache entry encoded here, or the bytes of one packet
     cdef Py_ssize_t total = 0, n = 0, seq, tlen, plen, rl, same = 0
     cdef int64_t ts0 = 0, ts
     cdef bint simple = not sub_ids
     cdef bint r
-    cdef CachedBase c
+    cdef _Msg m
     cdef const char* t
     for seq in range(start, end):
         o = cache[seq]
         if o is None:
             continue
-        c = <CachedBase>o
-        exp = c.expire_at_ms
+        _fields(o, &m)
+        exp = <object>m.expire_at_ms
         if exp is not None and now_ms >= <int64_t>exp:
             continue
-        r = c.retain and rap
-        if simple and (not v5 or c.props is None) and type(c.payload) is bytes:
-            d = c.data0
+        r = m.retain and rap
+        if simple and (not v5 or m.raw or (<CachedBase>o).props is None) and (
+                type(<object>m.payload) is bytes):
+            d = <object>m.data0
             if type(d) is bytes and not v5 and not r:
                 parts.append(d)
                 total += PyBytes_GET_SIZE(d)
             else:
-                PyUnicode_AsUTF8AndSize(c.topic, &tlen)
-                rl = 2 + tlen + v5 + PyBytes_GET_SIZE(c.payload)
+                PyUnicode_AsUTF8AndSize(<object>m.topic, &tlen)
+                rl = 2 + tlen + v5 + PyBytes_GET_SIZE(<object>m.payload)
                 total += 1 + _varint_size(rl) + rl
-                parts.append(c)
+                parts.append(o)
         else:
+            if m.raw:
+                o = upgrade(cache, seq)
             d = o.qos0(r, v5, sub_ids, now_ms)
             if type(d) is not bytes:  # the copy loop below tells packets from messages by type
                 d = bytes(d)
             parts.append(d)
             total += PyBytes_GET_SIZE(d)
         n += 1
-        ts = c.ts_ms
+        ts = m.ts_ms
         if ts != ts0:
             if same:
                 observe(now_ms - ts0, same * nsubs)
@@ -269,15 +324,15 @@ def qos0_run(dict cache, Py_ssize_t start, Py_ssize_t end, int64_t now_ms, bint 
             memcpy(p, PyBytes_AS_STRING(o), plen)
             p += plen
             continue
-        c = <CachedBase>o
-        t = PyUnicode_AsUTF8AndSize(c.topic, &tlen)
-        plen = PyBytes_GET_SIZE(c.payload)
+        _fields(o, &m)
+        t = PyUnicode_AsUTF8AndSize(<object>m.topic, &tlen)
+        plen = PyBytes_GET_SIZE(<object>m.payload)
         rl = 2 + tlen + v5 + plen
-        p = _head(p, 0x31 if (c.retain and rap) else 0x30, rl, t, tlen)
+        p = _head(p, 0x31 if (m.retain and rap) else 0x30, rl, t, tlen)
         if v5:
             p[0] = 0
             p += 1
-        memcpy(p, PyBytes_AS_STRING(c.payload), plen)
+        memcpy(p, PyBytes_AS_STRING(<object>m.payload), plen)
         p += plen
     return out, n
 
@@ -367,7 +422,7 @@ def qos1_run(dict cache, Py_ssize_t seq, Py_ssize_t end, dict pending, dict infl
     cdef int64_t ts0 = 0, ts
     cdef bint blocked = False, fast = icls is _islots_of or _learn_islots(icls)
     cdef int q
-    cdef CachedBase c
+    cdef _Msg c
     cdef const char* t
     cdef uint8_t* p
     cdef object o, data, inf, key, pid_o
@@ -379,16 +434,16 @@ def qos1_run(dict cache, Py_ssize_t seq, Py_ssize_t end, dict pending, dict infl
         if o is None or key in pending:
             seq += 1
             continue
-        c = <CachedBase>o
-        exp = c.expire_at_ms
+        _fields(o, &c)
+        exp = <object>c.expire_at_ms
         if exp is not None and now_ms >= <int64_t>exp:
             seq += 1
             continue
         q = c.qos if c.qos < sub_qos else sub_qos
-        if q != 1 or (rap and c.retain) or type(c.payload) is not bytes:
+        if q != 1 or (rap and c.retain) or type(<object>c.payload) is not bytes:
             break
-        t = PyUnicode_AsUTF8AndSize(c.topic, &tlen)
-        plen = PyBytes_GET_SIZE(c.payload)
+        t = PyUnicode_AsUTF8AndSize(<object>c.topic, &tlen)
+        plen = PyBytes_GET_SIZE(<object>c.payload)
         rl = 4 + tlen + plen
         if tlen > 65535 or rl > 268435455:
             break  # the general path reports it
@@ -406,7 +461,7 @@ def qos1_run(dict cache, Py_ssize_t seq, Py_ssize_t end, dict pending, dict infl
         p = _head(<uint8_t*>PyBytes_AS_STRING(data), 0x32, rl, t, tlen)
         p[0] = pid >> 8
         p[1] = pid & 0xFF
-        memcpy(p + 2, PyBytes_AS_STRING(c.payload), plen)
+        memcpy(p + 2, PyBytes_AS_STRING(<object>c.payload), plen)
         pid_o = pid
         if fast:
             inf = tp.tp_alloc(tp, 0)

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from mqtt_proxy.codec import publish_qos0
 from mqtt_proxy.ports import PeerPort
-from mqtt_proxy.queue_cache import PUMP_BATCHES, CachedMsg, QueueState
+from mqtt_proxy.queue_cache import PUMP_BATCHES, Cached, CachedMsg, QueueState, cached
 from mqtt_proxy.session import Subscription
 from mqtt_proxy.topic_aliases import AliasBook, OutAliases
 from store.latency import LatencyHistogram
@@ -52,7 +53,9 @@ class CohortPump:
                     for sub in subs:
                         sub.pos = start
                 return False
-            data, n = qos0_run(qs.cache, start, end, now_ms, v5, sub_ids, rap, observe, len(subs))
+            data, n = qos0_run(
+                qs.cache, start, end, now_ms, v5, sub_ids, rap, observe, len(subs), cached
+            )
             if data is not None:
                 nbytes = len(data)
                 still = []
@@ -104,7 +107,7 @@ class CohortPump:
             nsubs = len(subs)
             ts0, same = 0, 0  # as in `qos0_run_py`: one observation per run of equal timestamps
             for seq in range(start, end):
-                m = cache[seq]
+                m = cached(cache, seq)
                 if m is None:
                     continue
                 exp = m.expire_at_ms
@@ -174,7 +177,7 @@ def learn(
 
 
 def qos0_run_py(
-    cache: dict[int, CachedMsg | None],
+    cache: dict[int, Cached],
     start: int,
     end: int,
     now_ms: int,
@@ -183,24 +186,36 @@ def qos0_run_py(
     rap: bool,
     observe: Callable[[int, int], None],
     nsubs: int,
+    upgrade: Callable[[dict[int, Cached], int], CachedMsg | None],
 ) -> tuple[bytes | None, int]:
     """(the QoS 0 PUBLISH packets of cache[start:end] joined, their count), or (None, 0).
     Messages of one receive tick share a timestamp: the receive-to-write latency is observed
-    once per run of them (times `nsubs`). Twin of `_cdelivery.qos0_run`."""
+    once per run of them (times `nsubs`). A raw message (queue_cache.RAW_TYPES) is encoded as
+    it is, or made a CachedMsg by `upgrade` where it needs one. Twin of `_cdelivery.qos0_run`."""
     chunks = []
     ts0, same = 0, 0
     for seq in range(start, end):
         m = cache[seq]
         if m is None:
             continue
-        exp = m.expire_at_ms
-        if exp is not None and now_ms >= exp:
-            continue
-        d = m.data0  # the 3.1.1 plain QoS 0 packet, once built (CachedMsg.qos0)
-        if d is None or v5 or sub_ids or (rap and m.retain):
-            d = m.qos0(m.retain and rap, v5, sub_ids, now_ms)
+        if not isinstance(m, CachedMsg):  # raw: no properties, so no expiry
+            ts = m.timestamp_ms
+            if sub_ids or type(m.payload) is not bytes:
+                c = upgrade(cache, seq)
+                assert c is not None
+                d = c.qos0(c.retain and rap, v5, sub_ids, now_ms)
+            else:
+                d = publish_qos0(m.topic, m.payload, m.retain and rap, v5)
+        else:
+            exp = m.expire_at_ms
+            if exp is not None and now_ms >= exp:
+                continue
+            d0 = m.data0  # the 3.1.1 plain QoS 0 packet, once built (CachedMsg.qos0)
+            if d0 is None or v5 or sub_ids or (rap and m.retain):
+                d0 = m.qos0(m.retain and rap, v5, sub_ids, now_ms)
+            d = d0
+            ts = m.ts_ms
         chunks.append(d)
-        ts = m.ts_ms
         if ts != ts0:
             if same:
                 observe(now_ms - ts0, same * nsubs)

@@ -43,7 +43,14 @@ from mqtt_proxy.codec import publish_v3_qos1
 from mqtt_proxy.cohorts import CohortPump
 from mqtt_proxy.ports import Entries, Message, PeerPort, QueuesPort
 from mqtt_proxy.qos1_run import qos1_run
-from mqtt_proxy.queue_cache import PUMP_BATCHES, CachedMsg, QueueState, fill_cache
+from mqtt_proxy.queue_cache import (
+    PUMP_BATCHES,
+    RAW_TYPES,
+    CachedMsg,
+    QueueState,
+    cached,
+    fill_cache,
+)
 from mqtt_proxy.session import Inflight, Session, Subscription
 from mqtt_proxy.settings import ProxySettings
 from mqtt_proxy.shared_groups import GroupDelivery, SharedGroup
@@ -252,7 +259,9 @@ class Delivery:
             qs.floor = res.start_seq
         if msgs:
             cache = qs.cache
-            fill_cache(CachedMsg, msgs, cache, start, INTERNAL_TOPIC_PREFIX, PROBE_PREFIX)
+            fill_cache(
+                CachedMsg, msgs, cache, start, INTERNAL_TOPIC_PREFIX, PROBE_PREFIX, RAW_TYPES
+            )
             over = len(cache) - self._cache_max
             if over > 0:
                 for k in list(islice(cache, over)):
@@ -409,7 +418,7 @@ class Delivery:
                         session.dirty = True
                     if blocked or seq >= end:
                         break
-                m = cache[seq]
+                m = cached(cache, seq)
                 if m is None or seq in sub.pending or m.expired(now_ms):
                     seq += 1
                     continue

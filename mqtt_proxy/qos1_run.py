@@ -10,12 +10,13 @@ from collections.abc import Callable
 from typing import Any
 
 from mqtt_proxy.codec import publish_v3_qos1
+from mqtt_proxy.queue_cache import CachedMsg
 from mqtt_proxy.session import Inflight, free_pid
 from store.speedups import load
 
 
 def qos1_run_py(
-    cache: dict[int, Any],
+    cache: dict[int, Any],  # queue_cache.Cached
     seq: int,
     end: int,
     pending: dict[int, int],
@@ -31,7 +32,8 @@ def qos1_run_py(
     sub_qos: int,
     rap: bool,
 ) -> tuple[int, int, int, bool]:
-    """From `seq` to `end` of `cache` (CachedMsg or None, contiguous), the QoS 1 PUBLISHes for a
+    """From `seq` to `end` of `cache` (CachedMsg, raw message or None, contiguous: a raw one,
+    queue_cache.RAW_TYPES, carries no properties, so no expiry), the QoS 1 PUBLISHes for a
     3.1.1 subscription of QoS `sub_qos` >= 1, appended to `out`, each recorded in `inflight`
     under a free packet id from `pid` on and in `pending` under its sequence; skipped: missing,
     pending and expired messages. Stops before a message the general path must send (QoS 0 or
@@ -47,7 +49,8 @@ def qos1_run_py(
         if m is None or seq in pending:
             seq += 1
             continue
-        exp = m.expire_at_ms
+        raw = not isinstance(m, CachedMsg)
+        exp = None if raw else m.expire_at_ms
         if exp is not None and now_ms >= exp:
             seq += 1
             continue
@@ -65,7 +68,7 @@ def qos1_run_py(
         nbytes += len(data)
         room -= 1
         pid = pid + 1 if pid < 65535 else 1
-        ts = m.ts_ms
+        ts = m.timestamp_ms if raw else m.ts_ms
         if ts != ts0:
             if same:
                 observe(now_ms - ts0, same)

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeAlias
 
+from lightqueue.model import StoredMessage
 from mqtt_proxy.codec import PublishTemplate, publish_qos0, publish_qos0_alias
 from mqtt_proxy.outbound import delivery_properties
 from mqtt_proxy.ports import Entries, Message
 from mqtt_proxy.session import Subscription
-from store.mapping import MqttProperties
+from store.mapping import MqttMessage, MqttProperties
 from store.speedups import load
 
 if TYPE_CHECKING:
@@ -68,6 +69,13 @@ if TYPE_CHECKING or _cdelivery is None:
     _Base = _CachedFields
 else:
     _Base = _cdelivery.CachedBase
+
+
+# A message without properties of these types is cached as it is (`fill_cache`): the QoS 0 and
+# QoS 1 runs read its fields in place, so a fan-in's messages need no CachedMsg each (its
+# allocation, copy and free were ~10 % of the loop; bench/RESULTS.md, issue 20); everything else
+# reads the cache through `cached`, which makes the CachedMsg on first use.
+RAW_TYPES: tuple[type, ...] = (MqttMessage, StoredMessage)
 
 
 class CachedMsg(_Base):
@@ -139,22 +147,43 @@ class CachedMsg(_Base):
         return d[1]
 
 
+Cached: TypeAlias = "CachedMsg | MqttMessage | StoredMessage | None"
+
+
 def fill_cache_py(
     cls: type[CachedMsg],
     msgs: list[Message | None],
-    cache: dict[int, CachedMsg | None],
+    cache: dict[int, Cached],
     seq: int,
     internal: str,
     probe: str,
+    raw_types: tuple[type, ...],
 ) -> None:
-    """cache[seq + i] = cls(msgs[i]); None for a missing message or one on an internal topic
+    """cache[seq + i] = msgs[i] itself when its type is one of `raw_types` and it carries no
+    properties, else cls(msgs[i]); None for a missing message or one on an internal topic
     (`internal`, except the probes' `probe`). Twin of `_cdelivery.fill_cache`."""
     for m in msgs:
         if m is None or (m.topic.startswith(internal) and not m.topic.startswith(probe)):
             cache[seq] = None
+        elif type(m) in raw_types and m.properties is None:
+            cache[seq] = m
         else:
             cache[seq] = cls.from_stored(m)
         seq += 1
+
+
+def cached(cache: dict[int, Cached], seq: int) -> CachedMsg | None:
+    """cache[seq] as a CachedMsg: a raw message (see `Cached`) is made one, in place."""
+    m = cache[seq]
+    if m is None or isinstance(m, CachedMsg):
+        return m
+    c = cache[seq] = CachedMsg.from_stored(m)
+    return c
+
+
+def cached_get(cache: dict[int, Cached], seq: int) -> CachedMsg | None:
+    """`cached`, or None where the cache has no entry for `seq`."""
+    return cached(cache, seq) if seq in cache else None
 
 
 fill_cache = fill_cache_py if _cdelivery is None else _cdelivery.fill_cache
@@ -172,7 +201,7 @@ class QueueState:
         self.name = name
         self.subs: list[Subscription] = []
         self.groups: dict[str, SharedGroup] = {}
-        self.cache: dict[int, CachedMsg | None] = {}
+        self.cache: dict[int, Cached] = {}
         self.last_seq = -1  # highest sequence announced by notify or seen in a read
         self.read_end = 0  # next_seq of the last read: nothing at or past it is known yet
         self.floor = 0  # the queue's first valid sequence as of the last read (retention)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
 from mqtt_proxy.ports import PeerPort
-from mqtt_proxy.queue_cache import PUMP_BATCHES, CachedMsg, QueueState
+from mqtt_proxy.queue_cache import PUMP_BATCHES, CachedMsg, QueueState, cached, cached_get
 from mqtt_proxy.session import Inflight, Session, Subscription
 
 if TYPE_CHECKING:
@@ -96,7 +96,7 @@ class GroupDelivery:
                 seq = g.redeliver[0] if g.redeliver else lease[0]  # type: ignore[index]
                 if seq not in qs.cache and seq >= qs.floor and load(qs, seq) is None:
                     return False  # its load is on the way; the answer marks the queue again
-                m = qs.cache.get(seq)
+                m = cached_get(qs.cache, seq)
             elif lease is not None:
                 assert leases is not None  # a group holds a lease only with several proxies
                 leases.ask(delivery, qs, g)  # the core's answer marks the queue again
@@ -107,7 +107,7 @@ class GroupDelivery:
                     g.pos = start
                     return False
                 seq = start
-                m = qs.cache[seq]
+                m = cached(qs.cache, seq)
             pending = False
             if m is not None and not m.expired(now_ms):
                 target = self._pick_member(g, m)

@@ -729,7 +729,7 @@ _cached = st.one_of(  # as the proxy appended it (MqttMessage) or as read back (
 @SETTINGS
 @example(  # found by this test: a message stamped after `now` kept its whole expiry, and more
     [MqttMessage("a", b"", 0, "", False, MqttProperties(message_expiry=3_195_455_668), 2**40)],
-    0, True, (), False, 1, False,
+    0, True, (), False, 1, False, True,
 )  # fmt: skip
 @given(
     st.lists(_cached, max_size=30),
@@ -738,6 +738,7 @@ _cached = st.one_of(  # as the proxy appended it (MqttMessage) or as read back (
     st.sampled_from([(), (7,), (300, 5)]),
     st.booleans(),
     st.integers(1, 3),
+    st.booleans(),
     st.booleans(),
 )
 def test_delivery_cache_and_qos0_run_same_as_twins(
@@ -748,37 +749,46 @@ def test_delivery_cache_and_qos0_run_same_as_twins(
     rap: bool,
     nsubs: int,
     warm: bool,
+    raw: bool,
 ) -> None:
     """The compiled cache fill and cohort run give the fields, the packet bytes and the latency
     observations of their twins (expired messages, retain-as-published, properties,
-    subscription ids, internal topics, v5; `warm`: packets some other reader built first)."""
+    subscription ids, internal topics, v5; `warm`: packets some other reader built first;
+    `raw`: messages without properties cached as they are, made CachedMsgs where needed)."""
     import gc
 
     cd = compiled_delivery()
     from mqtt_proxy.cohorts import qos0_run_py
-    from mqtt_proxy.queue_cache import CachedMsg, fill_cache_py
+    from mqtt_proxy.queue_cache import RAW_TYPES, CachedMsg, cached, fill_cache_py
 
+    raw_types = RAW_TYPES if raw else ()
     caches: list[dict[int, Any]] = [{}, {}]
-    fill_cache_py(CachedMsg, msgs, caches[0], 5, "__lightgate", "__lightgate_probe/")
-    cd.fill_cache(CachedMsg, msgs, caches[1], 5, "__lightgate", "__lightgate_probe/")
+    fill_cache_py(CachedMsg, msgs, caches[0], 5, "__lightgate", "__lightgate_probe/", raw_types)
+    cd.fill_cache(CachedMsg, msgs, caches[1], 5, "__lightgate", "__lightgate_probe/", raw_types)
     fields = ("topic", "payload", "qos", "retain", "client_id", "props", "ts_ms", "expire_at_ms")
-    for a, b in zip(caches[0].values(), caches[1].values(), strict=True):
+    for m, a, b in zip(msgs, caches[0].values(), caches[1].values(), strict=True):
         assert (a is None) == (b is None)
-        if b is not None:
+        if b is None:
+            continue
+        if raw and m is not None and m.properties is None:
+            assert a is b is m  # kept as it is
+        else:
             assert [getattr(a, f) for f in fields] == [getattr(b, f) for f in fields]
             assert type(b) is CachedMsg and not gc.is_tracked(b)
     if warm:
         for cache in caches:
             for m in cache.values():
-                if m is not None:
+                if isinstance(m, CachedMsg):
                     m.qos0(False, False, (), now_ms)
     out = []
     for run, cache in ((qos0_run_py, caches[0]), (cd.qos0_run, caches[1])):
         seen: list[tuple[int, int]] = []
         res = run(cache, 5, 5 + len(msgs), now_ms, v5, sub_ids, rap,
-                  lambda lat, k, seen=seen: seen.append((lat, k)), nsubs)  # fmt: skip
+                  lambda lat, k, seen=seen: seen.append((lat, k)), nsubs, cached)  # fmt: skip
         out.append((res, seen))
     assert out[0] == out[1]
+    # the raw messages a run had to make CachedMsgs (subscription ids) became them in both
+    assert [type(m) for m in caches[0].values()] == [type(m) for m in caches[1].values()]
     data, n = out[1][0]
     if n:  # whole packets, as the codec reads them
         got = Parser(version=5 if v5 else 4).feed(data)
@@ -795,6 +805,7 @@ def test_delivery_cache_and_qos0_run_same_as_twins(
     st.sampled_from([1, 2, 65534, 65535]),
     st.integers(1, 2),
     st.booleans(),
+    st.booleans(),
 )
 def test_qos1_run_same_as_twin(
     msgs: list[MqttMessage | None],
@@ -805,8 +816,10 @@ def test_qos1_run_same_as_twin(
     pid: int,
     sub_qos: int,
     rap: bool,
+    raw: bool,
 ) -> None:
-    """A 3.1.1 QoS 1 reader's run, compiled and pure: the same packets (each parses back as a
+    """A 3.1.1 QoS 1 reader's run, compiled and pure, from CachedMsgs or (`raw`) messages
+    cached as they are: the same packets (each parses back as a
     QoS 1 PUBLISH with the packet id recorded for it), the same in-flight records and pending
     sequences, the same stop (a message for the general path, or blocked) and the same latency
     observations, whatever is already pending or in flight; in-flight records built in place
@@ -815,11 +828,12 @@ def test_qos1_run_same_as_twin(
 
     cd = compiled_delivery()
     from mqtt_proxy.qos1_run import qos1_run_py
-    from mqtt_proxy.queue_cache import CachedMsg, fill_cache_py
+    from mqtt_proxy.queue_cache import RAW_TYPES, CachedMsg, fill_cache_py
     from mqtt_proxy.session import Inflight
 
     cache: dict[int, Any] = {}
-    fill_cache_py(CachedMsg, msgs, cache, 5, "__lightgate", "__lightgate_probe/")
+    raw_types = RAW_TYPES if raw else ()
+    fill_cache_py(CachedMsg, msgs, cache, 5, "__lightgate", "__lightgate_probe/", raw_types)
     results = []
     for run in (qos1_run_py, cd.qos1_run):
         pending = {5 + i: 100 + i for i in pending_at}
