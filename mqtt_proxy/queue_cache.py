@@ -1,6 +1,7 @@
 """What delivery keeps per queue read here: `QueueState` (positions known, loads, the pushed
 entries) and its cache of `CachedMsg`, a resolved message with its encoded PUBLISH forms, shared
-by every local subscriber of the queue (encode once per kind of receiver, see delivery.py)."""
+by every local subscriber of the queue (encode once per kind of receiver, see delivery.py); a
+message without properties stays as it is until a reader needs more than its fields (`cached`)."""
 
 from __future__ import annotations
 
