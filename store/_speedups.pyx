@@ -135,6 +135,41 @@ cdef inline bint _slots_set(char* mb, Py_ssize_t* off) noexcept:
     return True
 
 
+def group_by_slot(object messages, object route):
+    """`mqtt_batches.group_by_slot_py`, compiled: the partition groups of an append (slot ->
+    indexes into `messages`, in order) and each message's key. Routes once per topic; a run of
+    one topic (a device's messages, as read) costs no dict lookup."""
+    cdef dict groups = {}, seen = {}
+    cdef list keys = [], g
+    cdef tuple e = None
+    cdef list ms = messages if type(messages) is list else list(messages)
+    cdef Py_ssize_t i, n = len(ms)
+    cdef object m, topic, last = None, mtype = None
+    cdef Py_ssize_t* off = NULL
+    cdef PyObject* t
+    for i in range(n):
+        m = ms[i]
+        if type(m) is not mtype:
+            mtype = type(m)
+            off = message_slots(mtype)
+        t = NULL
+        if off is not NULL:
+            t = (<PyObject**>(<char*><PyObject*>m + off[0]))[0]
+        topic = <object>t if t is not NULL else m.topic
+        if topic is not last:
+            e = seen.get(topic)
+            if e is None:  # route once per topic and call (devices repeat their topics)
+                slot, key = route(topic)
+                g = groups.get(slot)
+                if g is None:
+                    g = groups[slot] = []
+                e = seen[topic] = (key, g)
+            last = topic
+        keys.append(e[0])
+        (<list>e[1]).append(i)
+    return groups, keys
+
+
 def build_records(object messages, list idxs, Py_ssize_t j0, list keys, int64_t now_ms,
                   dict cids, Py_ssize_t max_bytes):
     """Build one batch of `messages[idxs[j]]` for j from j0 while under `max_bytes`.

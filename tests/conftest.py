@@ -112,6 +112,7 @@ def speedups_impl(request: pytest.FixtureRequest) -> Iterator[str | None]:
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(parser, "_cwalk", None)
         mp.setattr(mqtt_batches, "_build_records", None)
+        mp.setattr(mqtt_batches, "_group_by_slot", None)
         mp.setattr(dispatcher, "_index_batch", dispatcher._index_batch_py)
         mp.setattr(index_batch, "_put_blocks", keys.put_blocks_py)
         mp.setattr(queues, "_read_entries", keys.read_entries_py)

@@ -122,7 +122,8 @@ def test_env_var_forces_pure_python() -> None:
         "r._evict is r.evict_py)"
         "; import mqtt_proxy.backend as mb; print(mb._from_recent_runs is mb.from_recent_py, "
         "r._group_offsets is r.group_offsets_py, r._resolve_records is r.resolve_records_py)"
-        "; import lightqueue.db as db; print(db._encode_block is k.encode_block_py)"
+        "; import lightqueue.db as db; print(db._encode_block is k.encode_block_py, "
+        "b._group_by_slot)"
     )
     env = {**os.environ, "LIGHTGATE_NO_EXTENSIONS": "1", "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
@@ -132,7 +133,7 @@ def test_env_var_forces_pure_python() -> None:
         "'mqtt_proxy._cdelivery':", "False,", "'lightqueue._cblocks':", "False,",
         "'lightqueue._cresolve':", "False}",
         "None", "True", "None", "True", "True", "True", "True", "True", "True", "True", "True",
-        "True", "True", "True", "True", "True", "True", "True", "True",
+        "True", "True", "True", "True", "True", "True", "True", "True", "None",
     ]  # fmt: skip
 
 
@@ -525,6 +526,47 @@ def test_build_records_same_bytes(msgs: list[MqttMessage], max_bytes: int) -> No
         check_batch(b)
         check_records(b)
         j0 = ja
+
+
+@SETTINGS
+@given(
+    st.lists(st.sampled_from(["a", "a/b", "b/c", "bad", "x" * 300]), max_size=40),
+    st.integers(1, 4),
+    st.booleans(),
+)
+def test_group_by_slot_same_as_twin(topics: list[str], nslots: int, as_tuple: bool) -> None:
+    """An append's partition groups and keys, compiled and pure: the same groups in the same
+    order, one route call per topic, and the same error when a topic cannot be routed (plain
+    and slot-less messages mixed, runs of one topic object and equal but distinct strs)."""
+    sp, _ = compiled()
+    msgs: list[Any] = []
+    for i, t in enumerate(topics):
+        if i % 2:
+            t = "".join(list(t))  # an equal str that is not the same object
+        m = MqttMessage(t, b"p", 0, "c")
+        msgs.append(_AttrMessage(m) if i % 5 == 4 else m)
+    results = []
+    for fn in (mqtt_batches.group_by_slot_py, sp.group_by_slot):
+        calls: list[str] = []
+
+        def route(topic: str, calls: list[str] = calls) -> tuple[int, bytes]:
+            calls.append(topic)
+            if topic == "bad":
+                raise ValueError("cannot route")
+            return len(topic) % nslots, topic.encode()
+
+        try:
+            res: Any = fn(tuple(msgs) if as_tuple else msgs, route)
+        except ValueError as e:
+            res = str(e)
+        results.append((res, sorted(calls)))
+    assert results[0] == results[1]
+    res, calls = results[1]
+    assert len(calls) == len(set(calls))  # one route call per topic
+    if not isinstance(res, str):
+        groups, keys = res
+        assert sorted(i for g in groups.values() for i in g) == list(range(len(msgs)))
+        assert keys == [m.topic.encode() for m in msgs]
 
 
 def _index_both(data: bytes, base: int, c: int, end: int, budget: int, gated: bool) -> list[Any]:
