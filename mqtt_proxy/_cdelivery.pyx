@@ -187,6 +187,14 @@ cdef int _fields(object o, _Msg* m) except -1:
     return 0
 
 
+def cached_end(dict cache, Py_ssize_t pos, Py_ssize_t limit):
+    """The first sequence from `pos` (below `limit`) that `cache` does not hold, or `limit`:
+    `queue_cache.cached_end_py`, without a Python step per sequence (~3 % of fan-in)."""
+    while pos < limit and pos in cache:
+        pos += 1
+    return pos
+
+
 def from_recent(list entries, dict parts, list out):
     """out[i] = the message of entries[i] ((log topic, partition, offset) or None) found in
     `parts` ({(log topic, partition): (run base offsets, runs of messages)}, bases ascending);

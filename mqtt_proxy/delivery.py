@@ -49,6 +49,7 @@ from mqtt_proxy.queue_cache import (
     CachedMsg,
     QueueState,
     cached,
+    cached_end,
     fill_cache,
 )
 from mqtt_proxy.session import Inflight, Session, Subscription
@@ -292,11 +293,7 @@ class Delivery:
             if start is None:
                 return pos, pos
             pos = start
-        end = pos
-        limit = pos + self._batch
-        while end < limit and end in cache:
-            end += 1
-        return pos, end
+        return pos, cached_end(cache, pos, pos + self._batch)
 
     # -- pumping -------------------------------------------------------------------------
     def _pump(self, qs: QueueState) -> None:

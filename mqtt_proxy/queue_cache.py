@@ -190,6 +190,17 @@ def cached_get(cache: dict[int, Cached], seq: int) -> CachedMsg | None:
 fill_cache = fill_cache_py if _cdelivery is None else _cdelivery.fill_cache
 
 
+def cached_end_py(cache: dict[int, Cached], pos: int, limit: int) -> int:
+    """The first sequence from `pos` (below `limit`) that `cache` does not hold, or `limit`.
+    Twin of `_cdelivery.cached_end`."""
+    while pos < limit and pos in cache:
+        pos += 1
+    return pos
+
+
+cached_end = cached_end_py if _cdelivery is None else _cdelivery.cached_end
+
+
 class QueueState:
     """One queue with local readers: its subscriptions and groups, and what is known of it."""
 

@@ -123,7 +123,7 @@ def test_env_var_forces_pure_python() -> None:
         "; import mqtt_proxy.backend as mb; print(mb._from_recent_runs is mb.from_recent_py, "
         "r._group_offsets is r.group_offsets_py, r._resolve_records is r.resolve_records_py)"
         "; import lightqueue.db as db; print(db._encode_block is k.encode_block_py, "
-        "b._group_by_slot)"
+        "b._group_by_slot, q.cached_end is q.cached_end_py)"
     )
     env = {**os.environ, "LIGHTGATE_NO_EXTENSIONS": "1", "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
@@ -133,7 +133,7 @@ def test_env_var_forces_pure_python() -> None:
         "'mqtt_proxy._cdelivery':", "False,", "'lightqueue._cblocks':", "False,",
         "'lightqueue._cresolve':", "False}",
         "None", "True", "None", "True", "True", "True", "True", "True", "True", "True", "True",
-        "True", "True", "True", "True", "True", "True", "True", "True", "None",
+        "True", "True", "True", "True", "True", "True", "True", "True", "None", "True",
     ]  # fmt: skip
 
 
@@ -567,6 +567,19 @@ def test_group_by_slot_same_as_twin(topics: list[str], nslots: int, as_tuple: bo
         groups, keys = res
         assert sorted(i for g in groups.values() for i in g) == list(range(len(msgs)))
         assert keys == [m.topic.encode() for m in msgs]
+
+
+@SETTINGS
+@given(st.sets(st.integers(0, 80)), st.integers(-5, 90), st.integers(0, 40))
+def test_cached_end_same_as_twin(held: set[int], pos: int, n: int) -> None:
+    """Where a reader's cached run from `pos` ends (at most `n` on), compiled and pure."""
+    from mqtt_proxy.queue_cache import cached_end_py
+
+    cache: dict[int, Any] = dict.fromkeys(held)
+    got = compiled_delivery().cached_end(cache, pos, pos + n)
+    assert got == cached_end_py(cache, pos, pos + n)
+    assert pos <= got <= pos + n and all(s in cache for s in range(pos, got))
+    assert got == pos + n or got not in cache
 
 
 def _index_both(data: bytes, base: int, c: int, end: int, budget: int, gated: bool) -> list[Any]:
