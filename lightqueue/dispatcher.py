@@ -292,12 +292,16 @@ class Dispatcher:
         share = max(self.batch_records // len(work), 256)
         progress = 0
         advanced: list[tuple[str, int, int]] = []
+        # what the last write just put there, as written (a local log only: Store.read_fresh)
+        fresh = getattr(self.store, "read_fresh", None)
         for (t, p), end in work:
             c = self.position(t, p)
             c0, n = c, 0
             while n < share and c < end:
                 try:
-                    data = self.store.read(t, p, c, self.read_bytes)
+                    data = None if fresh is None else fresh(t, p, c)
+                    if data is None:
+                        data = self.store.read(t, p, c, self.read_bytes)
                 except OffsetOutOfRangeError:
                     start = self.store.log_start_offset(t, p)
                     log.warning("%s-%d: records %d..%d deleted before indexing", t, p, c, start)
@@ -367,7 +371,7 @@ class Dispatcher:
         self,
         t: str,
         p: int,
-        data: bytes,
+        data: bytes | bytearray,
         c: int,
         end: int,
         budget: int,

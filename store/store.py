@@ -419,6 +419,11 @@ class Store(TopicAdmin, TransactionalReads):
         """Whole batches from the one holding `offset` (see Log.read); b"" at the high watermark."""
         return self._log(topic, partition).read(offset, max_bytes)
 
+    def read_fresh(self, topic: str, partition: int, offset: int) -> bytearray | None:
+        """The batch at `offset` as the last write of the partition wrote it, or None (Log.read_fresh:
+        the dispatcher's read-back of what was just appended, without a pread)."""
+        return self._log(topic, partition).read_fresh(offset)
+
     async def prefetch(self, wants: Sequence[tuple[str, int, int]]) -> None:
         """Nothing to do: reads answer from the files (store.backend.LogBackend)."""
 

@@ -185,3 +185,32 @@ async def test_idle_reopen_keeps_sealed_files(tmp_path: Path) -> None:
     assert not (tmp_path / "log" / "clean-shutdown").exists()  # removed while open
     with pytest.raises(Exception, match="closed"):
         await store.close() or store.append_mqtt([MqttMessage("idle/x", b"2", 1, "c")])
+
+
+async def test_read_fresh_is_the_last_write_as_written(tmp_path: Path) -> None:
+    """The dispatcher's read-back of an append: the batch a recent write put at an offset (or
+    holding it), the same bytes as a read from the file; None for a batch read past already or
+    below the log start, and a `read` after it goes on from where it ended."""
+    store = await Store.open(tmp_path, StoreConfig(default_partitions=1, fsync="never"))
+    res = store.append_mqtt([MqttMessage("d/1", b"a%d" % i, 0, "c") for i in range(5)])
+    await asyncio.wait_for(res.durable, 5)
+    first = store.read_fresh("d", 0, 0)
+    assert first is not None and bytes(first) == store.read("d", 0, 0, 1 << 20)
+    assert store.read_fresh("d", 0, 3) is first  # a budget that ran out inside the batch
+    assert store.read_fresh("d", 0, 5) is None  # not written yet
+    assert store.read_fresh("d", 0, 0) is None  # read past already
+    res = store.append_mqtt([MqttMessage("d/1", b"b%d" % i, 0, "c") for i in range(3)])
+    await asyncio.wait_for(res.durable, 5)
+    again = store.read_fresh("d", 0, 5)
+    assert again is not None and [r.value for r in records(bytes(again))] == [b"b0", b"b1", b"b2"]
+    assert bytes(again) == store.read("d", 0, 5, 1 << 20)
+    res = store.append_mqtt([MqttMessage("d/1", b"c", 0, "c")])
+    await asyncio.wait_for(res.durable, 5)
+    assert [r.value for r in records(store.read("d", 0, 8, 1 << 20))] == [b"c"]
+    await store.delete_records("d", 0, 9)
+    assert store.read_fresh("d", 0, 8) is None  # below the log start now
+    for _ in range(40):  # nobody reads them back: a bounded few are kept
+        res = store.append_mqtt([MqttMessage("d/1", bytes(100_000), 0, "c")])
+        await asyncio.wait_for(res.durable, 5)
+    assert store.read_fresh("d", 0, 9) is None and store.read_fresh("d", 0, 48) is not None
+    await store.close()
