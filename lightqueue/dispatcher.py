@@ -292,7 +292,7 @@ class Dispatcher:
         share = max(self.batch_records // len(work), 256)
         progress = 0
         advanced: list[tuple[str, int, int]] = []
-        # what the last write just put there, as written (a local log only: Store.read_fresh)
+        # what a recent write just put there, as written (a local log only: Store.read_fresh)
         fresh = getattr(self.store, "read_fresh", None)
         for (t, p), end in work:
             c = self.position(t, p)

@@ -331,14 +331,16 @@ class Log:
         if not before:
             seg.created_ms = int(time.time() * 1000)
         self.hwm = seg.next_offset
+        if not self._fresh_ok:
+            return
         fresh = self._fresh
         for k in range(a, b):
             c = chunks[cidx[k]]
-            if cidx[k + 1] - cidx[k] == 1 and type(c) is bytearray and self._fresh_ok:
-                old = fresh.pop(metas[k].base_offset, None)  # offsets given back after a failure
+            if cidx[k + 1] - cidx[k] == 1 and type(c) is bytearray:
+                m = metas[k]
+                old = fresh.pop(m.base_offset, None)  # offsets given back after a failure
                 if old is not None:
                     self._fresh_bytes -= len(old[2])
-                m = metas[k]
                 fresh[m.base_offset] = (seg, before + m.position - p0, c, m.last_offset + 1)
                 self._fresh_bytes += len(c)
         while self._fresh_bytes > FRESH_MAX_BYTES:  # nobody read them back (no dispatcher)

@@ -420,8 +420,8 @@ class Store(TopicAdmin, TransactionalReads):
         return self._log(topic, partition).read(offset, max_bytes)
 
     def read_fresh(self, topic: str, partition: int, offset: int) -> bytearray | None:
-        """The batch at `offset` as the last write of the partition wrote it, or None (Log.read_fresh:
-        the dispatcher's read-back of what was just appended, without a pread)."""
+        """The batch holding `offset` as a recent write of the partition wrote it, or None
+        (Log.read_fresh: the dispatcher's read-back of what was just appended, without a pread)."""
         return self._log(topic, partition).read_fresh(offset)
 
     async def prefetch(self, wants: Sequence[tuple[str, int, int]]) -> None:
