@@ -103,6 +103,11 @@ def aborted_check(store: object) -> Callable[[str, int, int, int], bool]:
     return _never if index is None else index.is_aborted  # type: ignore[no-any-return]
 
 
+# An inline append (Dispatcher.index_inline) of at most this many records that finds the
+# dispatch task idle is indexed inside the append listener: a lone message's latency.
+SYNC_RECORDS = 64
+
+
 class NullBatch:
     """A WriteBatch that writes nothing (rebuild's counting pass)."""
 
@@ -140,6 +145,9 @@ class Dispatcher:
         self._targets: dict[str, dict[bytes | None, tuple[Queue, ...]]] = {}
         self._stamp = 0
         self._wake = asyncio.Event()
+        self._more = False  # the last round stopped short of some partition's end
+        self.idle = False  # the dispatch task waits for an append (on_append may index it)
+        self.index_inline = False  # set around an appender's write that wants it indexed now
         self._round_waiters: list[asyncio.Future[None]] = []
         self.gated = False  # some queue has a rebuild gate: use the checked path
         self.records = 0  # records indexed since open
@@ -167,9 +175,31 @@ class Dispatcher:
                 self.hwm[(topic, p)] = self.store.high_watermark(topic, p)
 
     def on_append(self, topic: str, partition: int, hwm: int) -> None:
-        """Store append listener (event loop, right after the write)."""
+        """Store append listener (event loop, right after the write).
+
+        While `index_inline` is set (the MQTT proxy's write of its tick's messages), a small
+        append finding the dispatcher idle is indexed and its entries pushed right here, in the
+        pass of the loop that wrote it: a message that arrives alone crossed the loop once more
+        for the task's wake-up (bench/RESULTS.md, issue 20). Other appends (Kafka produce: its
+        response goes out before the round) and bigger ones wake the task, whose rounds yield
+        to the loop between them."""
         if not is_system_topic(topic):
             self.hwm[(topic, partition)] = hwm
+            # idle and not woken: every other partition is caught up, so the round is small.
+            if (
+                self.index_inline
+                and self.idle
+                and not self._wake.is_set()
+                and self.failed is None
+                and hwm - self.position(topic, partition) <= SYNC_RECORDS
+            ):
+                try:
+                    self.dispatch_round()
+                except BaseException:
+                    self._wake.set()  # the task sees `failed` and ends, as if its round failed
+                    raise
+                if not self._more:
+                    return
             self._wake.set()
 
     def behind(self) -> int:
@@ -249,9 +279,18 @@ class Dispatcher:
     async def run(self) -> None:
         """Dispatch whenever the store appends; rounds until caught up, yielding between them."""
         while True:
-            await self._wake.wait()
+            self.idle = True
+            try:
+                await self._wake.wait()
+            finally:
+                self.idle = False
+            if self.failed is not None:
+                return  # a round in on_append failed (logged there)
             self._wake.clear()
-            while self.dispatch_round():
+            # Another round only when this one left records behind (its budget, a read that
+            # came back short); a caught-up round waits for the next append instead of one more
+            # pass of the loop, which a message that arrives alone would pay every time.
+            while self.dispatch_round() and self._more:
                 await asyncio.sleep(0)
 
     def catch_up(self, limit: dict[tuple[str, int], int] | None = None) -> int:
@@ -280,6 +319,7 @@ class Dispatcher:
                 if self.position(*tp) < end:
                     work.append((tp, end))
         if not work:
+            self._more = False
             return 0
         t0 = time.perf_counter()
         work.sort()
@@ -291,6 +331,7 @@ class Dispatcher:
             wb = qdb.db.write_batch()
         share = max(self.batch_records // len(work), 256)
         progress = 0
+        more = False
         advanced: list[tuple[str, int, int]] = []
         # what a recent write just put there, as written (a local log only: Store.read_fresh)
         fresh = getattr(self.store, "read_fresh", None)
@@ -318,6 +359,8 @@ class Dispatcher:
             if c != c0:
                 advanced.append((t, p, c))
                 progress += n + 1
+            if c < end:
+                more = True
         put_blocks(grown, wb)
         put = wb.put
         tids = qdb.topic_ids
@@ -332,6 +375,7 @@ class Dispatcher:
                 raise
         for t, p, c in advanced:
             ckpts[(t, p)] = c
+        self._more = more
         if advanced and own_wb:
             self.round_latency.observe(time.perf_counter() - t0)
         if grown and own_wb:

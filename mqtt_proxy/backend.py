@@ -90,6 +90,10 @@ class Backend:
     async def start(self) -> None:
         """Anything to learn from the layers below before serving clients."""
 
+    def write_now(self) -> None:
+        """The tick's appends are all made: write (and index) them now if this process has the
+        store; through the core link, the core writes when it reads them."""
+
     # -- the recent-append cache -----------------------------------------------------------
     def remember(self, msgs: list[MqttMessage], runs: list[Run]) -> None:
         """Keep what this proxy just appended, for `_from_recent`. The MqttMessage itself
@@ -256,6 +260,28 @@ class LocalBackend(Backend):
         super().__init__(store, notifier, proxy_id, recent_bytes)
         self.queues = queues
         queues.set_watch_sink(self._pushed)
+
+    def write_now(self) -> None:
+        """Write the tick's appends in this pass of the loop, and a small write's dispatch
+        round with it (Dispatcher.index_inline), so a lone message is indexed and delivered
+        in the pass that read it."""
+        write = getattr(self.store, "write_now", None)  # a cluster log writes on its own
+        if write is None:
+            return
+        d = self.queues.dispatcher
+        d.index_inline = True
+        try:
+            write()
+        finally:
+            d.index_inline = False
+
+    def skip_known_events(self, known: Callable[[str, int], bool]) -> None:
+        """Rounds push their entries to this process's delivery before publishing events, so
+        most events tell it nothing new: let the notifier drop those (one reader-task wake-up
+        per message saved at low rates)."""
+        skip = getattr(self.notifier, "skip_known", None)
+        if skip is not None:
+            skip(self.proxy_id, known)
 
     def _watch(self, queue: str, on: bool) -> None:
         if on:

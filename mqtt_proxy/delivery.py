@@ -196,6 +196,11 @@ class Delivery:
             qs.last_seq = last_seq
             self.mark(qs)
 
+    def knows(self, queue: str, last_seq: int) -> bool:
+        """`on_event(queue, last_seq)` would do nothing: the notifier need not send it."""
+        qs = self.queues.get(queue)
+        return qs is None or last_seq <= qs.last_seq
+
     def mark(self, qs: QueueState) -> None:
         self._dirty.add(qs)
         if not self._scheduled:

@@ -136,6 +136,7 @@ class Inbound:
             self._futs.add(fut)
             t0 = self._loop.time()  # this tick parsed them: receive → durable, per batch
             fut.add_done_callback(lambda f: self._durable(f, acks, writes, t0))
+        server.backend.write_now()  # this append ends the tick's reads: write it in this pass
 
     def _staged(
         self,

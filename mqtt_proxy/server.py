@@ -137,6 +137,7 @@ class MqttServer:
         self.backend.entries_sink = self.delivery.on_entries
         if isinstance(self.backend, LocalBackend):
             self.backend.round_sink = self.delivery.on_round
+            self.backend.skip_known_events(self.delivery.knows)
         self.inbound = Inbound(self)
         self.sessions = SessionManager(self)
         self.events = DeviceEvents(store)

@@ -42,6 +42,11 @@ class InProcessNotifier:
     def publish(self, events: Iterable[tuple[str, int]]) -> None:
         self.routes.publish(events)
 
+    def skip_known(self, proxy_id: str, known: Callable[[str, int], bool] | None) -> None:
+        """Events `known(queue, last_seq)` says `proxy_id` has are not put in its mailbox: a
+        proxy in this process gets a round's entries pushed before its events are published."""
+        self.routes.mailbox(proxy_id).known = known
+
     def resync(self) -> int:
         return self.routes.resync()
 

@@ -48,7 +48,9 @@ class Notifier(Protocol):
 class Mailbox:
     """One proxy's coalesced pending events plus a way to wait for them."""
 
-    __slots__ = ("proxy_id", "queues", "pending", "_waiter", "on_ready", "closed", "delivered")
+    __slots__ = (
+        "proxy_id", "queues", "pending", "_waiter", "on_ready", "closed", "delivered", "known"
+    )  # fmt: skip
 
     def __init__(self, proxy_id: str) -> None:
         self.proxy_id = proxy_id
@@ -58,11 +60,17 @@ class Mailbox:
         self.on_ready: Callable[[Mailbox], None] | None = None  # the link: drain into a frame
         self.closed = False
         self.delivered = 0  # events handed out (coalesced), for tests and metrics
+        # `known(queue, last_seq)`: the proxy has it already (a reader in this process that the
+        # dispatch round pushed the entries to): no event, and no wake-up of its reader task.
+        self.known: Callable[[str, int], bool] | None = None
 
     def put(self, queue: str, last_seq: int) -> None:
         pending = self.pending
         cur = pending.get(queue)
         if cur is None or last_seq > cur:
+            known = self.known
+            if known is not None and known(queue, last_seq):
+                return
             pending[queue] = last_seq
             self._kick()
 

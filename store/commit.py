@@ -155,7 +155,7 @@ class GroupCommit:
         self._listeners = listeners
         self._dirty: list[Log] = []
         self._tick_waiters: dict[Log, list[_Durable]] = {}
-        self._flush_scheduled = False
+        self._flush_handle: asyncio.Handle | None = None  # the tick's scheduled `flush`
         self.interval_dirty: set[Log] = set()
         self._syncs: set[asyncio.Future[None]] = set()
         self._rounds: dict[Log, collections.deque[_Round]] = {}  # in flight, oldest first
@@ -188,10 +188,16 @@ class GroupCommit:
                 self._dirty.append(lg)
             if w is not None:
                 ws.append(w)
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            loop.call_soon(self.flush)
+        if self._flush_handle is None:
+            self._flush_handle = loop.call_soon(self.flush)
         return fut
+
+    def flush_now(self) -> None:
+        """`flush` at once if one is scheduled (and no more later)."""
+        h = self._flush_handle
+        if h is not None:
+            h.cancel()
+            self.flush()
 
     def flush(self) -> None:
         """End of tick: one writev per touched partition, then fsync or resolve; listeners last.
@@ -199,9 +205,10 @@ class GroupCommit:
         The append listeners run after every partition of the tick has resolved (or queued for
         fsync) its waiters, so the callbacks of those waiters (acks, Kafka produce responses) are
         scheduled ahead of whatever the listeners wake (a light-queue dispatch round, long-polling
-        fetches) and go out first.
+        fetches) and go out first; only a small append's dispatch round runs inside its listener
+        (lightqueue.dispatcher.SYNC_RECORDS), ahead of them.
         """
-        self._flush_scheduled = False
+        self._flush_handle = None
         dirty, tw = self._dirty, self._tick_waiters
         self._dirty, self._tick_waiters = [], {}
         written = [lg for lg in dirty if self._write(lg, tw.get(lg, []), self._policy(lg))]

@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from lightqueue_helpers import flushed, msg, open_all
 
+from lightqueue.dispatcher import SYNC_RECORDS
 from lightqueue.topic_trie import topic_matches
 from notify import InProcessNotifier
 
@@ -245,5 +246,52 @@ async def test_a_batch_that_does_not_decode_is_skipped_not_fatal(tmp_path: Path)
     (m,) = lq.resolve(lq.read("g/#", 0, 10).entries)
     assert m is not None and m.payload == b"after"
     assert lq.dispatcher.corrupt_batches == 1 and lq.dispatcher.behind() == 0
+    await lq.close()
+    await store.close()
+
+
+async def test_a_small_inline_write_is_indexed_inside_it(tmp_path: Path) -> None:
+    """`index_inline` (the MQTT proxy's write of its tick): a small append is indexed and
+    announced inside `write_now`, no loop pass later; other writes, and big ones, wake the
+    dispatch task instead; a backlog bigger than a round's budget is worked off by the task."""
+    got: list[tuple[str, int]] = []
+    store, lq = await open_all(tmp_path, sink=got.extend, dispatch_batch_records=100)
+    await lq.start()
+    d = lq.dispatcher
+    for _ in range(100):
+        if d.idle:
+            break
+        await asyncio.sleep(0.01)
+    assert d.idle  # the start-up round is over, the task waits
+
+    def inline_write(n: int) -> None:
+        store.append_mqtt([msg("x/y")] * n)
+        d.index_inline = True
+        try:
+            store.write_now()
+        finally:
+            d.index_inline = False
+
+    inline_write(1)
+    assert got == [("x/y", 0)]  # indexed within the call
+    store.append_mqtt([msg("x/y")])
+    store.write_now()  # written now, but not inline: the task indexes it
+    assert got == [("x/y", 0)] and d.behind() == 1
+    inline_write(SYNC_RECORDS + 1)  # too big to index inline
+    assert got == [("x/y", 0)]
+
+    async def indexed(last: int) -> None:
+        for _ in range(200):
+            if got and got[-1] == ("x/y", last):
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError(got)
+
+    await indexed(SYNC_RECORDS + 2)  # 1 + 1 + 65 records: the last is seq 66
+    assert d.behind() == 0
+    got.clear()
+    inline_write(1000)  # four rounds (256 records each at least): the task goes on
+    await indexed(SYNC_RECORDS + 1002)
+    assert d.behind() == 0 and len(got) >= 4
     await lq.close()
     await store.close()
