@@ -19,6 +19,8 @@ from libc.string cimport memcpy
 
 
 cdef extern from "Python.h":
+    int PyDict_Next(object d, Py_ssize_t* pos, PyObject** key, PyObject** value)
+    Py_ssize_t PyLong_AsSsize_t(object o) except? -1
     const char* PyUnicode_AsUTF8AndSize(object s, Py_ssize_t* size) except NULL
     void PyObject_GC_UnTrack(void* op)
     Py_ssize_t PyUnicode_GET_LENGTH(object s)
@@ -193,6 +195,21 @@ def cached_end(dict cache, Py_ssize_t pos, Py_ssize_t limit):
     while pos < limit and pos in cache:
         pos += 1
     return pos
+
+
+def evict_oldest(dict cache, Py_ssize_t over, Py_ssize_t start):
+    """Of the `over` oldest keys of `cache` (insertion order), delete those below `start`:
+    `queue_cache.evict_oldest_py`, without a Python step per key (~3 % of fan-in)."""
+    cdef Py_ssize_t pos = 0, n = 0
+    cdef PyObject* key
+    cdef PyObject* val
+    cdef list gone = []
+    while n < over and PyDict_Next(cache, &pos, &key, &val):
+        n += 1
+        if PyLong_AsSsize_t(<object>key) < start:
+            gone.append(<object>key)
+    for k in gone:
+        del cache[k]
 
 
 def from_recent(list entries, dict parts, list out):

@@ -35,7 +35,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
-from itertools import islice
 from typing import TYPE_CHECKING
 
 from lightqueue.model import ReadResult
@@ -50,6 +49,7 @@ from mqtt_proxy.queue_cache import (
     QueueState,
     cached,
     cached_end,
+    evict_oldest,
     fill_cache,
 )
 from mqtt_proxy.session import Inflight, Session, Subscription
@@ -270,9 +270,7 @@ class Delivery:
             )
             over = len(cache) - self._cache_max
             if over > 0:
-                for k in list(islice(cache, over)):
-                    if k < start:
-                        del cache[k]
+                evict_oldest(cache, over, start)
         if res.next_seq > qs.read_end:
             qs.read_end = res.next_seq
         if res.next_seq - 1 > qs.last_seq:

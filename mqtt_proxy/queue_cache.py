@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from itertools import islice
 from typing import TYPE_CHECKING, TypeAlias
 
 from lightqueue.model import StoredMessage
@@ -199,6 +200,18 @@ def cached_end_py(cache: dict[int, Cached], pos: int, limit: int) -> int:
 
 
 cached_end = cached_end_py if _cdelivery is None else _cdelivery.cached_end
+
+
+def evict_oldest_py(cache: dict[int, Cached], over: int, start: int) -> None:
+    """Of the `over` oldest keys of `cache` (insertion order), delete those below `start` (a
+    queue's cache held to its size, never what a reader is about to take). Twin of
+    `_cdelivery.evict_oldest`."""
+    for k in list(islice(cache, over)):
+        if k < start:
+            del cache[k]
+
+
+evict_oldest = evict_oldest_py if _cdelivery is None else _cdelivery.evict_oldest
 
 
 class QueueState:

@@ -92,6 +92,7 @@ def test_extensions_built_and_in_use() -> None:
 
     cd = compiled_delivery()
     assert cohorts.qos0_run is cd.qos0_run and queue_cache.fill_cache is cd.fill_cache
+    assert queue_cache.evict_oldest is cd.evict_oldest
     import mqtt_proxy.handlers as handlers
 
     assert handlers._publish_messages is cd.publish_messages
@@ -123,7 +124,7 @@ def test_env_var_forces_pure_python() -> None:
         "; import mqtt_proxy.backend as mb; print(mb._from_recent_runs is mb.from_recent_py, "
         "r._group_offsets is r.group_offsets_py, r._resolve_records is r.resolve_records_py)"
         "; import lightqueue.db as db; print(db._encode_block is k.encode_block_py, "
-        "b._group_by_slot, q.cached_end is q.cached_end_py)"
+        "b._group_by_slot, q.cached_end is q.cached_end_py, q.evict_oldest is q.evict_oldest_py)"
     )
     env = {**os.environ, "LIGHTGATE_NO_EXTENSIONS": "1", "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
@@ -133,7 +134,7 @@ def test_env_var_forces_pure_python() -> None:
         "'mqtt_proxy._cdelivery':", "False,", "'lightqueue._cblocks':", "False,",
         "'lightqueue._cresolve':", "False}",
         "None", "True", "None", "True", "True", "True", "True", "True", "True", "True", "True",
-        "True", "True", "True", "True", "True", "True", "True", "True", "None", "True",
+        "True", "True", "True", "True", "True", "True", "True", "True", "None", "True", "True",
     ]  # fmt: skip
 
 
@@ -580,6 +581,22 @@ def test_cached_end_same_as_twin(held: set[int], pos: int, n: int) -> None:
     assert got == cached_end_py(cache, pos, pos + n)
     assert pos <= got <= pos + n and all(s in cache for s in range(pos, got))
     assert got == pos + n or got not in cache
+
+
+@SETTINGS
+@given(st.lists(st.integers(0, 60), unique=True), st.integers(0, 70), st.integers(-5, 70))
+def test_evict_oldest_same_as_twin(keys: list[int], over: int, start: int) -> None:
+    """A queue's cache held to its size: the oldest `over` keys below `start` go, compiled and
+    pure; insertion order (not key order) says which are oldest."""
+    from mqtt_proxy.queue_cache import evict_oldest_py
+
+    a: dict[int, Any] = dict.fromkeys(keys)
+    b = dict(a)
+    compiled_delivery().evict_oldest(a, over, start)
+    evict_oldest_py(b, over, start)
+    assert list(a) == list(b)
+    oldest = keys[:over]
+    assert list(a) == [k for k in keys if not (k in oldest and k < start)]
 
 
 def _index_both(data: bytes, base: int, c: int, end: int, budget: int, gated: bool) -> list[Any]:
