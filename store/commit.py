@@ -205,8 +205,8 @@ class GroupCommit:
         The append listeners run after every partition of the tick has resolved (or queued for
         fsync) its waiters, so the callbacks of those waiters (acks, Kafka produce responses) are
         scheduled ahead of whatever the listeners wake (a light-queue dispatch round, long-polling
-        fetches) and go out first; only a small append's dispatch round runs inside its listener
-        (lightqueue.dispatcher.SYNC_RECORDS), ahead of them.
+        fetches) and go out first. The one exception: the MQTT proxy's own small write, whose
+        dispatch round runs inside the listener (`Dispatcher.index_inline`), ahead of its acks.
         """
         self._flush_handle = None
         dirty, tw = self._dirty, self._tick_waiters
