@@ -135,6 +135,8 @@ class Dispatcher:
     ) -> None:
         self.qdb = qdb
         self.store = store
+        # what a recent write just put there, as written (a local log only: Store.read_fresh)
+        self._read_fresh: Callable[[str, int, int], Any] | None = getattr(store, "read_fresh", None)
         self.trie = trie
         self.sink = sink
         self.watch_sink: WatchSink | None = None
@@ -333,8 +335,7 @@ class Dispatcher:
         progress = 0
         more = False
         advanced: list[tuple[str, int, int]] = []
-        # what a recent write just put there, as written (a local log only: Store.read_fresh)
-        fresh = getattr(self.store, "read_fresh", None)
+        fresh = self._read_fresh
         for (t, p), end in work:
             c = self.position(t, p)
             c0, n = c, 0

@@ -260,12 +260,13 @@ class LocalBackend(Backend):
         super().__init__(store, notifier, proxy_id, recent_bytes)
         self.queues = queues
         queues.set_watch_sink(self._pushed)
+        self._write_now: Callable[[], None] | None = getattr(store, "write_now", None)  # local log
 
     def write_now(self) -> None:
         """Write the tick's appends in this pass of the loop, and a small write's dispatch
         round with it (Dispatcher.index_inline), so a lone message is indexed and delivered
         in the pass that read it."""
-        write = getattr(self.store, "write_now", None)  # a cluster log writes on its own
+        write = self._write_now  # None: a cluster log writes on its own
         if write is None:
             return
         d = self.queues.dispatcher
