@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -102,7 +103,10 @@ class QueueDB:
     def __init__(self, path: Path) -> None:
         path.mkdir(parents=True, exist_ok=True)
         self.path = path
-        self.db = plyvel.DB(
+        # Set while the dispatcher holds a round's WriteBatch back (Dispatcher.HOLD_S): `db`
+        # writes it before anyone else reads or writes.
+        self.pending_write: Callable[[], None] | None = None
+        self.raw = plyvel.DB(
             str(path),
             create_if_missing=True,
             write_buffer_size=16 << 20,
@@ -129,6 +133,15 @@ class QueueDB:
         self.next_qid = self._counter(G_NEXT_QID)
         self.next_tid = self._counter(G_NEXT_TID)
         self._load()
+
+    @property
+    def db(self) -> Any:
+        """The LevelDB as every reader and writer other than the dispatcher's rounds must see
+        it: with what the dispatcher holds back written first (same order as if it had not)."""
+        w = self.pending_write
+        if w is not None:
+            w()
+        return self.raw
 
     def _counter(self, key: bytes) -> int:
         v = self.db.get(key)

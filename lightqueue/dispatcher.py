@@ -15,17 +15,17 @@ are indexed again from there, into the same sequence numbers, giving no duplicat
 After the write, one coalesced `(queue, last_seq)` event per grown queue goes to the sink; before
 that, a queue someone watches (`LightQueues.watch`: a proxy delivering from it) has the round's
 new entries pushed to `watch_sink`, so its reader needs no read back from LevelDB to deliver them.
+Rounds run inline for the MQTT proxy's small writes hold their batch back for the next ones to
+join (HOLD_S): their pushes and events go out before the write, and `QueueDB.db` writes the held
+batch before anyone else touches the DB, so readers and other writers see it in order. A crash
+loses the held rounds as an OS crash loses LevelDB's unsynced tail: indexed again from the
+checkpoint, into the same sequence numbers.
 
 Kafka transactions: a round stops at each partition's last stable offset (records of an open
 transaction wait for its marker) and skips control batches and the batches of aborted
 transactions (`store.txn_index`), so MQTT subscribers only ever get committed records.
 
-Recovery cases at open (`repair`):
-1. Checkpoint beyond the log end: the commitlog lost its unflushed tail in an OS crash, and its
-   offsets will be reused by new records. Entries pointing at lost offsets become *void* (value
-   b"", resolved to None) so sequence numbers stay dense and stored positions keep their meaning;
-   the checkpoint drops to the log end.
-2. Checkpoint below the log start: retention deleted records never indexed; skip to log start.
+Recovery at open (`repair`, lightqueue.repair) clamps the checkpoints to the log as it is.
 
 Hot path notes (measured in bench/lightqueue_bench.py): targets are cached per (log topic, record
 key) as a tuple of `Queue` objects, so a repeated topic costs one dict lookup; the entry value is
@@ -36,6 +36,7 @@ go straight to aiokafka's Cython reader. Event-loop-only.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -45,15 +46,11 @@ from lightqueue.db import Queue, QueueDB
 from lightqueue.index_batch import _index_batch, _index_batch_py, put_blocks
 from lightqueue.keys import (
     KIND_EXACT,
-    P_ENTRY,
-    VOID_ENTRY,
-    block_entries,
     checkpoint_key,
-    encode_block_py,
     entry_head,
-    pack_entry,
     pack_u64,
 )
+from lightqueue.repair import repair_checkpoints
 from lightqueue.topic_trie import FilterTrie
 from store import OffsetOutOfRangeError, UnknownTopicOrPartitionError
 from store.backend import FetchPending, LogBackend
@@ -106,6 +103,12 @@ def aborted_check(store: object) -> Callable[[str, int, int, int], bool]:
 # An inline append (Dispatcher.index_inline) of at most this many records that finds the
 # dispatch task idle is indexed inside the append listener: a lone message's latency.
 SYNC_RECORDS = 64
+# Inline rounds hold their WriteBatch back for the next ones to join, this long at most (written
+# by the first round after it, or by a timer at twice this): one LevelDB write per few messages
+# at moderate rates instead of one per message (each ~9 % of the CPU of 100 publishers at 10k
+# msg/s; bench/RESULTS.md, issue 20). A crash loses at most that much of the index, which the
+# rounds after the restart rebuild from the checkpoint (theory above).
+HOLD_S = 0.005
 
 
 class NullBatch:
@@ -137,6 +140,9 @@ class Dispatcher:
         self.store = store
         # what a recent write just put there, as written (a local log only: Store.read_fresh)
         self._read_fresh: Callable[[str, int, int], Any] | None = getattr(store, "read_fresh", None)
+        # open Kafka transactions hold records back (None: a log without them)
+        self._lso: Callable[[str, int], int] | None = getattr(store, "last_stable_offset", None)
+        self._aborted = aborted_check(store)
         self.trie = trie
         self.sink = sink
         self.watch_sink: WatchSink | None = None
@@ -150,6 +156,11 @@ class Dispatcher:
         self._more = False  # the last round stopped short of some partition's end
         self.idle = False  # the dispatch task waits for an append (on_append may index it)
         self.index_inline = False  # set around an appender's write that wants it indexed now
+        self._held: Any = None  # WriteBatch of inline rounds not written yet (HOLD_S)
+        self._held_since = 0.0
+        self._held_timer: asyncio.TimerHandle | None = None
+        self._held_queues: dict[Queue, None] = {}  # queues whose `buf` the held batch owes
+        self._held_ckpts: dict[tuple[str, int], int] = {}  # checkpoints it owes
         self._round_waiters: list[asyncio.Future[None]] = []
         self.gated = False  # some queue has a rebuild gate: use the checked path
         self.records = 0  # records indexed since open
@@ -196,7 +207,7 @@ class Dispatcher:
                 and hwm - self.position(topic, partition) <= SYNC_RECORDS
             ):
                 try:
-                    self.dispatch_round()
+                    self.dispatch_round(hold=True)
                 except BaseException:
                     self._wake.set()  # the task sees `failed` and ends, as if its round failed
                     raise
@@ -232,50 +243,8 @@ class Dispatcher:
 
     # -- recovery ----------------------------------------------------------------------------
     def repair(self) -> dict[tuple[str, int], tuple[int, int]]:
-        """Clamp checkpoints to [log start, log end]; void entries past a truncated log end.
-
-        Returns {(topic, partition): (old checkpoint, new checkpoint)} for what changed.
-        """
-        changed: dict[tuple[str, int], tuple[int, int]] = {}
-        truncated: dict[tuple[int, int], int] = {}
-        for (t, p), c in list(self.qdb.checkpoints.items()):
-            try:
-                end = self.store.high_watermark(t, p)
-                start = self.store.log_start_offset(t, p)
-            except UnknownTopicOrPartitionError:
-                end = start = 0
-            if c > end:
-                truncated[(self.qdb.topic_ids[t], p)] = end
-                changed[(t, p)] = (c, end)
-            elif c < start:
-                changed[(t, p)] = (c, start)
-        if not changed:
-            return changed
-        db = self.qdb.db
-        wb = db.write_batch(sync=True)
-        voided = 0
-        if truncated:
-            log.warning("commitlog shorter than the light-queue checkpoint: %s", changed)
-            for k, v in db.iterator(prefix=P_ENTRY):
-                ents = block_entries(v)
-                hit = 0
-                for i, e in enumerate(ents):
-                    if e is not None:
-                        cut = truncated.get((e[0], e[1]))
-                        if cut is not None and e[2] >= cut:
-                            ents[i] = None
-                            hit += 1
-                if hit:
-                    raw = b"".join(VOID_ENTRY if e is None else pack_entry(*e) for e in ents)
-                    wb.put(k, encode_block_py(raw))
-                    voided += hit
-        for (t, p), (_old, new) in changed.items():
-            self.qdb.checkpoints[(t, p)] = new
-            wb.put(checkpoint_key(self.qdb.topic_ids[t], p), pack_u64(new))
-        wb.write()
-        if voided:
-            log.warning("voided %d light-queue entries whose records the log lost", voided)
-        return changed
+        """Clamp checkpoints to the log (lightqueue.repair); {(topic, partition): (old, new)}."""
+        return repair_checkpoints(self.qdb, self.store)
 
     # -- the loop ----------------------------------------------------------------------------
     async def run(self) -> None:
@@ -308,18 +277,23 @@ class Dispatcher:
         self,
         limit: dict[tuple[str, int], int] | None = None,
         wb: Any = None,
+        hold: bool = False,
     ) -> int:
         """One WriteBatch worth of dispatch. Returns records indexed plus positions advanced
-        (0 = caught up). `limit` caps each partition (rebuild); `wb` overrides the batch."""
+        (0 = caught up). `limit` caps each partition (rebuild); `wb` overrides the batch; `hold`
+        (inline rounds) keeps the batch for the next rounds to join, up to HOLD_S. A round of
+        its own batch writes any held one with it."""
         qdb = self.qdb
         ckpts = qdb.checkpoints
         work = []
+        position = self.position
         for tp, h in self.hwm.items():
             end = h if limit is None else min(h, limit.get(tp, 0))
-            if self.position(*tp) < end:
+            c = position(*tp)
+            if c < end:
                 end = min(end, self._stable(tp))
-                if self.position(*tp) < end:
-                    work.append((tp, end))
+                if c < end:
+                    work.append((tp, end, c))
         if not work:
             self._more = False
             return 0
@@ -329,15 +303,16 @@ class Dispatcher:
         stamp = self._stamp
         grown: list[Queue] = []
         own_wb = wb is None
+        if not own_wb and self._held is not None:
+            self.write_held()  # a caller's batch (rebuild) comes after the held rounds
         if wb is None:
-            wb = qdb.db.write_batch()
+            wb = self._held if self._held is not None else qdb.raw.write_batch()
         share = max(self.batch_records // len(work), 256)
         progress = 0
         more = False
         advanced: list[tuple[str, int, int]] = []
         fresh = self._read_fresh
-        for (t, p), end in work:
-            c = self.position(t, p)
+        for (t, p), end, c in work:
             c0, n = c, 0
             while n < share and c < end:
                 try:
@@ -362,18 +337,28 @@ class Dispatcher:
                 progress += n + 1
             if c < end:
                 more = True
-        put_blocks(grown, wb)
-        put = wb.put
-        tids = qdb.topic_ids
-        for t, p, c in advanced:
-            put(checkpoint_key(tids[t] if t in tids else qdb.topic_id(t, wb), p), pack_u64(c))
-        if own_wb:
-            try:
-                wb.write()
-            except Exception as e:  # the in-memory mirror is now ahead of the DB: stop
-                self.failed = e
-                log.critical("light-queue write failed, dispatcher stopped: %s", e)
-                raise
+        if own_wb and hold:
+            # Held: the queues keep gathering entries in `q.buf` and the checkpoints wait, so
+            # the rounds of one held batch cost one block per queue and one checkpoint put
+            # per partition, as one round would (LevelDB's cost is per key).
+            hq, hc = self._held_queues, self._held_ckpts
+            for q in grown:
+                if q not in hq:
+                    hq[q] = None
+            for t, p, c in advanced:
+                hc[(t, p)] = c
+            if self._held is None:
+                self._held, self._held_since = wb, t0
+                qdb.pending_write = self.write_held
+                loop = asyncio.get_running_loop()
+                self._held_timer = loop.call_later(2 * HOLD_S, self._hold_expired)
+        else:
+            if own_wb and (self._held_queues or self._held_ckpts):  # `wb` is the held batch
+                self._put_held(wb)
+            put_blocks(grown, wb)
+            self._put_checkpoints(wb, [(t, p, c) for t, p, c in advanced])
+            if own_wb:
+                self._write(wb)
         for t, p, c in advanced:
             ckpts[(t, p)] = c
         self._more = more
@@ -396,15 +381,60 @@ class Dispatcher:
             for q in grown:  # a caller's batch (rebuild): nothing is pushed from it
                 if q.watch:
                     q.watch = []
+        if hold and own_wb and t0 - self._held_since >= HOLD_S:
+            self.write_held()  # after the pushes: the delivery went out first
         waiters, self._round_waiters = self._round_waiters, []
         for f in waiters:
             if not f.done():
                 f.set_result(None)
         return progress
 
+    def _put_checkpoints(self, wb: Any, advanced: list[tuple[str, int, int]]) -> None:
+        qdb = self.qdb
+        tids = qdb.topic_ids
+        put = wb.put
+        for t, p, c in advanced:
+            put(checkpoint_key(tids[t] if t in tids else qdb.topic_id(t, wb), p), pack_u64(c))
+
+    def _put_held(self, wb: Any) -> None:
+        """The held rounds' blocks and checkpoints into `wb` (the held batch)."""
+        hq, hc = self._held_queues, self._held_ckpts
+        self._held_queues, self._held_ckpts = {}, {}
+        put_blocks(list(hq), wb)
+        self._put_checkpoints(wb, [(t, p, c) for (t, p), c in hc.items()])
+
+    def _write(self, wb: Any) -> None:
+        self._held = None
+        self.qdb.pending_write = None
+        if self._held_timer is not None:
+            self._held_timer.cancel()
+            self._held_timer = None
+        try:
+            wb.write()
+        except Exception as e:  # the in-memory mirror is now ahead of the DB: stop
+            self.failed = e
+            log.critical("light-queue write failed, dispatcher stopped: %s", e)
+            raise
+
+    def write_held(self) -> None:
+        """Write the rounds held back (QueueDB.db calls this before any other access)."""
+        wb = self._held
+        if wb is not None:
+            try:
+                self._put_held(wb)
+                self._write(wb)
+            except Exception:
+                self._wake.set()  # the task sees `failed` and ends, as if its round failed
+                raise
+
+    def _hold_expired(self) -> None:
+        self._held_timer = None
+        with contextlib.suppress(Exception):  # logged by _write; the task ends
+            self.write_held()
+
     def _stable(self, tp: tuple[str, int]) -> int:
         """The last stable offset: records of open Kafka transactions wait for their marker."""
-        lso = getattr(self.store, "last_stable_offset", None)
+        lso = self._lso
         if lso is None:  # a log without Kafka transactions
             return self.hwm.get(tp, 0)
         try:
@@ -436,7 +466,7 @@ class Dispatcher:
         derive = self.retained
         # log = "kafka": retained messages are derived from the records (the Python loop).
         keep = None if derive is None else (lambda r: self._retain(derive, t, p, r))
-        aborted = aborted_check(self.store)
+        aborted = self._aborted
         for pos, size in iter_batches(data):
             h = HEADER.unpack_from(data, pos)
             base, last = h[0], h[0] + h[6]

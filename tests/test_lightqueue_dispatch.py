@@ -10,7 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from lightqueue_helpers import flushed, msg, open_all
 
-from lightqueue.dispatcher import SYNC_RECORDS
+from lightqueue.dispatcher import HOLD_S, SYNC_RECORDS
+from lightqueue.keys import checkpoint_key, entry_prefix
 from lightqueue.topic_trie import topic_matches
 from notify import InProcessNotifier
 
@@ -293,5 +294,98 @@ async def test_a_small_inline_write_is_indexed_inside_it(tmp_path: Path) -> None
     inline_write(1000)  # four rounds (256 records each at least): the task goes on
     await indexed(SYNC_RECORDS + 1002)
     assert d.behind() == 0 and len(got) >= 4
+    await lq.close()
+    await store.close()
+
+
+async def test_inline_rounds_hold_their_batch_until_the_db_is_needed(tmp_path: Path) -> None:
+    """Inline rounds (a lone message's) hold their WriteBatch back: entries are announced at
+    once but reach LevelDB together, one block per queue and one checkpoint for all of them; any
+    other use of the DB (a read here), a round of the task, or the timer writes them first."""
+    got: list[tuple[str, int]] = []
+    store, lq = await open_all(tmp_path, sink=got.extend)
+    await lq.start()
+    d, qdb = lq.dispatcher, lq.qdb
+    for _ in range(100):
+        if d.idle:
+            break
+        await asyncio.sleep(0.01)
+    assert d.idle
+
+    def inline_write(topic: str) -> None:
+        store.append_mqtt([msg(topic)])
+        d.index_inline = True
+        try:
+            store.write_now()
+        finally:
+            d.index_inline = False
+
+    def blocks(queue: str) -> list[bytes]:
+        return [k for k, _ in qdb.raw.iterator(prefix=entry_prefix(qdb.queues[queue].qid))]
+
+    def stored_checkpoint() -> int | None:
+        v = qdb.raw.get(checkpoint_key(qdb.topic_ids["h"], 0))
+        return None if v is None else int.from_bytes(v, "big")
+
+    lq.acquire_filter("h/#")
+    for _ in range(3):
+        inline_write("h/1")
+    assert {("h/1", 2), ("h/#", 2)} <= set(got) and d.behind() == 0  # announced at once
+    assert qdb.pending_write is not None and blocks("h/1") == [] and stored_checkpoint() is None
+    res = lq.read("h/#", 0, 10)  # a reader: the held rounds are written first
+    assert [e[2] for e in res.entries if e] == [0, 1, 2] and qdb.pending_write is None
+    assert len(blocks("h/1")) == 1 and len(blocks("h/#")) == 1  # one key per queue, 3 rounds
+    assert stored_checkpoint() == 3
+
+    inline_write("h/2")  # held again; the dispatch task's next round takes it along
+    assert qdb.pending_write is not None
+    store.append_mqtt([msg("h/2")])
+    store.write_now()  # not inline: wakes the task
+    for _ in range(200):
+        if d.behind() == 0 and qdb.pending_write is None:
+            break
+        await asyncio.sleep(0.01)
+    assert qdb.pending_write is None and stored_checkpoint() == 5
+    assert [e[2] for e in lq.read("h/#", 3, 10).entries if e] == [3, 4]
+
+    inline_write("h/3")  # nobody needs the DB: the timer writes it
+    assert qdb.pending_write is not None
+    await asyncio.sleep(2 * HOLD_S + 0.05)
+    assert qdb.pending_write is None and stored_checkpoint() == 6
+    await lq.close()
+    await store.close()
+
+
+async def test_held_rounds_are_indexed_again_after_a_crash(tmp_path: Path) -> None:
+    """What a crash loses of the held rounds (never written) the next start indexes again from
+    the stored checkpoint, into the same sequence numbers."""
+    store, lq = await open_all(tmp_path)
+    await lq.start()
+    d = lq.dispatcher
+    lq.acquire_filter("k/#")
+    store.append_mqtt([msg("k/0")])
+    await flushed(store)
+    d.catch_up()  # seq 0, written
+    for i in range(1, 4):
+        store.append_mqtt([msg(f"k/{i}")])
+        d.index_inline = True
+        try:
+            store.write_now()
+        finally:
+            d.index_inline = False
+    assert lq.qdb.pending_write is not None  # seqs 1..3 only in memory
+    d._held, d._held_queues, d._held_ckpts = None, {}, {}  # the crash: the held batch is gone
+    lq.qdb.pending_write = None
+    if d._held_timer is not None:
+        d._held_timer.cancel()
+    await flushed(store)
+    await lq.close()
+    await store.close()
+    store, lq = await open_all(tmp_path)
+    await lq.start()
+    lq.dispatcher.catch_up()
+    res = lq.read("k/#", 0, 10)
+    assert [m.topic for m in lq.resolve(res.entries) if m] == ["k/0", "k/1", "k/2", "k/3"]
+    assert res.next_seq == 4
     await lq.close()
     await store.close()
