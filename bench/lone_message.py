@@ -1,0 +1,162 @@
+"""What one message costs a broker when it arrives alone: one publisher, one subscriber, one QoS 0
+PUBLISH at a time, the next sent only after the subscriber has it (issue 20, p99 at 1k msg/s).
+
+At 1k msg/s nearly every message is alone in its pass of the event loop, so the broker's fixed
+cost per pass, not its cost per message in a batch, sets its CPU and (on a machine with slow
+windows) its p99. This measures that cost directly, without the pacing and the second process of
+mqttbench's latency scenario: with no gap (back to back, the path hot in the caches) and with a
+gap after each message (the path cold again, as at 1k msg/s), side by side with Mosquitto.
+
+Each round starts every broker afresh (Lightgate by `bench/mqtt_serve.sh`, Mosquitto with
+`bench/mqttbench/brokers/mosquitto.conf`), alternating; the table is the median over the rounds.
+CPU is the broker's user + system time from /proc per message; RTT is publish -> received, seen
+by this (blocking, single-threaded) client.
+
+Usage (from the repository root):
+    .venv/bin/python bench/lone_message.py [--rounds 3] [--seconds 4] [--gaps 0,1]
+        [--tree LABEL=PATH ...]   (Lightgate at other checkouts: PYTHONPATH=PATH, this venv)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import struct
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+TICK = os.sysconf("SC_CLK_TCK")
+TOPIC = b"lone/t"
+
+
+def _connect(port: int, cid: bytes) -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    body = b"\x00\x04MQTT\x04\x02\x00\x3c" + struct.pack(">H", len(cid)) + cid
+    s.sendall(bytes((0x10, len(body))) + body)
+    if s.recv(4)[:1] != b"\x20":
+        raise RuntimeError("no CONNACK")
+    return s
+
+
+def _cpu_s(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK  # utime + stime
+
+
+def measure(port: int, pid: int, seconds: float, gap_ms: float) -> dict[str, float]:
+    """One publisher and one subscriber; each QoS 0 message waits for the previous delivery."""
+    sub, pub = _connect(port, b"lone-sub"), _connect(port, b"lone-pub")
+    try:
+        body = struct.pack(">H", 1) + struct.pack(">H", len(TOPIC)) + TOPIC + b"\x00"
+        sub.sendall(bytes((0x82, len(body))) + body)
+        sub.recv(5)  # SUBACK
+        msg = bytes((0x30, 2 + len(TOPIC) + 32)) + struct.pack(">H", len(TOPIC)) + TOPIC
+        msg += b"x" * 32
+        need, gap = len(msg), gap_ms / 1000
+
+        def one() -> int:
+            t = time.perf_counter_ns()
+            pub.sendall(msg)
+            got = 0
+            while got < need:
+                got += len(sub.recv(65536))
+            return time.perf_counter_ns() - t
+
+        for _ in range(200):  # warm-up
+            one()
+        c0, t0 = _cpu_s(pid), time.perf_counter()
+        rtt: list[int] = []
+        while time.perf_counter() - t0 < seconds:
+            rtt.append(one())
+            if gap:
+                time.sleep(gap)
+        cpu = _cpu_s(pid) - c0
+        rtt.sort()
+        n = len(rtt)
+        return {
+            "msgs": n,
+            "cpu_us_per_msg": round(1e6 * cpu / n, 1),
+            "rtt_p50_us": round(rtt[n // 2] / 1e3),
+            "rtt_p99_us": round(rtt[int(n * 0.99)] / 1e3),
+        }
+    finally:
+        pub.close()
+        sub.close()
+
+
+def _wait_port(port: int, proc: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"broker exited with {proc.returncode}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"nothing listens on {port}")
+
+
+def _start(label: str, tree: str | None) -> tuple[subprocess.Popen[bytes], int]:
+    if tree is None:  # Mosquitto
+        cmd = ["mosquitto", "-c", str(ROOT / "bench/mqttbench/brokers/mosquitto.conf")]
+        port, env = 18830, None
+    else:
+        port = 18841
+        cmd = ["bash", str(ROOT / "bench/mqtt_serve.sh"), str(port), f"/tmp/lightgate-lone-{label}"]
+        env = {**os.environ, "PYTHONPATH": str(Path(tree).resolve())}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _wait_port(port, proc)
+    time.sleep(1)  # the gateway's start-up work (recovery, first checkpoint) out of the way
+    return proc, port
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--seconds", type=float, default=4.0, help="per broker, gap and round")
+    ap.add_argument("--gaps", default="0,1", help="ms after each delivery, comma-separated")
+    ap.add_argument("--tree", action="append", default=[], help="LABEL=PATH (default this one)")
+    ap.add_argument("--out", default="", help="append the JSON lines here too")
+    args = ap.parse_args()
+    trees: list[tuple[str, str | None]] = [
+        (t.split("=", 1)[0], t.split("=", 1)[1]) for t in args.tree
+    ] or [("lightgate", str(ROOT))]
+    trees.append(("mosquitto", None))
+    gaps = [float(g) for g in args.gaps.split(",")]
+    rows: dict[tuple[str, float], list[dict[str, Any]]] = {}
+    for rnd in range(args.rounds):
+        for label, tree in trees:
+            proc, port = _start(label, tree)
+            try:
+                for gap in gaps:
+                    r = measure(port, proc.pid, args.seconds, gap)
+                    line = {"round": rnd, "broker": label, "gap_ms": gap, **r}
+                    print(json.dumps(line), flush=True)
+                    if args.out:
+                        with open(args.out, "a") as f:
+                            f.write(json.dumps(line) + "\n")
+                    rows.setdefault((label, gap), []).append(r)
+            finally:
+                proc.terminate()  # the broker this run started, by PID
+                proc.wait(30)
+    print("\n| broker | gap ms | CPU µs/msg | RTT p50 µs | RTT p99 µs | msgs |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for (label, gap), rs in rows.items():
+        med = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
+        print(
+            f"| {label} | {gap:g} | {med['cpu_us_per_msg']:.0f} | {med['rtt_p50_us']:.0f} | "
+            f"{med['rtt_p99_us']:.0f} | {med['msgs']:.0f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
