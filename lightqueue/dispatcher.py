@@ -343,8 +343,7 @@ class Dispatcher:
             # per partition, as one round would (LevelDB's cost is per key).
             hq, hc = self._held_queues, self._held_ckpts
             for q in grown:
-                if q not in hq:
-                    hq[q] = None
+                hq[q] = None  # a dict as an ordered set: a queue already held keeps its place
             for t, p, c in advanced:
                 hc[(t, p)] = c
             if self._held is None:
@@ -353,10 +352,10 @@ class Dispatcher:
                 loop = asyncio.get_running_loop()
                 self._held_timer = loop.call_later(2 * HOLD_S, self._hold_expired)
         else:
-            if own_wb and (self._held_queues or self._held_ckpts):  # `wb` is the held batch
+            if wb is self._held:  # the held rounds go first, in this batch
                 self._put_held(wb)
             put_blocks(grown, wb)
-            self._put_checkpoints(wb, [(t, p, c) for t, p, c in advanced])
+            self._put_checkpoints(wb, advanced)
             if own_wb:
                 self._write(wb)
         for t, p, c in advanced:
