@@ -30,16 +30,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+from topic_alias_bench import _packet, _str, connect_v4  # this folder's raw MQTT encoders
+
 ROOT = Path(__file__).resolve().parents[1]
 TICK = os.sysconf("SC_CLK_TCK")
-TOPIC = b"lone/t"
+TOPIC = "lone/t"
 
 
-def _connect(port: int, cid: bytes) -> socket.socket:
+def _connect(port: int, cid: str) -> socket.socket:
     s = socket.create_connection(("127.0.0.1", port), timeout=10)
     s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    body = b"\x00\x04MQTT\x04\x02\x00\x3c" + struct.pack(">H", len(cid)) + cid
-    s.sendall(bytes((0x10, len(body))) + body)
+    s.sendall(connect_v4(cid))
     if s.recv(4)[:1] != b"\x20":
         raise RuntimeError("no CONNACK")
     return s
@@ -53,13 +54,11 @@ def _cpu_s(pid: int) -> float:
 
 def measure(port: int, pid: int, seconds: float, gap_ms: float) -> dict[str, float]:
     """One publisher and one subscriber; each QoS 0 message waits for the previous delivery."""
-    sub, pub = _connect(port, b"lone-sub"), _connect(port, b"lone-pub")
+    sub, pub = _connect(port, "lone-sub"), _connect(port, "lone-pub")
     try:
-        body = struct.pack(">H", 1) + struct.pack(">H", len(TOPIC)) + TOPIC + b"\x00"
-        sub.sendall(bytes((0x82, len(body))) + body)
+        sub.sendall(_packet(0x82, struct.pack(">H", 1) + _str(TOPIC) + b"\x00"))
         sub.recv(5)  # SUBACK
-        msg = bytes((0x30, 2 + len(TOPIC) + 32)) + struct.pack(">H", len(TOPIC)) + TOPIC
-        msg += b"x" * 32
+        msg = _packet(0x30, _str(TOPIC) + b"x" * 32)
         need, gap = len(msg), gap_ms / 1000
 
         def one() -> int:
