@@ -16,6 +16,7 @@ from setuptools.command.build_ext import build_ext
 SOURCES = {
     "store._speedups": "store/_speedups.pyx",
     "store._slots": "store/_slots.pyx",
+    "store._fsync": "store/_fsync.pyx",
     "mqtt_proxy.codec._cparser": "mqtt_proxy/codec/_cparser.pyx",
     "mqtt_proxy._cdelivery": "mqtt_proxy/_cdelivery.pyx",
     "lightqueue._cblocks": "lightqueue/_cblocks.pyx",

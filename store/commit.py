@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import os
 import queue
@@ -39,8 +40,10 @@ from store.config import StoreError
 from store.latency import LatencyHistogram
 from store.log import Log, fsync_dir
 from store.segment import LogSegment
+from store.speedups import load
 
 log = logging.getLogger("lightgate.store")
+_fsync = load("store._fsync")  # compiled fsync threads (SyncWorkers), None: Python threads
 
 
 class _Durable:
@@ -96,12 +99,23 @@ class SyncWorkers:
     future's state copied into an asyncio future by one callback, whose own callbacks then ran
     in the next iteration), and the loop of a busy gateway iterates every 1-2 ms: measured in a
     QoS 1 fan-in, 2.2 ms on average from an fsync's end to its callback, the largest part of
-    what a PUBACK waits for (bench/RESULTS.md, issue 20)."""
+    what a PUBACK waits for (bench/RESULTS.md, issue 20).
+
+    Compiled (`store._fsync.FsyncPool`, the default): pthreads that never take the GIL, whose
+    completions the loop reads from an eventfd and runs itself. Python threads needed the GIL
+    after every fsync, which on 2 cores cost the loop's thread ~1,000 forced switches a second
+    at 5k QoS 1 msg/s. The Python threads below are the fallback and the tests' fault injector
+    (they call `os.fdatasync` through this module)."""
 
     def __init__(self, n: int, name: str) -> None:
         self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._n, self._name = n, name
         self._threads: list[threading.Thread] = []  # started on the first job
+        self._pid = 0  # of the process that started them
+        self._pool = None if _fsync is None else _fsync.FsyncPool(n)
+        self._pending: dict[int, tuple[asyncio.AbstractEventLoop, Any]] = {}
+        self._next_id = 0
+        self._reader: asyncio.AbstractEventLoop | None = None  # the loop watching the eventfd
 
     def submit(
         self,
@@ -111,12 +125,46 @@ class SyncWorkers:
         done: Callable[[BaseException | None], None],
     ) -> None:
         """fsync `fds` (and `directory`), then `done(error or None)` on `loop`."""
+        pool = self._pool
+        if pool is not None:
+            if self._reader is not loop:
+                self._watch(loop)
+            self._next_id += 1
+            self._pending[self._next_id] = (loop, done)
+            pool.submit(self._next_id, fds, None if directory is None else os.fsencode(directory))
+            return
+        if self._threads and self._pid != os.getpid():  # a fork child has none of the threads
+            self._threads, self._jobs = [], queue.SimpleQueue()
         if not self._threads:
+            self._pid = os.getpid()
             for i in range(self._n):
                 t = threading.Thread(target=self._work, name=f"{self._name}-{i}", daemon=True)
                 t.start()
                 self._threads.append(t)
         self._jobs.put((loop, fds, directory, done))
+
+    def _watch(self, loop: asyncio.AbstractEventLoop) -> None:
+        assert self._pool is not None
+        old, self._reader = self._reader, loop
+        if old is not None and not old.is_closed():
+            old.remove_reader(self._pool.fileno())
+        loop.add_reader(self._pool.fileno(), self._completed)
+
+    def _completed(self) -> None:
+        """The eventfd is readable: run the callbacks of every finished job."""
+        assert self._pool is not None
+        pending, reader = self._pending, self._reader
+        for job_id, err in self._pool.take_done():
+            loop, done = pending.pop(job_id)
+            exc = None if not err else OSError(err, os.strerror(err))
+            if loop is not reader:  # submitted from a loop we no longer watch
+                with contextlib.suppress(RuntimeError):  # closed: nobody waits any more
+                    loop.call_soon_threadsafe(done, exc)
+                continue
+            try:
+                done(exc)
+            except Exception:
+                log.exception("fsync completion failed")
 
     def _work(self) -> None:
         jobs = self._jobs
@@ -136,6 +184,8 @@ class SyncWorkers:
                 pass
 
     def shutdown(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()  # finishes the queued jobs; their callbacks run if read later
         threads, self._threads = self._threads, []
         for _ in threads:
             self._jobs.put(None)

@@ -1,5 +1,6 @@
 """The compiled hot loops (`store/_speedups.pyx`, `mqtt_proxy/codec/_cparser.pyx`,
-`mqtt_proxy/_cdelivery.pyx`, `lightqueue/_cblocks.pyx`, `lightqueue/_cresolve.pyx`), if built.
+`mqtt_proxy/_cdelivery.pyx`, `lightqueue/_cblocks.pyx`, `lightqueue/_cresolve.pyx`) and fsync
+threads (`store/_fsync.pyx`), if built.
 
 setup.py compiles them with Cython at install time (`pip install -e .`); when that is not
 possible (no C compiler) install still succeeds and every caller uses its pure-Python twin, which
@@ -16,6 +17,7 @@ from types import ModuleType
 DISABLED = os.environ.get("LIGHTGATE_NO_EXTENSIONS", "") not in ("", "0")
 MODULES = (
     "store._speedups",
+    "store._fsync",
     "mqtt_proxy.codec._cparser",
     "mqtt_proxy._cdelivery",
     "lightqueue._cblocks",

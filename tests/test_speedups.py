@@ -108,14 +108,14 @@ def test_extensions_built_and_in_use() -> None:
 def test_env_var_forces_pure_python() -> None:
     code = (
         "import store.speedups as s, store.mqtt_batches as b, lightqueue.dispatcher as d, "
-        "mqtt_proxy.codec.parser as p; "
+        "mqtt_proxy.codec.parser as p, store.commit as sc; "
         "import store.mapping as m, lightqueue.resolver as r, lightqueue.queues as lq; "
         "import mqtt_proxy.cohorts as c, mqtt_proxy.queue_cache as q, mqtt_proxy.handlers as h; "
         "print(s.status(), b._build_records, d._index_batch is d._index_batch_py, p._cwalk, "
         "m.murmur2 is m.murmur2_py, r._decode_records is r._decode_records_py, "
         "c.qos0_run is c.qos0_run_py, q.fill_cache is q.fill_cache_py, "
         "q.CachedMsg.__base__ is q._CachedFields, lq._read_entries is lq.read_entries_py, "
-        "h._publish_messages is h.publish_messages_py); "
+        "h._publish_messages is h.publish_messages_py, sc._fsync); "
         "import lightqueue.index_batch as ib, lightqueue.keys as k; "
         "import mqtt_proxy.qos1_run as qr; "
         "print(ib._put_blocks is k.put_blocks_py, r._resolve_cached is r.resolve_cached_py, "
@@ -130,11 +130,13 @@ def test_env_var_forces_pure_python() -> None:
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == [
-        "{'store._speedups':", "False,", "'mqtt_proxy.codec._cparser':", "False,",
+        "{'store._speedups':", "False,", "'store._fsync':", "False,",
+        "'mqtt_proxy.codec._cparser':", "False,",
         "'mqtt_proxy._cdelivery':", "False,", "'lightqueue._cblocks':", "False,",
         "'lightqueue._cresolve':", "False}",
-        "None", "True", "None", "True", "True", "True", "True", "True", "True", "True", "True",
-        "True", "True", "True", "True", "True", "True", "True", "True", "None", "True", "True",
+        "None", "True", "None", "True", "True", "True", "True", "True", "True", "True", "None",
+        "True", "True", "True", "True", "True", "True", "True", "True", "True", "None", "True",
+        "True",
     ]  # fmt: skip
 
 

@@ -2,7 +2,9 @@
 told (their `durable` fails, nothing is acknowledged), the partition goes offline until restart
 (docs/storage.md, step 4), the gateway's other partitions carry on, and later syncs still
 complete through the same fsync workers. The failure is injected at the OS call, the only
-fault the disk can give us here."""
+fault the disk can give us here: through `os.fdatasync` for the Python fsync threads, and for
+the compiled ones (store/_fsync.pyx, which call fdatasync(2) themselves) by putting a pipe, which
+fdatasync refuses (EINVAL), in the segment's descriptor."""
 
 from __future__ import annotations
 
@@ -18,24 +20,44 @@ from kafka_helpers import make_batch
 
 import store.commit as commit
 from store import Store, StoreConfig, StoreError
+from store.speedups import DISABLED
 
 
+@pytest.fixture
+def python_fsync(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stores opened in this test fsync from Python threads (os.fdatasync can be patched)."""
+    monkeypatch.setattr(commit, "_fsync", None)
+
+
+@pytest.mark.parametrize("impl", ["python", "compiled"])
 async def test_failed_fsync_fails_its_waiters_and_takes_the_partition_offline(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, impl: str
 ) -> None:
+    if impl == "python":
+        monkeypatch.setattr(commit, "_fsync", None)
+    elif commit._fsync is None:
+        assert DISABLED, "store._fsync not built (pip install -e .)"
+        pytest.skip("LIGHTGATE_NO_EXTENSIONS is set: the Python fsync threads only")
     store = await Store.open(tmp_path / "data", StoreConfig(fsync="always"))
+    pipe: tuple[int, int] | None = None
     try:
+        assert (store._commit._io._pool is None) == (impl == "python")
         store.ensure_topic("t", 2)
         await asyncio.wait_for(store.append_batch("t", 0, make_batch([b"a"])).durable, 10)
         real = os.fdatasync
         bad = store._log("t", 0).segments[-1].fd  # partition 0's active segment
+        if impl == "python":
 
-        def fdatasync(fd: int) -> None:
-            if fd == bad:
-                raise OSError(errno.EIO, "Input/output error")
-            real(fd)
+            def fdatasync(fd: int) -> None:
+                if fd == bad:
+                    raise OSError(errno.EIO, "Input/output error")
+                real(fd)
 
-        monkeypatch.setattr(commit.os, "fdatasync", fdatasync)
+            monkeypatch.setattr(commit.os, "fdatasync", fdatasync)
+        else:
+            pipe = os.pipe()
+            saved = os.dup(bad)
+            os.dup2(pipe[1], bad)  # the next write goes to the pipe, the fdatasync fails
         failing = store.append_batch("t", 0, make_batch([b"b"]))
         healthy = store.append_batch("t", 1, make_batch([b"c"]))
         with pytest.raises(StoreError, match="fsync of t-0 failed"):
@@ -43,11 +65,18 @@ async def test_failed_fsync_fails_its_waiters_and_takes_the_partition_offline(
         await asyncio.wait_for(healthy.durable, 10)  # the other partition is not affected
         with pytest.raises(StoreError, match="offline"):
             store.append_batch("t", 0, make_batch([b"d"]))
-        monkeypatch.setattr(commit.os, "fdatasync", real)
+        if impl == "python":
+            monkeypatch.setattr(commit.os, "fdatasync", real)
+        else:
+            os.dup2(saved, bad)  # the segment's own file again, for close
+            os.close(saved)
         for i in range(20):  # the workers still serve later syncs
             await asyncio.wait_for(store.append_batch("t", 1, make_batch([b"%d" % i])).durable, 10)
     finally:
         await store.close()
+        if pipe is not None:
+            os.close(pipe[0])
+            os.close(pipe[1])
 
 
 def _hold_first_fsync(monkeypatch: pytest.MonkeyPatch, fd: int, fail: bool = False) -> Any:
@@ -99,7 +128,7 @@ async def _two_rounds(store: Store, monkeypatch: pytest.MonkeyPatch, fail: bool)
 
 
 async def test_overlapping_fsync_rounds_resolve_in_order(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, python_fsync: None
 ) -> None:
     """A second fsync of a partition starts while the first runs (its waiters need not wait for
     the first to end before theirs starts), but they are told only once every earlier round has
@@ -118,7 +147,7 @@ async def test_overlapping_fsync_rounds_resolve_in_order(
 
 
 async def test_a_failed_round_fails_the_later_rounds_that_ended_before_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, python_fsync: None
 ) -> None:
     store = await Store.open(tmp_path / "data", StoreConfig(fsync="always"))
     try:
@@ -134,7 +163,7 @@ async def test_a_failed_round_fails_the_later_rounds_that_ended_before_it(
 
 
 async def test_a_young_fsync_round_is_not_overlapped(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, python_fsync: None
 ) -> None:
     """Data written while the partition's fsync has run less than OVERLAP_AFTER_S waits for
     it and goes in the next round, started by its completion (a fast disk: no extra fsyncs)."""
