@@ -100,8 +100,8 @@ def aborted_check(store: object) -> Callable[[str, int, int, int], bool]:
     return _never if index is None else index.is_aborted  # type: ignore[no-any-return]
 
 
-# An inline append (Dispatcher.index_inline) of at most this many records that finds the
-# dispatch task idle is indexed inside the append listener: a lone message's latency.
+# An inline append (Dispatcher.write_inline) of at most this many records per partition that
+# finds the dispatch task idle is indexed right after the write: a lone message's latency.
 SYNC_RECORDS = 64
 # Inline rounds hold their WriteBatch back for the next ones to join, this long at most (written
 # by the first round after it, or by a timer at twice this): one LevelDB write per few messages
@@ -155,7 +155,8 @@ class Dispatcher:
         self._wake = asyncio.Event()
         self._more = False  # the last round stopped short of some partition's end
         self.idle = False  # the dispatch task waits for an append (on_append may index it)
-        self.index_inline = False  # set around an appender's write that wants it indexed now
+        self.index_inline = False  # inside `write_inline`: small appends are indexed after it
+        self._inline_due = False  # an append of that write asked for the round
         self._held: Any = None  # WriteBatch of inline rounds not written yet (HOLD_S)
         self._held_since = 0.0
         self._held_timer: asyncio.TimerHandle | None = None
@@ -190,10 +191,10 @@ class Dispatcher:
     def on_append(self, topic: str, partition: int, hwm: int) -> None:
         """Store append listener (event loop, right after the write).
 
-        While `index_inline` is set (the MQTT proxy's write of its tick's messages), a small
-        append finding the dispatcher idle is indexed and its entries pushed right here, in the
-        pass of the loop that wrote it: a message that arrives alone crossed the loop once more
-        for the task's wake-up (bench/RESULTS.md, issue 20). Other appends (Kafka produce: its
+        Inside `write_inline` (the MQTT proxy's write of its tick's messages), a small append
+        finding the dispatcher idle is indexed and its entries pushed in that call, in the pass
+        of the loop that wrote it: a message that arrives alone crossed the loop once more for
+        the task's wake-up (bench/RESULTS.md, issue 20). Other appends (Kafka produce: its
         response goes out before the round) and bigger ones wake the task, whose rounds yield
         to the loop between them."""
         if not is_system_topic(topic):
@@ -206,13 +207,32 @@ class Dispatcher:
                 and self.failed is None
                 and hwm - self.position(topic, partition) <= SYNC_RECORDS
             ):
-                try:
-                    self.dispatch_round(hold=True)
-                except BaseException:
-                    self._wake.set()  # the task sees `failed` and ends, as if its round failed
-                    raise
-                if not self._more:
-                    return
+                self._inline_due = True  # one round once the write has told every partition
+                return
+            self._wake.set()
+
+    def write_inline(self, write: Callable[[], None]) -> None:
+        """Run `write` (a store write ending a tick); then index its small appends in one round
+        for every partition it wrote (a round per partition cost a tick of 100 publishers
+        ~3 rounds and pumps: bench/RESULTS.md, issue 20). A failed round is logged; the task
+        sees `failed` and ends, as if its own round failed."""
+        self.index_inline = True
+        try:
+            write()
+        finally:
+            self.index_inline = False
+        if not self._inline_due:
+            return
+        self._inline_due = False
+        if not self.idle or self._wake.is_set() or self.failed is not None:
+            return  # a bigger append of the same write woke the task: it indexes them all
+        try:
+            self.dispatch_round(hold=True)
+        except Exception:
+            self._wake.set()
+            log.exception("inline dispatch round failed")
+            return
+        if self._more:
             self._wake.set()
 
     def behind(self) -> int:

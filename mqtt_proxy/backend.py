@@ -264,17 +264,12 @@ class LocalBackend(Backend):
 
     def write_now(self) -> None:
         """Write the tick's appends in this pass of the loop, and a small write's dispatch
-        round with it (Dispatcher.index_inline), so a lone message is indexed and delivered
-        in the pass that read it."""
+        round right after it (Dispatcher.write_inline), so a lone message is indexed and
+        delivered in the pass that read it."""
         write = self._write_now  # None: a cluster log writes on its own
         if write is None:
             return
-        d = self.queues.dispatcher
-        d.index_inline = True
-        try:
-            write()
-        finally:
-            d.index_inline = False
+        self.queues.dispatcher.write_inline(write)
 
     def skip_known_events(self, known: Callable[[str, int], bool]) -> None:
         """Rounds push their entries to this process's delivery before publishing events, so

@@ -252,8 +252,8 @@ async def test_a_batch_that_does_not_decode_is_skipped_not_fatal(tmp_path: Path)
 
 
 async def test_a_small_inline_write_is_indexed_inside_it(tmp_path: Path) -> None:
-    """`index_inline` (the MQTT proxy's write of its tick): a small append is indexed and
-    announced inside `write_now`, no loop pass later; other writes, and big ones, wake the
+    """`write_inline` (the MQTT proxy's write of its tick): a small append is indexed and
+    announced inside that call, no loop pass later; other writes, and big ones, wake the
     dispatch task instead; a backlog bigger than a round's budget is worked off by the task."""
     got: list[tuple[str, int]] = []
     store, lq = await open_all(tmp_path, sink=got.extend, dispatch_batch_records=100)
@@ -267,11 +267,7 @@ async def test_a_small_inline_write_is_indexed_inside_it(tmp_path: Path) -> None
 
     def inline_write(n: int) -> None:
         store.append_mqtt([msg("x/y")] * n)
-        d.index_inline = True
-        try:
-            store.write_now()
-        finally:
-            d.index_inline = False
+        d.write_inline(store.write_now)
 
     inline_write(1)
     assert got == [("x/y", 0)]  # indexed within the call
@@ -298,6 +294,31 @@ async def test_a_small_inline_write_is_indexed_inside_it(tmp_path: Path) -> None
     await store.close()
 
 
+async def test_an_inline_write_to_several_partitions_is_one_round(tmp_path: Path) -> None:
+    """A tick of many publishers writes several partitions: one round indexes them all (a round
+    per partition, as the append listener ran them, cost ~3 rounds and pumps per tick)."""
+    got: list[tuple[str, int]] = []
+    store, lq = await open_all(tmp_path, partitions=4, sink=got.extend)
+    await lq.start()
+    d = lq.dispatcher
+    for _ in range(100):
+        if d.idle:
+            break
+        await asyncio.sleep(0.01)
+    assert d.idle
+    topics = [f"p/{i}" for i in range(40)]
+    assert len({store._route(t)[1] for t in topics}) == 4  # every partition written
+    rounds: list[int] = []
+    real = d.dispatch_round
+    d.dispatch_round = lambda *a, **k: rounds.append(real(*a, **k)) or rounds[-1]  # type: ignore[method-assign]
+    store.append_mqtt([msg(t) for t in topics])
+    d.write_inline(store.write_now)
+    assert sorted(got) == sorted((t, 0) for t in topics)  # indexed within the call
+    assert len(rounds) == 1 and d.behind() == 0
+    await lq.close()
+    await store.close()
+
+
 async def test_inline_rounds_hold_their_batch_until_the_db_is_needed(tmp_path: Path) -> None:
     """Inline rounds (a lone message's) hold their WriteBatch back: entries are announced at
     once but reach LevelDB together, one block per queue and one checkpoint for all of them; any
@@ -314,11 +335,7 @@ async def test_inline_rounds_hold_their_batch_until_the_db_is_needed(tmp_path: P
 
     def inline_write(topic: str) -> None:
         store.append_mqtt([msg(topic)])
-        d.index_inline = True
-        try:
-            store.write_now()
-        finally:
-            d.index_inline = False
+        d.write_inline(store.write_now)
 
     def blocks(queue: str) -> list[bytes]:
         return [k for k, _ in qdb.raw.iterator(prefix=entry_prefix(qdb.queues[queue].qid))]
@@ -368,11 +385,7 @@ async def test_held_rounds_are_indexed_again_after_a_crash(tmp_path: Path) -> No
     d.catch_up()  # seq 0, written
     for i in range(1, 4):
         store.append_mqtt([msg(f"k/{i}")])
-        d.index_inline = True
-        try:
-            store.write_now()
-        finally:
-            d.index_inline = False
+        d.write_inline(store.write_now)
     assert lq.qdb.pending_write is not None  # seqs 1..3 only in memory
     d._held, d._held_queues, d._held_ckpts = None, {}, {}  # the crash: the held batch is gone
     lq.qdb.pending_write = None
