@@ -44,7 +44,6 @@ cdef extern from *:
         pthread_cond_t cv;
         lg_job *todo_head, *todo_tail, *done_head, *done_tail;
         int stop, nthreads, started, efd;
-        pid_t pid;  /* of the process that started the threads (a fork child has none) */
         pthread_t threads[LG_MAX_THREADS];
     } lg_pool;
 
@@ -105,7 +104,6 @@ cdef extern from *:
             if (pthread_create(&p->threads[i], NULL, lg_worker, p) != 0) return errno ? errno : EAGAIN;
             p->started++;
         }
-        p->pid = getpid();
         return 0;
     }
 
@@ -179,7 +177,6 @@ cdef extern from *:
     ctypedef struct lg_pool:
         int started
         int efd
-        int pid
 
     int lg_init(lg_pool *p, int n)
     int lg_start(lg_pool *p) nogil
@@ -188,7 +185,6 @@ cdef extern from *:
     void lg_stop(lg_pool *p) nogil
     void lg_free_list(lg_job *j)
     void lg_after_fork(lg_pool *p)
-    int getpid()
     int close(int fd)
 
 
@@ -210,13 +206,11 @@ cdef class FsyncPool:
 
     def submit(self, long long job_id, fds, directory) -> None:
         """fdatasync every fd of `fds`, then fsync `directory` (bytes path) unless None; stops
-        at the first error. The threads start on the first job (and again in a fork child)."""
+        at the first error. The threads start on the first job (and again after `forked`)."""
         cdef Py_ssize_t i, n = len(fds)
         cdef lg_job *j
         cdef Py_ssize_t dlen
         cdef int err
-        if self.pool.started and self.pool.pid != getpid():
-            lg_after_fork(&self.pool)
         if not self.pool.started:
             with nogil:
                 err = lg_start(&self.pool)
@@ -261,14 +255,19 @@ cdef class FsyncPool:
 
     def shutdown(self) -> None:
         """Finish the queued jobs and join the threads (a later submit starts them again)."""
-        if self.pool.started and self.pool.pid == getpid():
+        if self.pool.started:
             with nogil:
                 lg_stop(&self.pool)
+
+    def forked(self) -> None:
+        """In a fork child (os.register_at_fork): none of the threads came along; forget them
+        and the jobs, so the next submit starts threads of this process."""
+        lg_after_fork(&self.pool)
 
     def __dealloc__(self):
         if not self.ready:
             return
-        if self.pool.started and self.pool.pid == getpid():
+        if self.pool.started:
             with nogil:
                 lg_stop(&self.pool)
         lg_free_list(lg_take_done(&self.pool))

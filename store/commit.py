@@ -32,6 +32,7 @@ import logging
 import os
 import queue
 import threading
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -111,11 +112,19 @@ class SyncWorkers:
         self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._n, self._name = n, name
         self._threads: list[threading.Thread] = []  # started on the first job
-        self._pid = 0  # of the process that started them
         self._pool = None if _fsync is None else _fsync.FsyncPool(n)
         self._pending: dict[int, tuple[asyncio.AbstractEventLoop, Any]] = {}
         self._next_id = 0
         self._reader: asyncio.AbstractEventLoop | None = None  # the loop watching the eventfd
+        _all_workers.add(self)
+
+    def forked(self) -> None:
+        """In a fork child: no thread came along; the next job starts threads of its own."""
+        self._threads, self._jobs = [], queue.SimpleQueue()
+        self._pending.clear()
+        self._reader = None
+        if self._pool is not None:
+            self._pool.forked()
 
     def submit(
         self,
@@ -133,10 +142,7 @@ class SyncWorkers:
             self._pending[self._next_id] = (loop, done)
             pool.submit(self._next_id, fds, None if directory is None else os.fsencode(directory))
             return
-        if self._threads and self._pid != os.getpid():  # a fork child has none of the threads
-            self._threads, self._jobs = [], queue.SimpleQueue()
         if not self._threads:
-            self._pid = os.getpid()
             for i in range(self._n):
                 t = threading.Thread(target=self._work, name=f"{self._name}-{i}", daemon=True)
                 t.start()
@@ -191,6 +197,17 @@ class SyncWorkers:
             self._jobs.put(None)
         for t in threads:
             t.join()
+
+
+_all_workers: weakref.WeakSet[SyncWorkers] = weakref.WeakSet()
+
+
+def _forked() -> None:
+    for w in list(_all_workers):
+        w.forked()
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 class GroupCommit:
