@@ -211,6 +211,9 @@ cdef class FsyncPool:
         cdef lg_job *j
         cdef Py_ssize_t dlen
         cdef int err
+        cdef list ints = [int(fd) for fd in fds]  # any conversion error before the malloc
+        if directory is not None and not isinstance(directory, bytes):
+            raise TypeError("directory must be bytes or None")
         if not self.pool.started:
             with nogil:
                 err = lg_start(&self.pool)
@@ -227,7 +230,7 @@ cdef class FsyncPool:
         j.nfds = <int>n
         j.dir = NULL
         for i in range(n):
-            j.fds[i] = <int>fds[i]
+            j.fds[i] = <int>ints[i]
         if directory is not None:
             dlen = PyBytes_GET_SIZE(directory)
             j.dir = <char *>malloc(dlen + 1)

@@ -156,10 +156,10 @@ class SyncWorkers:
             old.remove_reader(self._pool.fileno())
         loop.add_reader(self._pool.fileno(), self._completed)
 
-    def _completed(self) -> None:
+    def _completed(self, reader: asyncio.AbstractEventLoop | None = None) -> None:
         """The eventfd is readable: run the callbacks of every finished job."""
         assert self._pool is not None
-        pending, reader = self._pending, self._reader
+        pending, reader = self._pending, reader or self._reader
         for job_id, err in self._pool.take_done():
             loop, done = pending.pop(job_id)
             exc = None if not err else OSError(err, os.strerror(err))
@@ -191,7 +191,12 @@ class SyncWorkers:
 
     def shutdown(self) -> None:
         if self._pool is not None:
-            self._pool.shutdown()  # finishes the queued jobs; their callbacks run if read later
+            self._pool.shutdown()  # finishes the queued jobs
+            reader, self._reader = self._reader, None
+            if reader is not None and not reader.is_closed():
+                reader.remove_reader(self._pool.fileno())  # the loop no longer keeps us alive
+                if self._pending:
+                    self._completed(reader)  # the jobs that finished since the last read
         threads, self._threads = self._threads, []
         for _ in threads:
             self._jobs.put(None)

@@ -53,6 +53,9 @@ async def test_every_job_completes_once_on_the_loop_thread(tmp_path: Path, worke
         assert [exc for exc, _ in results] == [None] * 300
         assert {tid for _, tid in results} == {threading.get_ident()}
         assert (await _sync(sw, fds, tmp_path))[0] is None  # and the directory
+        sw.shutdown()
+        if sw._pool is not None:  # the loop no longer watches the eventfd (nor keeps sw alive)
+            assert not asyncio.get_running_loop().remove_reader(sw._pool.fileno())
     finally:
         sw.shutdown()
         for fd in fds:
