@@ -29,7 +29,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from lightqueue import codec
-from lightqueue.dispatcher import aborted_check, is_system_topic, mqtt_topic_of
+from lightqueue.dispatch_rules import aborted_check, is_system_topic, mqtt_topic_of
 from lightqueue.index_batch import put_blocks, records_of
 from lightqueue.keys import P_FILTER, entry_head, pack_u64
 from lightqueue.topic_trie import topic_matches

@@ -40,9 +40,10 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from lightqueue.db import Queue, QueueDB
+from lightqueue.dispatch_rules import aborted_check, is_system_topic, mqtt_topic_of
 from lightqueue.index_batch import _index_batch, _index_batch_py, put_blocks
 from lightqueue.keys import (
     KIND_EXACT,
@@ -55,7 +56,7 @@ from lightqueue.topic_trie import FilterTrie
 from store import OffsetOutOfRangeError, UnknownTopicOrPartitionError
 from store.backend import FetchPending, LogBackend
 from store.latency import LatencyHistogram
-from store.mapping import PROBE_TOPIC, SYSTEM_TOPIC_PREFIX, mqtt_view
+from store.mapping import PROBE_TOPIC, mqtt_view
 from store.record_batch import (
     COMPRESSION_MASK,
     CONTROL_MASK,
@@ -65,39 +66,15 @@ from store.record_batch import (
     iter_batches,
 )
 
-if TYPE_CHECKING:
-    pass
-
 log = logging.getLogger("lightgate.lightqueue.dispatch")
 
-# SYSTEM_TOPIC_PREFIX, PROBE_TOPIC: store.mapping. The gateway's latency probes (lightgate/probe.py)
-# are the one system topic that is dispatched, into its exact-topic queues only (never a filter:
-# `#` and `+` subscribers do not see probes).
+# The gateway's latency probes (lightgate/probe.py) are the one system topic that is dispatched,
+# into its exact-topic queues only (never a filter: `#` and `+` subscribers do not see probes).
 _TARGET_CACHE_MAX = 200_000
 
 EventSink = Callable[[list[tuple[str, int]]], None]
 # (queue, first sequence, entries) for each watched queue that grew in a round
 WatchSink = Callable[[list[tuple[str, int, list[tuple[str, int, int]]]]], None]
-
-
-def is_system_topic(topic: str) -> bool:
-    """Not dispatched: `__lightgate*` log topics, except the probes' own."""
-    return topic.startswith(SYSTEM_TOPIC_PREFIX) and topic != PROBE_TOPIC
-
-
-def mqtt_topic_of(log_topic: str, key: bytes | None) -> str:
-    """The MQTT topic subscribers see for a record (INTERFACES.md topic mapping)."""
-    return mqtt_view(log_topic, key, []).topic
-
-
-def _never(topic: str, partition: int, producer_id: int, offset: int) -> bool:
-    return False
-
-
-def aborted_check(store: object) -> Callable[[str, int, int, int], bool]:
-    """`(topic, partition, producer id, offset) -> bool`: is that transactional batch aborted?"""
-    index = getattr(store, "txn_index", None)
-    return _never if index is None else index.is_aborted  # type: ignore[no-any-return]
 
 
 # An inline append (Dispatcher.write_inline) of at most this many records per partition that
@@ -109,19 +86,6 @@ SYNC_RECORDS = 64
 # msg/s; bench/RESULTS.md, issue 20). A crash loses at most that much of the index, which the
 # rounds after the restart rebuild from the checkpoint (theory above).
 HOLD_S = 0.005
-
-
-class NullBatch:
-    """A WriteBatch that writes nothing (rebuild's counting pass)."""
-
-    def put(self, key: bytes, value: bytes) -> None:
-        pass
-
-    def delete(self, key: bytes) -> None:
-        pass
-
-    def write(self) -> None:
-        pass
 
 
 class Dispatcher:
@@ -150,6 +114,10 @@ class Dispatcher:
         self.batch_records = batch_records
         self.read_bytes = read_bytes
         self.hwm: dict[tuple[str, int], int] = {}
+        # Partitions that may have records to index (an ordered set): a round looks at these
+        # only, not at every partition the store has. A round that catches one up takes it
+        # out; an append puts it back.
+        self._behind: dict[tuple[str, int], None] = {}
         self._targets: dict[str, dict[bytes | None, tuple[Queue, ...]]] = {}
         self._stamp = 0
         self._wake = asyncio.Event()
@@ -187,6 +155,7 @@ class Dispatcher:
                 continue
             for p in range(n):
                 self.hwm[(topic, p)] = self.store.high_watermark(topic, p)
+                self._behind[(topic, p)] = None
 
     def on_append(self, topic: str, partition: int, hwm: int) -> None:
         """Store append listener (event loop, right after the write).
@@ -199,6 +168,7 @@ class Dispatcher:
         to the loop between them."""
         if not is_system_topic(topic):
             self.hwm[(topic, partition)] = hwm
+            self._behind[(topic, partition)] = None
             # idle and not woken: every other partition is caught up, so the round is small.
             if (
                 self.index_inline
@@ -250,6 +220,7 @@ class Dispatcher:
         """A deleted log topic: nothing left to index there (checkpoints: `QueueDB.forget_topic`)."""
         for tp in [tp for tp in self.hwm if tp[0] == topic]:
             del self.hwm[tp]
+            self._behind.pop(tp, None)
         self._targets.clear()
 
     def invalidate(self) -> None:
@@ -307,13 +278,27 @@ class Dispatcher:
         ckpts = qdb.checkpoints
         work = []
         position = self.position
-        for tp, h in self.hwm.items():
-            end = h if limit is None else min(h, limit.get(tp, 0))
-            c = position(*tp)
-            if c < end:
-                end = min(end, self._stable(tp))
-                if c < end:
+        if limit is None:
+            # Only the partitions appended to since they were last caught up: a store with
+            # 256 partitions made a lone message's round 4-6x dearer (bench/RESULTS.md, issue 20).
+            behind, hwm = self._behind, self.hwm
+            for tp in list(behind):
+                h = hwm.get(tp)
+                c = 0 if h is None else position(*tp)
+                if h is None or c >= h:
+                    del behind[tp]
+                    continue
+                end = min(h, self._stable(tp))
+                if c < end:  # else an open transaction holds it back: it stays
                     work.append((tp, end, c))
+        else:
+            for tp, h in self.hwm.items():
+                end = min(h, limit.get(tp, 0))
+                c = position(*tp)
+                if c < end:
+                    end = min(end, self._stable(tp))
+                    if c < end:
+                        work.append((tp, end, c))
         if not work:
             self._more = False
             return 0
@@ -378,8 +363,11 @@ class Dispatcher:
             self._put_checkpoints(wb, advanced)
             if own_wb:
                 self._write(wb)
+        hwm, behind = self.hwm, self._behind
         for t, p, c in advanced:
             ckpts[(t, p)] = c
+            if c >= hwm.get((t, p), 0):
+                behind.pop((t, p), None)  # caught up: the next round need not look
         self._more = more
         if advanced and own_wb:
             self.round_latency.observe(time.perf_counter() - t0)

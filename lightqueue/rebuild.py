@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from lightqueue import codec
 from lightqueue.db import LIGHTQUEUE_DIR, Queue, QueueDB
-from lightqueue.dispatcher import Dispatcher, NullBatch
+from lightqueue.dispatcher import Dispatcher
 from lightqueue.keys import (
     KIND_DROPPED,
     P_FILTER,
@@ -56,6 +56,19 @@ log = logging.getLogger("lightgate.lightqueue.rebuild")
 REBUILD_DIR = LIGHTQUEUE_DIR + ".rebuild"
 OLD_DIR = LIGHTQUEUE_DIR + ".old"
 COMPLETE_MARKER = "REBUILT"
+
+
+class NullBatch:
+    """A WriteBatch that writes nothing (the counting pass)."""
+
+    def put(self, key: bytes, value: bytes) -> None:
+        pass
+
+    def delete(self, key: bytes) -> None:
+        pass
+
+    def write(self) -> None:
+        pass
 
 
 class RebuildProgress(NamedTuple):

@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from lightqueue.dispatcher import mqtt_topic_of
+from lightqueue.dispatch_rules import mqtt_topic_of
 from lightqueue.model import Position, StoredMessage
 from store import OffsetOutOfRangeError, UnknownTopicOrPartitionError
 from store.backend import FetchPending, LogBackend

@@ -22,7 +22,7 @@ import pytest
 from lightqueue_crash_child import BATCH_RECORDS, FILTERS, PARTITIONS
 from lightqueue_helpers import open_all, queue_dump, raw_dump
 
-from lightqueue.dispatcher import mqtt_topic_of
+from lightqueue.dispatch_rules import mqtt_topic_of
 from lightqueue.keys import KIND_EXACT
 from lightqueue.rebuild import rebuild_queues
 from lightqueue.topic_trie import topic_matches
