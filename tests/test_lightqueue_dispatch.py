@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from lightqueue_helpers import flushed, msg, open_all
 
-from lightqueue.dispatcher import HOLD_S, SYNC_RECORDS
+from lightqueue.dispatcher import HOLD_S, SYNC_RECORDS, Dispatcher
 from lightqueue.keys import checkpoint_key, entry_prefix
 from lightqueue.topic_trie import topic_matches
 from notify import InProcessNotifier
@@ -251,6 +251,15 @@ async def test_a_batch_that_does_not_decode_is_skipped_not_fatal(tmp_path: Path)
     await store.close()
 
 
+async def _idle(d: Dispatcher) -> None:
+    """Until the dispatch task waits for the next append (its start-up rounds are over)."""
+    for _ in range(100):
+        if d.idle:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the dispatch task never went idle")
+
+
 async def test_a_small_inline_write_is_indexed_inside_it(tmp_path: Path) -> None:
     """`write_inline` (the MQTT proxy's write of its tick): a small append is indexed and
     announced inside that call, no loop pass later; other writes, and big ones, wake the
@@ -259,11 +268,7 @@ async def test_a_small_inline_write_is_indexed_inside_it(tmp_path: Path) -> None
     store, lq = await open_all(tmp_path, sink=got.extend, dispatch_batch_records=100)
     await lq.start()
     d = lq.dispatcher
-    for _ in range(100):
-        if d.idle:
-            break
-        await asyncio.sleep(0.01)
-    assert d.idle  # the start-up round is over, the task waits
+    await _idle(d)  # the start-up round is over, the task waits
 
     def inline_write(n: int) -> None:
         store.append_mqtt([msg("x/y")] * n)
@@ -301,11 +306,7 @@ async def test_an_inline_write_to_several_partitions_is_one_round(tmp_path: Path
     store, lq = await open_all(tmp_path, partitions=4, sink=got.extend)
     await lq.start()
     d = lq.dispatcher
-    for _ in range(100):
-        if d.idle:
-            break
-        await asyncio.sleep(0.01)
-    assert d.idle
+    await _idle(d)
     topics = [f"p/{i}" for i in range(40)]
     assert len({store._route(t)[1] for t in topics}) == 4  # every partition written
     rounds: list[int] = []
@@ -363,11 +364,7 @@ async def test_inline_rounds_hold_their_batch_until_the_db_is_needed(tmp_path: P
     store, lq = await open_all(tmp_path, sink=got.extend)
     await lq.start()
     d, qdb = lq.dispatcher, lq.qdb
-    for _ in range(100):
-        if d.idle:
-            break
-        await asyncio.sleep(0.01)
-    assert d.idle
+    await _idle(d)
 
     def inline_write(topic: str) -> None:
         store.append_mqtt([msg(topic)])
