@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import random
 from pathlib import Path
+from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from lightqueue_helpers import flushed, msg, open_all
@@ -295,6 +297,39 @@ async def test_a_small_inline_write_is_indexed_inside_it(tmp_path: Path) -> None
     inline_write(1000)  # four rounds (256 records each at least): the task goes on
     await indexed(SYNC_RECORDS + 1002)
     assert d.behind() == 0 and len(got) >= 4
+    await lq.close()
+    await store.close()
+
+
+async def test_a_failed_inline_round_leaves_the_write_alone_and_the_task_retries(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The inline round runs inside the MQTT proxy's write of its tick: its failure is logged
+    and handed to the dispatch task (woken), never raised into the write, which has already
+    happened; a transient failure costs only the inline shortcut."""
+    got: list[tuple[str, int]] = []
+    store, lq = await open_all(tmp_path, sink=got.extend)
+    await lq.start()
+    d = lq.dispatcher
+    await _idle(d)
+    real = d._index
+    calls = [0]
+
+    def failing_once(*a: Any) -> Any:
+        calls[0] += 1
+        if calls[0] == 1:
+            raise RuntimeError("injected")
+        return real(*a)
+
+    d._index = failing_once  # type: ignore[method-assign]
+    store.append_mqtt([msg("f/1")])
+    d.write_inline(store.write_now)  # does not raise
+    assert "inline dispatch round failed" in caplog.text and got == []
+    for _ in range(200):
+        if got:
+            break
+        await asyncio.sleep(0.01)
+    assert got == [("f/1", 0)] and calls[0] == 2 and lq.dispatch_running
     await lq.close()
     await store.close()
 
