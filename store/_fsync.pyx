@@ -101,7 +101,8 @@ cdef extern from *:
         p->started = 0;
         p->stop = 0;
         for (int i = 0; i < p->nthreads; i++) {
-            if (pthread_create(&p->threads[i], NULL, lg_worker, p) != 0) return errno ? errno : EAGAIN;
+            int rc = pthread_create(&p->threads[i], NULL, lg_worker, p);  /* returns the error */
+            if (rc != 0) return rc;
             p->started++;
         }
         return 0;
