@@ -278,27 +278,21 @@ class Dispatcher:
         ckpts = qdb.checkpoints
         work = []
         position = self.position
-        if limit is None:
-            # Only the partitions appended to since they were last caught up: a store with
-            # 256 partitions made a lone message's round 4-6x dearer (bench/RESULTS.md, issue 20).
-            behind, hwm = self._behind, self.hwm
-            for tp in list(behind):
-                h = hwm.get(tp)
-                c = 0 if h is None else position(*tp)
-                if h is None or c >= h:
-                    del behind[tp]
-                    continue
-                end = min(h, self._stable(tp))
-                if c < end:  # else an open transaction holds it back: it stays
-                    work.append((tp, end, c))
-        else:
-            for tp, h in self.hwm.items():
-                end = min(h, limit.get(tp, 0))
-                c = position(*tp)
+        behind, hwm = self._behind, self.hwm
+        # Only the partitions appended to since they were last caught up (rebuild's limited
+        # rounds look at all): a store with 256 partitions made a lone message's round 4-6x
+        # dearer (bench/RESULTS.md, issue 20).
+        for tp in list(behind if limit is None else hwm):
+            h = hwm.get(tp)
+            c = 0 if h is None else position(*tp)
+            if h is None or c >= h:
+                behind.pop(tp, None)
+                continue
+            end = h if limit is None else min(h, limit.get(tp, 0))
+            if c < end:
+                end = min(end, self._stable(tp))  # an open transaction holds the rest back
                 if c < end:
-                    end = min(end, self._stable(tp))
-                    if c < end:
-                        work.append((tp, end, c))
+                    work.append((tp, end, c))
         if not work:
             self._more = False
             return 0
@@ -363,7 +357,6 @@ class Dispatcher:
             self._put_checkpoints(wb, advanced)
             if own_wb:
                 self._write(wb)
-        hwm, behind = self.hwm, self._behind
         for t, p, c in advanced:
             ckpts[(t, p)] = c
             if c >= hwm.get((t, p), 0):
