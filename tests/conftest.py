@@ -123,6 +123,20 @@ def speedups_impl(request: pytest.FixtureRequest) -> Iterator[str | None]:
         yield impl
 
 
+@pytest.fixture(params=["compiled", "python"])
+def fsync_impl(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Group commit's fsync threads for stores opened in the test: "compiled"
+    (store/_fsync.pyx) or "python" (store.commit.SyncWorkers' threads, which call os.fdatasync
+    through store.commit: the fault injector)."""
+    import store.commit as commit
+
+    if request.param == "python":
+        monkeypatch.setattr(commit, "_fsync", None)
+    else:
+        require_extensions()
+    return str(request.param)
+
+
 def require_extensions() -> None:
     """The compiled modules must be in use unless this machine cannot build them (no C
     compiler) or they are turned off: a build that silently fell back to Python fails here."""

@@ -20,7 +20,6 @@ from kafka_helpers import make_batch
 
 import store.commit as commit
 from store import Store, StoreConfig, StoreError
-from store.speedups import DISABLED
 
 
 @pytest.fixture
@@ -29,24 +28,18 @@ def python_fsync(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(commit, "_fsync", None)
 
 
-@pytest.mark.parametrize("impl", ["python", "compiled"])
 async def test_failed_fsync_fails_its_waiters_and_takes_the_partition_offline(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, impl: str
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fsync_impl: str
 ) -> None:
-    if impl == "python":
-        monkeypatch.setattr(commit, "_fsync", None)
-    elif commit._fsync is None:
-        assert DISABLED, "store._fsync not built (pip install -e .)"
-        pytest.skip("LIGHTGATE_NO_EXTENSIONS is set: the Python fsync threads only")
     store = await Store.open(tmp_path / "data", StoreConfig(fsync="always"))
     pipe: tuple[int, int] | None = None
     try:
-        assert (store._commit._io._pool is None) == (impl == "python")
+        assert (store._commit._io._pool is None) == (fsync_impl == "python")
         store.ensure_topic("t", 2)
         await asyncio.wait_for(store.append_batch("t", 0, make_batch([b"a"])).durable, 10)
         real = os.fdatasync
         bad = store._log("t", 0).segments[-1].fd  # partition 0's active segment
-        if impl == "python":
+        if fsync_impl == "python":
 
             def fdatasync(fd: int) -> None:
                 if fd == bad:
@@ -65,7 +58,7 @@ async def test_failed_fsync_fails_its_waiters_and_takes_the_partition_offline(
         await asyncio.wait_for(healthy.durable, 10)  # the other partition is not affected
         with pytest.raises(StoreError, match="offline"):
             store.append_batch("t", 0, make_batch([b"d"]))
-        if impl == "python":
+        if fsync_impl == "python":
             monkeypatch.setattr(commit.os, "fdatasync", real)
         else:
             os.dup2(saved, bad)  # the segment's own file again, for close

@@ -9,23 +9,9 @@ import asyncio
 import errno
 import os
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 import store.commit as commit
-from store.speedups import DISABLED
-
-
-@pytest.fixture(params=["compiled", "python"])
-def workers(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    if request.param == "python":
-        monkeypatch.setattr(commit, "_fsync", None)
-    elif commit._fsync is None:
-        assert DISABLED, "store._fsync not built (pip install -e .)"
-        pytest.skip("LIGHTGATE_NO_EXTENSIONS is set: the Python fsync threads only")
-    yield request.param
 
 
 async def _sync(
@@ -44,11 +30,11 @@ def _file(tmp_path: Path, name: str = "f") -> int:
     return fd
 
 
-async def test_every_job_completes_once_on_the_loop_thread(tmp_path: Path, workers: str) -> None:
+async def test_every_job_completes_once_on_the_loop_thread(tmp_path: Path, fsync_impl: str) -> None:
     sw = commit.SyncWorkers(4, "t")
     fds = [_file(tmp_path, f"f{i}") for i in range(3)]
     try:
-        assert (sw._pool is None) == (workers == "python")
+        assert (sw._pool is None) == (fsync_impl == "python")
         results = await asyncio.gather(*(_sync(sw, fds[: 1 + i % 3]) for i in range(300)))
         assert [exc for exc, _ in results] == [None] * 300
         assert {tid for _, tid in results} == {threading.get_ident()}
@@ -62,7 +48,7 @@ async def test_every_job_completes_once_on_the_loop_thread(tmp_path: Path, worke
             os.close(fd)
 
 
-async def test_the_os_error_of_a_job_is_its_completion(tmp_path: Path, workers: str) -> None:
+async def test_the_os_error_of_a_job_is_its_completion(tmp_path: Path, fsync_impl: str) -> None:
     sw = commit.SyncWorkers(2, "t")
     fd = _file(tmp_path)
     r, w = os.pipe()
@@ -82,7 +68,7 @@ async def test_the_os_error_of_a_job_is_its_completion(tmp_path: Path, workers: 
             os.close(x)
 
 
-def test_jobs_after_a_shutdown_and_on_a_new_loop_complete(tmp_path: Path, workers: str) -> None:
+def test_jobs_after_a_shutdown_and_on_a_new_loop_complete(tmp_path: Path, fsync_impl: str) -> None:
     """A store's workers outlive one event loop (tools and tests run several asyncio.run)."""
     sw = commit.SyncWorkers(2, "t")
     fd = _file(tmp_path)
@@ -96,7 +82,7 @@ def test_jobs_after_a_shutdown_and_on_a_new_loop_complete(tmp_path: Path, worker
         os.close(fd)
 
 
-def test_a_forked_child_gets_threads_of_its_own(tmp_path: Path, workers: str) -> None:
+def test_a_forked_child_gets_threads_of_its_own(tmp_path: Path, fsync_impl: str) -> None:
     sw = commit.SyncWorkers(2, "t")
     fd = _file(tmp_path)
     try:
