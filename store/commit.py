@@ -329,7 +329,7 @@ class GroupCommit:
         return loop.time() - self._rounds[lg][-1].started >= OVERLAP_AFTER_S
 
     def start_sync(self, lg: Log) -> None:
-        segs = [s for s in lg.segments if s.dirty]
+        segs = lg.unsynced()
         for s in segs:
             s.dirty = False
             s.sync_pending += 1

@@ -131,6 +131,25 @@ class Log:
     def size_bytes(self) -> int:
         return sum(s.size for s in self.segments)
 
+    def unsynced(self) -> list[LogSegment]:
+        """Segments written since their last fsync, oldest first, without looking at the rest.
+
+        They are the end of the list: only the active segment takes writes and segments leave
+        from the front. The case to allow for: an empty active segment rolled after a dirty one
+        that stayed (`delete_records_below` keeps a segment with an fsync in flight). Looking at
+        every segment cost each fsync round 13 us per 1,000 segments (bench/RESULTS.md)."""
+        segs = self.segments
+        last = len(segs) - 1
+        out: list[LogSegment] = []
+        for i in range(last, -1, -1):
+            s = segs[i]
+            if s.dirty:
+                out.append(s)
+            elif out or i < last:
+                break
+        out.reverse()
+        return out
+
     # --- recovery (worker thread, before use) -------------------------------------------------
 
     def load(self, clean: bool, progress: Callable[[int], None] | None = None) -> int:

@@ -189,3 +189,38 @@ async def test_reader_thread_during_appends(tmp_path: Path) -> None:
     assert not errors
     assert sr.high_watermark(tmp_path, "t", 0) == store.high_watermark("t", 0) == 1500
     await store.close()
+
+
+async def test_an_fsync_round_takes_the_segments_written_since_the_last(tmp_path: Path) -> None:
+    # Log.unsynced looks only at the end of the segment list; it must find what a scan of
+    # every segment finds, through rolls, rounds and DeleteRecords.
+    cfg = StoreConfig(default_partitions=1, segment_bytes=400, fsync="never")
+    store = await Store.open(tmp_path, cfg)
+    now = int(time.time() * 1000)
+    await fill(store, "t", [now] * 12)
+    lg = store._log("t", 0)
+
+    def scan() -> list[object]:
+        return [s for s in lg.segments if s.dirty]
+
+    assert len(lg.segments) >= 4 and lg.unsynced() == scan() == lg.segments
+    store._commit.start_sync(lg)
+    await store._commit.drain()
+    assert lg.unsynced() == scan() == []
+    await fill(store, "t", [now])
+    assert lg.unsynced() == scan() == [lg.active]
+    n = len(lg.segments)
+    while len(lg.segments) == n:  # until the log rolls: the old active and the new one
+        await fill(store, "t", [now])
+    assert lg.unsynced() == scan() == lg.segments[-2:]
+    assert await store.delete_records("t", 0, -1) == lg.hwm  # rolls; the dirty ones go
+    assert lg.unsynced() == scan() == []
+    await fill(store, "t", [now])
+    # An fsync of the active segment in flight: DeleteRecords keeps it, behind a new empty one.
+    lg.active.sync_pending += 1
+    kept = lg.active
+    assert lg.delete_records_below(lg.hwm) == []
+    assert lg.segments[-2] is kept and not lg.active.size
+    assert lg.unsynced() == scan() == [kept]
+    kept.sync_pending -= 1
+    await store.close()
