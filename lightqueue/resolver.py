@@ -42,6 +42,7 @@ _QOS = {b"0": 0, b"1": 1, b"2": 2}
 
 _MIN_READ = 4 << 10
 _MAX_READ = 1 << 20
+_NO_END = (1 << 63) - 1
 
 
 class Resolver:
@@ -107,11 +108,11 @@ class Resolver:
         while i < n:
             o = offs[i]
             data = self._read_run(t, p, offs, i, 256)
-            recs = _records_of(data) if data else []
+            recs = _records_of(data, o, offs[-1]) if data else []
             if not recs or recs[-1][0] < o:
                 i += 1  # `o` is gone (retention, lost tail): resolves to None
                 continue
-            self._avg[(t, p)] = max(16.0, len(data) / len(recs))
+            self._avg[(t, p)] = max(16.0, len(data) / _span(data))
             if out and recs[0][0] <= out[-1][0]:  # the batch holding `o` was read before
                 recs = [r for r in recs if r[0] > out[-1][0]]
             out.extend(recs)
@@ -185,35 +186,56 @@ def _cold(entries: list[Position | None], cache: dict[tuple[str, int, int], Any]
     return first is not None and first not in cache and last not in cache
 
 
-def _records_of(data: bytes) -> list[RecordTuple]:
-    """The records of the batches in `data`, in offset order (control batches skipped)."""
+def _records_of(data: bytes, lo: int = -1, hi: int = _NO_END) -> list[RecordTuple]:
+    """The records of the batches in `data` with offsets in [lo, hi], in offset order (control
+    batches skipped)."""
     out: list[RecordTuple] = []
     for pos, size in iter_batches(data):
         h = HEADER.unpack_from(data, pos)
         attrs = h[5]
-        if attrs & CONTROL_MASK:
+        if attrs & CONTROL_MASK or h[0] + h[6] < lo:
             continue
+        if h[0] > hi:
+            break
         lat = h[8] if attrs & TIMESTAMP_TYPE_MASK else -1  # LogAppendTime: max timestamp
         if attrs & COMPRESSION_MASK:
-            out += _decode_records_py(data, pos, size, lat)
+            out += _decode_records_py(data, pos, size, lat, lo, hi)
         else:
-            out += _decode_records(data, pos, size, lat)
+            out += _decode_records(data, pos, size, lat, lo, hi)
     return out
+
+
+def _span(data: bytes) -> int:
+    """Offsets the batches in `data` cover (records, but for gaps compaction left)."""
+    first = last = -1
+    for pos, _ in iter_batches(data):
+        h = HEADER.unpack_from(data, pos)
+        if first < 0:
+            first = h[0]
+        last = h[0] + h[6]
+    return max(1, last - first + 1)
 
 
 # (offset, key, value, timestamp, qos, client id, headers): see store._speedups.decode_records
 RecordTuple = tuple[int, bytes | None, bytes | None, int, int, bytes | None, list[Any] | None]
 
 
-def _decode_records_py(data: Any, pos: int, size: int, lat: int) -> list[RecordTuple]:
-    """The records of the batch at `data[pos:pos+size]` (any compression), as the compiled
-    `store._speedups.decode_records` returns them for an uncompressed one."""
+def _decode_records_py(
+    data: Any, pos: int, size: int, lat: int, lo: int = -1, hi: int = _NO_END
+) -> list[RecordTuple]:
+    """The records of the batch at `data[pos:pos+size]` (any compression) with offsets in
+    [lo, hi], as the compiled `store._speedups.decode_records` returns them for an uncompressed
+    one."""
     if not HEADER.unpack_from(data, pos)[5] & COMPRESSION_MASK and _CReader is not None:
         recs: Any = _CReader(bytes(data[pos : pos + size]))
     else:
         recs = iter_records(memoryview(data)[pos : pos + size])
     out: list[RecordTuple] = []
     for r in recs:
+        if r.offset < lo:
+            continue
+        if r.offset > hi:
+            break
         hs = r.headers
         ts = lat if lat >= 0 else r.timestamp
         if len(hs) == 2 and hs[0][0] == H_QOS and hs[1][0] == H_CLIENT_ID:

@@ -495,12 +495,15 @@ cdef inline object _field(const uint8_t* b, Py_ssize_t* q, Py_ssize_t end):
     return out
 
 
-def decode_records(const uint8_t[::1] data, Py_ssize_t pos, Py_ssize_t size, int64_t lat):
-    """The records of the uncompressed batch at `data[pos:pos+size]`, as tuples
-    (offset, key, value, timestamp, qos, client id, headers): a record with exactly the two
-    headers of a plain MQTT PUBLISH (mqtt.qos "0"-"2", mqtt.client_id not null) has its QoS and
-    client id bytes and headers None; any other has qos -1, client id None and its headers as
-    [(name str, value bytes | None)]. `lat` >= 0 (LogAppendTime) is every record's timestamp.
+def decode_records(const uint8_t[::1] data, Py_ssize_t pos, Py_ssize_t size, int64_t lat,
+                   int64_t lo=-1, int64_t hi=0x7FFFFFFFFFFFFFFF):
+    """The records of the uncompressed batch at `data[pos:pos+size]` with offsets in [lo, hi],
+    as tuples (offset, key, value, timestamp, qos, client id, headers): a record with exactly
+    the two headers of a plain MQTT PUBLISH (mqtt.qos "0"-"2", mqtt.client_id not null) has its
+    QoS and client id bytes and headers None; any other has qos -1, client id None and its
+    headers as [(name str, value bytes | None)]. `lat` >= 0 (LogAppendTime) is every record's
+    timestamp. Records before `lo` are stepped over by their length, none after `hi` is read: a
+    reader far behind wants a few hundred records of a batch of thousands (bench/RESULTS.md).
     Raises ValueError for records that do not parse; nothing is returned then."""
     cdef const uint8_t* b = &data[0]
     cdef Py_ssize_t bend = pos + size, q0 = pos + HEADER_SIZE, rec_end, hq
@@ -521,6 +524,11 @@ def decode_records(const uint8_t[::1] data, Py_ssize_t pos, Py_ssize_t size, int
         q0 += 1  # attributes
         ts = _vget(b, &q0, rec_end)
         off = base + _vget(b, &q0, rec_end)
+        if off < lo:
+            q0 = rec_end
+            continue
+        if off > hi:
+            break
         key = _field(b, &q0, rec_end)
         value = _field(b, &q0, rec_end)
         nh = _vget(b, &q0, rec_end)

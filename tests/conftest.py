@@ -120,6 +120,7 @@ def speedups_impl(request: pytest.FixtureRequest) -> Iterator[str | None]:
         mp.setattr(resolver, "_resolve_cached", resolver.resolve_cached_py)
         mp.setattr(resolver, "_cache_records", resolver.cache_records_py)
         mp.setattr(resolver, "_evict", resolver.evict_py)
+        mp.setattr(resolver, "_decode_records", resolver._decode_records_py)
         yield impl
 
 

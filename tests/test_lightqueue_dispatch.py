@@ -16,6 +16,7 @@ from lightqueue.dispatcher import HOLD_S, SYNC_RECORDS, Dispatcher
 from lightqueue.keys import checkpoint_key, entry_prefix
 from lightqueue.topic_trie import topic_matches
 from notify import InProcessNotifier
+from store.record_batch import iter_batches
 
 
 async def test_exact_and_filter_queues(tmp_path: Path) -> None:
@@ -226,6 +227,27 @@ async def test_resolve_equals_mqtt_view_and_batches_reads(tmp_path: Path) -> Non
 
 
 NOW_MS = 1_764_000_000_000
+
+
+async def test_a_reader_far_behind_gets_exactly_its_window_of_a_big_batch(tmp_path: Path) -> None:
+    """A cold read of a queue's window (a reader far behind: nothing decoded here yet) decodes
+    only the offsets of that window from a batch of thousands, and gets exactly its messages,
+    also where another topic's records sit between them in the same partition."""
+    store, lq = await open_all(tmp_path)
+    await lq.start()
+    store.append_mqtt([msg(f"w/{'ab'[i % 2]}", b"%d" % i) for i in range(3000)])  # one batch
+    await flushed(store)
+    lq.dispatcher.catch_up()
+    assert len(list(iter_batches(store.read("w", 0, 0, 1 << 22)))) == 1
+    for queue, first, n in (("w/a", 500, 256), ("w/b", 0, 1), ("w/b", 1490, 100)):
+        lq.resolver.clear()
+        got = lq.resolve(lq.read(queue, first, n).entries)
+        parity = "ab".index(queue[-1])
+        want = [b"%d" % (2 * s + parity) for s in range(first, min(first + n, 1500))]
+        assert [m.payload for m in got if m is not None] == want
+        assert all(m is not None and m.topic == queue for m in got)
+    await lq.close()
+    await store.close()
 
 
 async def test_a_batch_that_does_not_decode_is_skipped_not_fatal(tmp_path: Path) -> None:

@@ -183,6 +183,26 @@ def test_decode_records_same_tuples(records: list[Any], base: int, lat: int, pad
         assert (r[4] >= 0) == plain and (r[6] is None) == plain
 
 
+@SETTINGS
+@given(
+    st.lists(_record, min_size=1, max_size=30),
+    st.integers(0, 2**40),
+    st.integers(-3, 33),
+    st.integers(-3, 33),
+)
+def test_decode_records_range(records: list[Any], base: int, lo: int, hi: int) -> None:
+    """With [lo, hi] both readers give exactly the records of the whole batch in that range (a
+    reader far behind asks for a few hundred records of a batch of thousands)."""
+    sp, _ = compiled()
+    from lightqueue.resolver import _decode_records_py
+
+    batch = bytes(build_batch(records, base))
+    whole = sp.decode_records(batch, 0, len(batch), -1)
+    want = [r for r in whole if base + lo <= r[0] <= base + hi]
+    assert sp.decode_records(batch, 0, len(batch), -1, base + lo, base + hi) == want
+    assert _decode_records_py(batch, 0, len(batch), -1, base + lo, base + hi) == want
+
+
 _entry = st.one_of(
     st.none(),  # a void entry
     st.tuples(st.integers(0, 2**20), st.integers(0, 2**31 - 1), st.integers(0, 2**63 - 1)),
