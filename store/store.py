@@ -297,7 +297,7 @@ class Store(TopicAdmin, TransactionalReads):
         return r
 
     def append_mqtt(self, messages: Sequence[MqttMessage], sync: bool = True) -> AppendResult:
-        """Store MQTT messages: one batch per partition (cut at ~1 MiB); offsets in input order.
+        """Store MQTT messages: one batch per partition (cut at ~64 KiB); offsets in input order.
 
         `sync=False` when no caller will wait for durability (QoS 0 only): no fsync of its own.
 
