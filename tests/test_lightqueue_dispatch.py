@@ -230,15 +230,15 @@ NOW_MS = 1_764_000_000_000
 
 
 async def test_a_reader_far_behind_gets_exactly_its_window_of_a_big_batch(tmp_path: Path) -> None:
-    """A cold read of a queue's window (a reader far behind: nothing decoded here yet) decodes
-    only the offsets of that window from a batch of thousands, and gets exactly its messages,
-    also where another topic's records sit between them in the same partition."""
+    """A cold read of a queue's window (a reader far behind: nothing decoded here yet), which
+    decodes only that window's offsets of batches of over a thousand records, gets exactly its
+    messages, also where another topic's records sit between them in the same partition."""
     store, lq = await open_all(tmp_path)
     await lq.start()
     store.append_mqtt([msg(f"w/{'ab'[i % 2]}", b"%d" % i) for i in range(3000)])
     await flushed(store)
     lq.dispatcher.catch_up()
-    assert len(list(iter_batches(store.read("w", 0, 0, 1 << 22)))) <= 3  # 1,000s of records each
+    assert len(list(iter_batches(store.read("w", 0, 0, 1 << 22)))) <= 3  # > 1,000 records each
     for queue, first, n in (("w/a", 500, 256), ("w/b", 0, 1), ("w/b", 1490, 100)):
         lq.resolver.clear()
         got = lq.resolve(lq.read(queue, first, n).entries)
