@@ -12,9 +12,15 @@ OUT="$ROOT/bench/results/compare-$(date +%F-%H%M)"; mkdir -p "$OUT"
 PY="$ROOT/.venv/bin/python"
 BA="--duration ${DURATION:-5} --warmup 2 --drain 1 --wait-idle 5"
 cd "$ROOT/bench/mqttbench"
+specs=("$@" mosquitto)
+n=${#specs[@]}
 labels=()
+for spec in "${specs[@]}"; do labels+=("$OUT/${spec%%=*}.jsonl"); done
 for rep in $(seq "$REPS"); do
-  for spec in "$@" mosquitto; do
+  # Each round starts with the next broker: whoever runs first in a round did ~10 % better at
+  # 1k msg/s on this machine (bench/RESULTS.md, issue 20), so a fixed order biases a compare.
+  for k in $(seq 0 $((n - 1))); do
+    spec=${specs[$(( (k + rep - 1) % n ))]}
     label=${spec%%=*}
     if [ "$label" = mosquitto ]; then
       cmd=(mosquitto -c brokers/mosquitto.conf); port=18830
@@ -25,7 +31,6 @@ for rep in $(seq "$REPS"); do
       cmd=(env PYTHONPATH="$tree" bash "$ROOT/bench/mqtt_serve.sh" 18840
            "/tmp/lightgate-compare-$label" "${parts[@]:1}"); port=18840
     fi
-    [ "$rep" = 1 ] && labels+=("$OUT/$label.jsonl")
     "$PY" baseline.py --label "$label" --port "$port" --only "$ONLY" --repeat 1 --bench-args "$BA" \
         --out "$OUT/$label.jsonl" -- "${cmd[@]}" > "$OUT/$label-$rep.log" 2>&1
   done
