@@ -94,10 +94,6 @@ class Backend:
         """The tick's appends are all made: write (and index) them now if this process has the
         store; through the core link, the core writes when it reads them."""
 
-    def hold_writes(self) -> None:
-        """The tick's appends start: `write_now` writes them (called in a `finally`), so the
-        store need not schedule a write of its own."""
-
     # -- the recent-append cache -----------------------------------------------------------
     def remember(self, msgs: list[MqttMessage], runs: list[Run]) -> None:
         """Keep what this proxy just appended, for `_from_recent`. The MqttMessage itself
@@ -265,11 +261,6 @@ class LocalBackend(Backend):
         self.queues = queues
         queues.set_watch_sink(self._pushed)
         self._write_now: Callable[[], None] | None = getattr(store, "write_now", None)  # local log
-        self._hold: Callable[[], None] | None = getattr(store, "hold_flush", None)
-
-    def hold_writes(self) -> None:
-        if self._hold is not None:
-            self._hold()
 
     def write_now(self) -> None:
         """Write the tick's appends in this pass of the loop, and a small write's dispatch

@@ -114,16 +114,6 @@ class Inbound:
             return
         acks, retained = self._acks, self._retained
         self._msgs, self._acks, self._retained = [], [], []
-        backend = self._server.backend
-        # This append ends the tick's reads: `write_now` writes it in this pass, so the store
-        # schedules no write of its own (held), whatever happens in between.
-        backend.hold_writes()
-        try:
-            self._append(msgs, acks, retained)
-        finally:
-            backend.write_now()
-
-    def _append(self, msgs: list[MqttMessage], acks: list[Ack], retained: list[int]) -> None:
         server = self._server
         try:
             res = server.store.append_mqtt(msgs, bool(acks))
@@ -146,6 +136,7 @@ class Inbound:
             self._futs.add(fut)
             t0 = self._loop.time()  # this tick parsed them: receive → durable, per batch
             fut.add_done_callback(lambda f: self._durable(f, acks, writes, t0))
+        server.backend.write_now()  # this append ends the tick's reads: write it in this pass
 
     def _staged(
         self,

@@ -106,10 +106,6 @@ class QueuesPort(Protocol):
 
     def remember(self, msgs: list[MqttMessage], runs: list[Run]) -> None: ...
 
-    def hold_writes(self) -> None:
-        """The tick's appends start; `write_now` (in a `finally`) writes them."""
-        ...
-
     def write_now(self) -> None:
         """The tick's appends are made: write (and index) them in this pass if we can."""
         ...

@@ -228,10 +228,6 @@ class GroupCommit:
         self._dirty: list[Log] = []
         self._tick_waiters: dict[Log, list[_Durable]] = {}
         self._flush_handle: asyncio.Handle | None = None  # the tick's scheduled `flush`
-        # Set by Store.hold_flush: the caller writes this tick's appends with `flush_now` before
-        # it returns to the loop, so `enqueue` schedules nothing (a cancelled `call_soon` handle
-        # still costs uvloop a pass of the loop: one per lone MQTT message, bench/RESULTS.md).
-        self.held = False
         self.interval_dirty: set[Log] = set()
         self._syncs: set[asyncio.Future[None]] = set()
         self._rounds: dict[Log, collections.deque[_Round]] = {}  # in flight, oldest first
@@ -264,19 +260,16 @@ class GroupCommit:
                 self._dirty.append(lg)
             if w is not None:
                 ws.append(w)
-        if self._flush_handle is None and not self.held:
+        if self._flush_handle is None:
             self._flush_handle = loop.call_soon(self.flush)
         return fut
 
     def flush_now(self) -> None:
-        """`flush` at once if one is scheduled or held (and no more later); ends a hold."""
-        self.held = False
+        """`flush` at once if one is scheduled (and no more later)."""
         h = self._flush_handle
         if h is not None:
             h.cancel()
-        elif not self._dirty:
-            return
-        self.flush()
+            self.flush()
 
     def flush(self) -> None:
         """End of tick: one writev per touched partition, then fsync or resolve; listeners last.

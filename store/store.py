@@ -327,13 +327,8 @@ class Store(TopicAdmin, TransactionalReads):
     def write_now(self) -> None:
         """Write what this tick staged now rather than in a later pass of the loop: for the
         tick's last appender (the MQTT proxy, whose one append per tick runs after every read),
-        so a message that arrives alone crosses the loop once less. Ends `hold_flush`."""
+        so a message that arrives alone crosses the loop once less."""
         self._commit.flush_now()
-
-    def hold_flush(self) -> None:
-        """Appends from here until `write_now` schedule no flush of their own: the caller
-        promises `write_now` before it returns to the loop (in a `finally`)."""
-        self._commit.held = True
 
     def append_batch(
         self, topic: str, partition: int, batch: bytes, sync: bool = True

@@ -214,24 +214,3 @@ async def test_read_fresh_is_the_last_write_as_written(tmp_path: Path) -> None:
         await asyncio.wait_for(res.durable, 5)
     assert store.read_fresh("d", 0, 9) is None and store.read_fresh("d", 0, 48) is not None
     await store.close()
-
-
-async def test_a_held_append_is_written_by_write_now_and_schedules_no_write(
-    tmp_path: Path,
-) -> None:
-    # The MQTT proxy's tick: hold_flush, append, write_now before returning to the loop. The
-    # store must not schedule a write of its own meanwhile (a pass of the loop per lone
-    # message), must write everything at write_now, and the hold must end there.
-    store = await Store.open(tmp_path, StoreConfig(default_partitions=1))
-    store.hold_flush()
-    res = store.append_mqtt([MqttMessage("h/t", b"1", 1, "c")])
-    for _ in range(3):
-        await asyncio.sleep(0)  # passes of the loop: nothing was scheduled to write it
-    assert store.high_watermark("h", 0) == 0 and not res.durable.done()
-    store.write_now()
-    assert store.high_watermark("h", 0) == 1
-    await res.durable
-    res = store.append_mqtt([MqttMessage("h/t", b"2", 1, "c")])  # not held: the loop writes it
-    await asyncio.wait_for(res.durable, 5)
-    assert [r.value for r in read_all(store, "h", 0)] == [b"1", b"2"]
-    await store.close()
