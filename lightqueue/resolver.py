@@ -108,13 +108,12 @@ class Resolver:
         while i < n:
             o = offs[i]
             data = self._read_run(t, p, offs, i, 256)
+            # From `o` on: every offset before it is in `out` already, or gone.
             recs = _records_of(data, o, offs[-1]) if data else []
-            if not recs or recs[-1][0] < o:
+            if not recs:
                 i += 1  # `o` is gone (retention, lost tail): resolves to None
                 continue
             self._avg[(t, p)] = max(16.0, len(data) / _span(data))
-            if out and recs[0][0] <= out[-1][0]:  # the batch holding `o` was read before
-                recs = [r for r in recs if r[0] > out[-1][0]]
             out.extend(recs)
             i = bisect_right(offs, recs[-1][0], i)
         return out
