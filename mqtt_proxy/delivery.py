@@ -208,11 +208,15 @@ class Delivery:
             self._loop.call_soon(self._run)
 
     def mark_session(self, session: Session) -> None:
+        """The session can take more (acks freed its window, its socket drained). A caught-up
+        subscription is not marked: its pump would find nothing (`read_range` reads nothing
+        past `last_seq`), and a QoS 1 reader's every PUBACK cost a pump and a pass of the loop
+        per message at low rates. A `$share` member is always marked: acks credit its group."""
         for sub in session.subs.values():
             if sub.local:
                 continue
             qs = self.queues.get(sub.queue)
-            if qs is not None:
+            if qs is not None and (sub.pos <= qs.last_seq or sub.spec.share_group is not None):
                 self.mark(qs)
 
     def _run(self) -> None:

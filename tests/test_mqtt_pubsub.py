@@ -279,6 +279,82 @@ def test_15_outbound_receive_maximum(broker):
     assert third.endswith(b"2")
 
 
+def test_15b_puback_pumps_only_a_reader_with_more_to_send(tmp_path):
+    """A caught-up QoS 1 reader's PUBACK pumps nothing (it cost a pump and a pass of the loop per
+    message at low rates); the PUBACK of a reader held back by its window still sends the rest.
+    In-process, to count the pumps of the real delivery."""
+    from mqtt_broker import InProcessBroker
+
+    b = InProcessBroker(tmp_path / "data").start()
+    try:
+        d = b.server.delivery
+        pumps: list[str] = []
+        pump = d._pump
+
+        def counted(qs):
+            pumps.append(qs.name)
+            pump(qs)
+
+        b.call(setattr, d, "_pump", counted)
+        s = _raw_v5(b, b"ack1", receive_max=2)
+        s.sendall(_v5_subscribe(b"pa/t", 1))
+        assert read_packets(s, 1)[0][0] == 0x90
+        pub = Client(b.port, "p").connect()
+        pid_at = 2 + 2 + 4  # fixed header, topic length, "pa/t"
+        pub.publish("pa/t", b"0", 1)
+        (m,) = read_packets(s, 1)
+        time.sleep(0.2)
+        before = b.call(len, pumps)
+        s.sendall(b"\x40\x02" + m[pid_at : pid_at + 2])
+        time.sleep(0.3)
+        assert b.call(len, pumps) == before  # caught up: no pump for the ack
+        for i in range(1, 4):
+            pub.publish("pa/t", str(i).encode(), 1)
+        first = read_packets(s, 2)
+        s.settimeout(0.5)
+        with pytest.raises(TimeoutError):
+            s.recv(100)  # window of 2 full
+        before = b.call(len, pumps)
+        s.sendall(b"\x40\x02" + first[0][pid_at : pid_at + 2])
+        (third,) = read_packets(s, 1)
+        assert third.endswith(b"3") and b.call(len, pumps) > before
+        s.close()
+    finally:
+        b.stop()
+
+
+def test_15c_shared_member_ack_pumps_the_groups_redeliveries(broker):
+    """A `$share` member whose own position is past the queue's end (it joined once the group
+    had handed everything out) still gets what other members left unacknowledged when its
+    PUBACK frees its window: acks credit the group, so they always pump it."""
+    pid_at = 2 + 2 + len("sr/t")
+
+    def member(cid: bytes) -> socket.socket:
+        m = _raw_v5(broker, cid, receive_max=1)
+        m.sendall(_v5_subscribe(b"$share/g/sr/t", 1))
+        assert read_packets(m, 1)[0][0] == 0x90
+        return m
+
+    a, b = member(b"sra"), member(b"srb")
+    pub = Client(broker.port, "p").connect()
+    pub.publish("sr/t", b"0", 1)
+    pub.publish("sr/t", b"1", 1)
+    got = [p[-1:] for p in read_packets(a, 1) + read_packets(b, 1)]
+    assert sorted(got) == [b"0", b"1"]  # one each, both unacknowledged: all handed out
+    c = member(b"src")
+    a.close()  # its message goes back to the group: to C
+    (c1,) = read_packets(c, 1)
+    assert c1[-1:] == got[0]
+    b.close()  # its message goes back too; C's window (1) is full
+    c.settimeout(0.5)
+    with pytest.raises(TimeoutError):
+        c.recv(100)
+    c.sendall(b"\x40\x02" + c1[pid_at : pid_at + 2])
+    (c2,) = read_packets(c, 1)  # on C's ack alone
+    assert c2[-1:] == got[1]
+    c.close()
+
+
 def test_16_client_maximum_packet_size(broker):
     s = _raw_v5(broker, b"mps", max_packet=64)
     s.sendall(_v5_subscribe(b"mp/t", 0))
