@@ -14,7 +14,8 @@ by this (blocking, single-threaded) client.
 
 Usage (from the repository root):
     .venv/bin/python bench/lone_message.py [--rounds 3] [--seconds 4] [--gaps 0,1]
-        [--tree LABEL=PATH ...]   (Lightgate at other checkouts: PYTHONPATH=PATH, this venv)
+        [--tree LABEL=PATH ...]   (Lightgate at other checkouts: PYTHONPATH=PATH, this venv, or
+                                   PATH's own .venv where it has one: another interpreter)
 """
 
 from __future__ import annotations
@@ -110,7 +111,9 @@ def _start(label: str, tree: str | None) -> tuple[subprocess.Popen[bytes], int]:
         port, env = 18830, None
     else:
         port = 18841
-        cmd = ["bash", str(ROOT / "bench/mqtt_serve.sh"), str(port), f"/tmp/lightgate-lone-{label}"]
+        own = (Path(tree) / ".venv/bin/lightgate").exists()
+        serve = Path(tree) / "bench/mqtt_serve.sh" if own else ROOT / "bench/mqtt_serve.sh"
+        cmd = ["bash", str(serve), str(port), f"/tmp/lightgate-lone-{label}"]
         env = {**os.environ, "PYTHONPATH": str(Path(tree).resolve())}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     _wait_port(port, proc)

@@ -4,7 +4,8 @@
 # Usage: bench/mqtt_compare.sh REPS SUITE_INDEXES LABEL=TREE[,serve args...] ...
 #   e.g. bench/mqtt_compare.sh 2 0,1,4,6 main=/tmp/main new=. new-split=.,--set,mqtt_processes=1
 # DURATION=10 (seconds of each measurement window; default 5, as in issue 20's command)
-# Each TREE needs no venv of its own: this repo's .venv runs it with PYTHONPATH=TREE.
+# Each TREE needs no venv of its own: this repo's .venv runs it with PYTHONPATH=TREE; a TREE with
+# a .venv of its own (another interpreter: `make PY=... .venv/.installed` there) runs on that one.
 set -eu
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 REPS=$1 ONLY=$2; shift 2
@@ -28,7 +29,9 @@ for rep in $(seq "$REPS"); do
       IFS=, read -r -a parts <<< "${spec#*=}"
       tree=$(cd "${parts[0]}" && pwd)
       # this repo's serve script and venv, that tree's code (PYTHONPATH comes first)
-      cmd=(env PYTHONPATH="$tree" bash "$ROOT/bench/mqtt_serve.sh" 18840
+      serve="$ROOT/bench/mqtt_serve.sh"
+      if [ -x "$tree/.venv/bin/lightgate" ]; then serve="$tree/bench/mqtt_serve.sh"; fi
+      cmd=(env PYTHONPATH="$tree" bash "$serve" 18840
            "/tmp/lightgate-compare-$label" "${parts[@]:1}"); port=18840
     fi
     "$PY" baseline.py --label "$label" --port "$port" --only "$ONLY" --repeat 1 --bench-args "$BA" \
