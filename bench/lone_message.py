@@ -1,5 +1,6 @@
 """What one message costs a broker when it arrives alone: one publisher, one subscriber, one QoS 0
-PUBLISH at a time, the next sent only after the subscriber has it (issue 20, p99 at 1k msg/s).
+PUBLISH at a time, the next sent only after the subscriber has it (issue 20, p99 at 1k msg/s);
+`--qos 1`: the whole QoS 1 exchange (the subscriber's PUBACK and the publisher's) each time.
 
 At 1k msg/s nearly every message is alone in its pass of the event loop, so the broker's fixed
 cost per pass, not its cost per message in a batch, sets its CPU and (on a machine with slow
@@ -13,7 +14,7 @@ CPU is the broker's user + system time from /proc per message; RTT is publish ->
 by this (blocking, single-threaded) client.
 
 Usage (from the repository root):
-    .venv/bin/python bench/lone_message.py [--rounds 3] [--seconds 4] [--gaps 0,1]
+    .venv/bin/python bench/lone_message.py [--rounds 3] [--seconds 4] [--gaps 0,1] [--qos 0|1]
         [--tree LABEL=PATH ...]   (Lightgate at other checkouts: PYTHONPATH=PATH, this venv, or
                                    PATH's own .venv where it has one: another interpreter)
 """
@@ -53,21 +54,36 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICK  # utime + stime
 
 
-def measure(port: int, pid: int, seconds: float, gap_ms: float) -> dict[str, float]:
-    """One publisher and one subscriber; each QoS 0 message waits for the previous delivery."""
+def measure(port: int, pid: int, seconds: float, gap_ms: float, qos: int = 0) -> dict[str, float]:
+    """One publisher and one subscriber; each message waits for the previous delivery. QoS 1:
+    the subscriber PUBACKs what it gets and the publisher waits for its own PUBACK too (which
+    the broker sends after the fsync), so each message is the whole QoS 1 exchange."""
     sub, pub = _connect(port, "lone-sub"), _connect(port, "lone-pub")
     try:
-        sub.sendall(_packet(0x82, struct.pack(">H", 1) + _str(TOPIC) + b"\x00"))
+        sub.sendall(_packet(0x82, struct.pack(">H", 1) + _str(TOPIC) + bytes([qos])))
         sub.recv(5)  # SUBACK
-        msg = _packet(0x30, _str(TOPIC) + b"x" * 32)
-        need, gap = len(msg), gap_ms / 1000
+        body = b"x" * 32
+        msg = _packet(0x30, _str(TOPIC) + body)
+        need, gap = len(msg) + 2 * qos, gap_ms / 1000
+        at = 2 + 2 + len(TOPIC)  # a delivered QoS 1 PUBLISH's packet id
+        k = 0
 
         def one() -> int:
+            nonlocal k
             t = time.perf_counter_ns()
-            pub.sendall(msg)
-            got = 0
-            while got < need:
-                got += len(sub.recv(65536))
+            if qos:
+                k = k % 65535 + 1
+                pub.sendall(_packet(0x32, _str(TOPIC) + struct.pack(">H", k) + body))
+            else:
+                pub.sendall(msg)
+            got = b""
+            while len(got) < need:
+                got += sub.recv(65536)
+            if qos:
+                sub.sendall(b"\x40\x02" + got[at : at + 2])
+                ack = b""
+                while len(ack) < 4:
+                    ack += pub.recv(4 - len(ack))
             return time.perf_counter_ns() - t
 
         for _ in range(200):  # warm-up
@@ -126,6 +142,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=4.0, help="per broker, gap and round")
     ap.add_argument("--gaps", default="0,1", help="ms after each delivery, comma-separated")
+    ap.add_argument("--qos", type=int, choices=(0, 1), default=0)
     ap.add_argument("--tree", action="append", default=[], help="LABEL=PATH (default this one)")
     ap.add_argument("--out", default="", help="append the JSON lines here too")
     args = ap.parse_args()
@@ -136,12 +153,14 @@ def main() -> None:
     gaps = [float(g) for g in args.gaps.split(",")]
     rows: dict[tuple[str, float], list[dict[str, Any]]] = {}
     for rnd in range(args.rounds):
-        for label, tree in trees:
+        # Each round starts with the next broker: whoever runs first in a round did ~10 % better
+        # on this machine (bench/RESULTS.md, issue 20), so a fixed order biases a compare.
+        for label, tree in trees[rnd % len(trees) :] + trees[: rnd % len(trees)]:
             proc, port = _start(label, tree)
             try:
                 for gap in gaps:
-                    r = measure(port, proc.pid, args.seconds, gap)
-                    line = {"round": rnd, "broker": label, "gap_ms": gap, **r}
+                    r = measure(port, proc.pid, args.seconds, gap, args.qos)
+                    line = {"round": rnd, "broker": label, "qos": args.qos, "gap_ms": gap, **r}
                     print(json.dumps(line), flush=True)
                     if args.out:
                         with open(args.out, "a") as f:
