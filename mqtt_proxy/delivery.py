@@ -210,8 +210,8 @@ class Delivery:
     def mark_session(self, session: Session) -> None:
         """The session can take more (acks freed its window, its socket drained). A caught-up
         subscription is not marked: its pump would find nothing (`read_range` reads nothing
-        past `last_seq`), and a QoS 1 reader's every PUBACK cost a pump and a pass of the loop
-        per message at low rates. A `$share` member is always marked: acks credit its group."""
+        past `last_seq`), and a caught-up QoS 1 reader's every PUBACK cost a pump that found
+        nothing. A `$share` member is always marked: acks credit its group."""
         for sub in session.subs.values():
             if sub.local:
                 continue
