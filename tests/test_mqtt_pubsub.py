@@ -280,9 +280,9 @@ def test_15_outbound_receive_maximum(broker):
 
 
 def test_15b_puback_pumps_only_a_reader_with_more_to_send(tmp_path):
-    """A caught-up QoS 1 reader's PUBACK pumps nothing (it cost a pump and a pass of the loop per
-    message at low rates); the PUBACK of a reader held back by its window still sends the rest.
-    In-process, to count the pumps of the real delivery."""
+    """A caught-up QoS 1 reader's PUBACK pumps nothing (each cost a pump that found nothing);
+    the PUBACK of a reader held back by its window still sends the rest. In-process, to count
+    the pumps of the real delivery."""
     from mqtt_broker import InProcessBroker
 
     b = InProcessBroker(tmp_path / "data").start()
