@@ -28,7 +28,7 @@ for rep in $(seq "$REPS"); do
     else
       IFS=, read -r -a parts <<< "${spec#*=}"
       tree=$(cd "${parts[0]}" && pwd)
-      # this repo's serve script and venv, that tree's code (PYTHONPATH comes first)
+      # that tree's code (PYTHONPATH comes first) on this repo's venv, or on the tree's own
       serve="$ROOT/bench/mqtt_serve.sh"
       if [ -x "$tree/.venv/bin/lightgate" ]; then serve="$tree/bench/mqtt_serve.sh"; fi
       cmd=(env PYTHONPATH="$tree" bash "$serve" 18840
