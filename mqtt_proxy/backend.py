@@ -119,15 +119,21 @@ class Backend:
             self._recent_count += len(run)
         if self._recent_bytes > self.recent_max:
             target = self.recent_max * 7 // 8
+            drop: dict[tuple[str, int], int] = {}
             while self._recent_bytes > target and fifo:
                 key, cost, n = fifo.popleft()
-                bases, rs = parts[key]
-                del bases[0]  # a partition's runs are appended in offset order
-                del rs[0]
-                if not bases:
-                    del parts[key]
+                drop[key] = drop.get(key, 0) + 1
                 self._recent_bytes -= cost
                 self._recent_count -= n
+            for key, k in drop.items():
+                # A partition's runs are appended in offset order, so its oldest k go; one
+                # slice per partition (a `del bases[0]` per run moved the whole list each time:
+                # thousands of runs, 19 % of a QoS 1 fan-in's append stage).
+                bases, rs = parts[key]
+                del bases[:k]
+                del rs[:k]
+                if not bases:
+                    del parts[key]
 
     def _from_recent(self, entries: Entries) -> tuple[list[Message | None], list[int]]:
         """Messages found in the recent runs, and the indexes of the entries that were not."""

@@ -59,3 +59,41 @@ async def test_oldest_runs_go_first_past_the_byte_budget(tmp_path: Path) -> None
     assert gone == list(range(len(gone))) and kept == list(range(len(gone), 10))
     assert 1 <= len(kept) <= 3 and b.recent_count == 100 * len(kept)
     await store.close()
+
+
+async def test_eviction_drops_each_partitions_oldest_runs(tmp_path: Path) -> None:
+    """Runs of several partitions interleave in the byte FIFO; one eviction drops many of them
+    at once, each partition losing exactly its oldest: what stays resolves to the messages that
+    were appended, what went misses, and no partition keeps a run older than one it lost."""
+    store = await Store.open(tmp_path, StoreConfig(default_partitions=3, fsync="never"))
+    per_append = 30 * (RECENT_OVERHEAD + 64 + 40)
+    b = Backend(store, None, "p", recent_bytes=12 * per_append)
+    results = []
+    for k in range(40):
+        msgs = _msgs(30 if k % 2 else 3, f"e{k}-")  # small appends make many small runs
+        res = store.append_mqtt(msgs, sync=False)
+        b.remember(msgs, res.runs)  # type: ignore[arg-type]
+        results.append((msgs, res))
+        assert b.recent_bytes <= 12 * per_append
+    held = 0
+    keys = {(o[0], o[1]) for _m, res in results for o in res.offsets or []}
+    assert len(keys) > 1
+    for key in keys:
+        states = []
+        for msgs, res in results:
+            mine = [i for i, o in enumerate(res.offsets or []) if (o[0], o[1]) == key]
+            if not mine:
+                continue
+            got, missing = b._from_recent([(res.offsets or [])[i] for i in mine])
+            if missing:
+                assert missing == list(range(len(mine))), "a run is kept or lost whole"
+                states.append("lost")
+            else:
+                assert got == [msgs[i] for i in mine]
+                held += len(mine)
+                states.append("kept")
+        n_lost = states.count("lost")
+        assert states == ["lost"] * n_lost + ["kept"] * (len(states) - n_lost), states
+        assert 0 < n_lost < len(states), "each partition lost its oldest runs, kept its newest"
+    assert held == b.recent_count
+    await store.close()
