@@ -63,6 +63,10 @@ log = logging.getLogger("lightgate.mqtt.backend")
 # (tracemalloc): a message with a 64-byte payload holds 233 bytes in all (object, payload,
 # run slots) and its record takes ~130, so 130 + 240 counted errs on the safe side.
 RECENT_OVERHEAD = 240
+# Past the budget, runs go until this fraction of it is free. Freeing is the messages' own
+# deallocation, on the event loop: an eighth of 64 MiB at a time stalled the loop ~8 ms every
+# few seconds at 10k msg/s; a 64th, ~1 ms (the same work in all; bench/RESULTS.md, issue 20).
+RECENT_EVICT_FRACTION = 64
 
 
 class Backend:
@@ -118,7 +122,7 @@ class Backend:
             self._recent_bytes += cost
             self._recent_count += len(run)
         if self._recent_bytes > self.recent_max:
-            target = self.recent_max * 7 // 8
+            target = self.recent_max - self.recent_max // RECENT_EVICT_FRACTION
             drop: dict[tuple[str, int], int] = {}
             while self._recent_bytes > target and fifo:
                 key, cost, n = fifo.popleft()

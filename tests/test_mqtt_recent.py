@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mqtt_proxy.backend import RECENT_OVERHEAD, Backend
+from mqtt_proxy.backend import RECENT_EVICT_FRACTION, RECENT_OVERHEAD, Backend
 from store import MqttMessage, Store, StoreConfig
 
 
@@ -96,4 +96,26 @@ async def test_eviction_drops_each_partitions_oldest_runs(tmp_path: Path) -> Non
         assert states == ["lost"] * n_lost + ["kept"] * (len(states) - n_lost), states
         assert 0 < n_lost < len(states), "each partition lost its oldest runs, kept its newest"
     assert held == b.recent_count
+    await store.close()
+
+
+async def test_an_eviction_frees_a_small_slice_of_the_budget(tmp_path: Path) -> None:
+    """Freeing is the messages' deallocation, on the event loop: once full, each eviction frees
+    about budget / RECENT_EVICT_FRACTION (a fraction of a millisecond of work), not an eighth of
+    the budget at once (a loop stall of ~8 ms at 64 MiB, bench/RESULTS.md)."""
+    store = await Store.open(tmp_path, StoreConfig(default_partitions=2, fsync="never"))
+    budget = 400 * (RECENT_OVERHEAD + 64 + 40) * 2
+    b = Backend(store, None, "p", recent_bytes=budget)
+    drops = []
+    for k in range(400):
+        msgs = _msgs(4, f"s{k}-")
+        res = store.append_mqtt(msgs, sync=False)
+        before = b.recent_bytes
+        b.remember(msgs, res.runs)  # type: ignore[arg-type]
+        assert b.recent_bytes <= budget
+        if b.recent_bytes < before:
+            drops.append(before - b.recent_bytes)
+    one_append = 4 * (RECENT_OVERHEAD + 64 + 40)
+    assert len(drops) >= 5, "the budget was crossed many times"
+    assert max(drops) <= budget // RECENT_EVICT_FRACTION + one_append
     await store.close()
