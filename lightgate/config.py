@@ -348,7 +348,7 @@ class GatewayConfig:
         "per MQTT proxy: bytes of its own recently appended "
         "messages kept for delivery, so a subscriber up to this far behind is served without a "
         "store read (64 MiB; each message counts its record's bytes plus 240, which overestimates "
-        "what it holds)",
+        "what it holds; once full, the oldest 64th goes at a time)",
         lo=0,
     )
 
