@@ -101,7 +101,7 @@ async def test_eviction_drops_each_partitions_oldest_runs(tmp_path: Path) -> Non
 
 async def test_an_eviction_frees_a_small_slice_of_the_budget(tmp_path: Path) -> None:
     """Freeing is the messages' deallocation, on the event loop: once full, each eviction frees
-    about budget / RECENT_EVICT_FRACTION (a fraction of a millisecond of work), not an eighth of
+    about budget / RECENT_EVICT_FRACTION (about a millisecond of work at 64 MiB), not an eighth of
     the budget at once (a loop stall of ~8 ms at 64 MiB, bench/RESULTS.md)."""
     store = await Store.open(tmp_path, StoreConfig(default_partitions=2, fsync="never"))
     budget = 400 * (RECENT_OVERHEAD + 64 + 40) * 2
