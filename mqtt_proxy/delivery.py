@@ -111,7 +111,7 @@ class Delivery:
             self._on_interest(sub.queue, True)
         group = sub.spec.share_group
         if group is None:
-            qs.subs.append(sub)
+            qs.subs[sub] = None
         else:
             key = f"{group}/{sub.queue}"
             g = qs.groups.get(key)
@@ -128,10 +128,7 @@ class Delivery:
             return
         group = sub.spec.share_group
         if group is None:
-            try:
-                qs.subs.remove(sub)
-            except ValueError:
-                pass
+            qs.subs.pop(sub, None)
         else:
             g = qs.groups.get(f"{group}/{sub.queue}")
             if g is not None:
@@ -310,7 +307,7 @@ class Delivery:
         now_ms = int(time.time() * 1000)
         more = False
         cohorts: dict[tuple[int, bool, bool, int | None, int], list[Subscription]] = {}
-        for sub in qs.subs:
+        for sub in tuple(qs.subs):  # a copy: a write's callbacks may detach a reader
             conn = sub.session.conn
             if conn is None or not conn.writable or sub.held:
                 continue

@@ -420,3 +420,53 @@ def test_19_shared_member_leaving_hands_over_unacked(broker):
     got_b = b.expect(2, timeout=10)
     assert sorted(m.payload for m in got_b) == [b"one", b"two"]
     assert got_a[0].endswith((b"one", b"two"))
+
+
+def test_20_many_readers_leave_in_any_order(tmp_path):
+    """300 subscribers of one topic; every other one disconnects, in shuffled order: the queue's
+    readers are exactly those left (membership is a dict now, O(1) per leave: a list.remove per
+    disconnect scanned them all), each gets the next message, and one that comes back gets the
+    one after."""
+    import random
+
+    from mqtt_broker import InProcessBroker
+
+    b = InProcessBroker(tmp_path / "data").start()
+    try:
+        subs = []
+        for i in range(300):
+            s = _raw_v5(b, f"many-{i}".encode())
+            s.sendall(_v5_subscribe(b"many/t", 0))
+            assert read_packets(s, 1)[0][0] == 0x90
+            subs.append(s)
+        d = b.server.delivery
+        assert b.call(lambda: len(d.queues["many/t"].subs)) == 300
+        leaving = subs[1::2]
+        random.Random(7).shuffle(leaving)
+        for s in leaving:
+            s.close()
+        deadline = time.monotonic() + 10
+        while b.call(lambda: len(d.queues["many/t"].subs)) != 150:
+            assert time.monotonic() < deadline, "readers not detached"
+            time.sleep(0.05)
+        left = {id(x.session) for x in b.call(lambda: list(d.queues["many/t"].subs))}
+        assert len(left) == 150
+        pub = Client(b.port, "many-pub").connect()
+        pub.publish("many/t", b"one", 0)
+        for s in subs[0::2]:
+            (m,) = read_packets(s, 1)
+            assert m[0] & 0xF0 == 0x30 and m.endswith(b"one")
+        back = _raw_v5(b, b"many-1")
+        back.sendall(_v5_subscribe(b"many/t", 0))
+        assert read_packets(back, 1)[0][0] == 0x90
+        pub.publish("many/t", b"two", 0)
+        (m,) = read_packets(back, 1)
+        assert m.endswith(b"two")
+        for s in subs[0::2]:
+            assert read_packets(s, 1)[0].endswith(b"two")
+        assert b.call(lambda: len(d.queues["many/t"].subs)) == 151
+        for s in [*subs[0::2], back]:
+            s.close()
+        pub.disconnect()
+    finally:
+        b.stop()
