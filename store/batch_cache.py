@@ -7,7 +7,7 @@ so the dispatcher and the resolver parse them as they parse the local log's segm
 
 A partition's batches are disjoint offset ranges; `bases[head:]` holds their base offsets,
 sorted for bisection. Eviction goes oldest-inserted first, which in a partition read forward is
-its lowest base: that one is dropped by moving `head` (a `del bases[0]` moved the whole list, 222
+its lowest base: that one is dropped by moving `head` (a `del bases[0]` moved the whole list, 213
 µs per one-record batch in a full 64 MiB cache of ~500k batches), and the dead prefix is cut
 once it is half the list. Event-loop-only.
 """
