@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -60,6 +61,13 @@ def test_notebook_on_gateway_traffic(
     gw = gateway_factory(data)
     if "mqtt" not in gw.endpoints or "kafka" not in gw.endpoints:
         pytest.skip(f"lightgate serve has no MQTT and Kafka listeners yet: {gw.ready_line!r}")
+    # The traffic (~6 s with connects and reconnects) inside one minute window, as the checks
+    # below expect: split by a minute boundary, the windows' shares of devices that started
+    # late or were reconnecting fall outside 4-6 msg/s (seen once, 2026-11-28, the traffic
+    # 12:32:5x-12:33:0x). Split windows are checked in tests/test_spark_jobs.py.
+    into_minute = time.time() % 60
+    if into_minute > 48:
+        time.sleep(60.5 - into_minute)
     subprocess.run(
         [
             sys.executable,
