@@ -307,7 +307,7 @@ class Delivery:
         now_ms = int(time.time() * 1000)
         more = False
         cohorts: dict[tuple[int, bool, bool, int | None, int], list[Subscription]] = {}
-        for sub in tuple(qs.subs):  # a copy: a write's callbacks may detach a reader
+        for sub in tuple(qs.subs):  # a copy: a detach from inside the loop must not break it
             conn = sub.session.conn
             if conn is None or not conn.writable or sub.held:
                 continue
