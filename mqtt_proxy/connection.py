@@ -168,18 +168,23 @@ class MqttConnection(asyncio.Protocol):
         self, packets: list[Packet], _Publish: type[Publish] = Publish, _Puback: type = Puback
     ) -> bool:
         """Act on `packets` in order; True if one was a PUBLISH."""
+        if not packets:
+            return False
         rate = self.rate
-        if rate is None and not self.closed and all(type(p) is _Publish for p in packets):
-            # A chunk of PUBLISHes only (fan-in): one call for all of them.
-            if packets:
-                handlers.handle_publishes(self, packets)  # type: ignore[arg-type]  # all Publish
-                return True
-            return False
-        if packets and type(packets[0]) is _Puback and all(type(p) is _Puback for p in packets):
-            # A chunk of PUBACKs only (a QoS 1 subscriber): one call, one delivery mark.
-            if not self.closed:
-                handlers.handle_pubacks(self, packets)  # type: ignore[arg-type]  # all Puback
-            return False
+        # The chunk's packet types, by a C-level pass (`all()` over a generator cost ~70 ns per
+        # packet, ~3 % of a fan-in's loop; this ~18).
+        kinds = set(map(type, packets))
+        if len(kinds) == 1:
+            if _Publish in kinds:
+                if rate is None and not self.closed:
+                    # A chunk of PUBLISHes only (fan-in): one call for all of them.
+                    handlers.handle_publishes(self, packets)  # type: ignore[arg-type]
+                    return True
+            elif _Puback in kinds:
+                # A chunk of PUBACKs only (a QoS 1 subscriber): one call, one delivery mark.
+                if not self.closed:
+                    handlers.handle_pubacks(self, packets)  # type: ignore[arg-type]
+                return False
         on_publish = handlers.handle_publish
         dispatch = handlers.DISPATCH
         published = False
