@@ -398,7 +398,7 @@ def publish_messages(list packets, Py_ssize_t i, object cid, object now_ms, obje
                      type cls):
     """From `packets[i]` on, the plain PUBLISHes (QoS 0/1, not retained, no properties, topic
     not `$...`) as `cls` messages received at `now_ms` from `cid`, until the first other one:
-    (messages, packet ids, index of that one or len(packets)). Each message is allocated and
+    (messages, the QoS 1 ones' packet ids, index of that one or len(packets)). Each message is allocated and
     its slots filled in place (a dataclass __init__ call was 450 of the 800 ns per message of
     the Python loop) and left untracked by the cyclic GC (only strs, bytes and ints)."""
     cdef Py_ssize_t n = len(packets)
@@ -431,7 +431,8 @@ def publish_messages(list packets, Py_ssize_t i, object cid, object now_ms, obje
         else:
             m = cls(topic, p[1], qos, cid, False, None, now_ms)
         msgs.append(m)
-        pids.append(p[5])
+        if qos:
+            pids.append(p[5])
         i += 1
     return msgs, pids, i
 
@@ -517,3 +518,26 @@ def qos1_run(dict cache, Py_ssize_t seq, Py_ssize_t end, dict pending, dict infl
     if same:
         observe(now_ms - ts0, same)
     return seq, pid, nbytes, blocked
+
+
+# -- inbound: one fsync's PUBACKs / PUBRECs of a connection -----------------------------------------
+
+def acks(int ptype, list pids):
+    """Success PUBACKs (4) or PUBRECs (5) for 3.1.1, four fixed bytes each, written straight into
+    one bytes object (the pure twin, `outbound.acks_py`, builds a list of ints and packs it:
+    ~130 ns per ack inside a QoS 1 fan-in, ~4 % of its loop)."""
+    cdef Py_ssize_t n = len(pids), i
+    cdef bytes out = PyBytes_FromStringAndSize(NULL, 4 * n)
+    cdef uint8_t* b = <uint8_t*>PyBytes_AS_STRING(out)
+    cdef uint8_t head = <uint8_t>(ptype << 4)
+    cdef Py_ssize_t pid
+    for i in range(n):
+        pid = PyLong_AsSsize_t(pids[i])
+        if pid < 0 or pid > 0xFFFF:
+            raise ValueError(f"packet id out of range: {pid}")
+        b[0] = head
+        b[1] = 2
+        b[2] = <uint8_t>(pid >> 8)
+        b[3] = <uint8_t>pid
+        b += 4
+    return out

@@ -128,8 +128,8 @@ def publish_messages_py(
     packets: list[Publish], i: int, cid: str, now_ms: int, empty: Any, cls: type[MqttMessage]
 ) -> tuple[list[MqttMessage], list[int], int]:
     """From `packets[i]` on, the plain PUBLISHes (QoS 0/1, not retained, no properties, topic
-    not `$...`) as messages, until the first other one: (messages, packet ids, its index or
-    len(packets)). The pure twin of `mqtt_proxy._cdelivery.publish_messages`."""
+    not `$...`) as messages, until the first other one: (messages, the QoS 1 ones' packet ids,
+    its index or len(packets)). The pure twin of `mqtt_proxy._cdelivery.publish_messages`."""
     msgs: list[MqttMessage] = []
     pids: list[int] = []
     n = len(packets)
@@ -138,7 +138,8 @@ def publish_messages_py(
         if props is not empty or qos == 2 or retain or not topic or topic[0] == "$":
             break
         msgs.append(cls(topic, payload, qos, cid, False, None, now_ms))
-        pids.append(pid)
+        if qos:
+            pids.append(pid)
         i += 1
     return msgs, pids, i
 

@@ -94,15 +94,15 @@ class Inbound:
             self._loop.call_soon(self.flush)
 
     def add_many(self, msgs: list[MqttMessage], conn: MqttConnection, pids: list[int]) -> None:
-        """`add` for one read chunk of `conn`: `pids[i]` is message i's QoS 1 packet id (PUBACK
-        when durable), 0 for QoS 0. Not retained, not QoS 2 (those go through `add`)."""
+        """`add` for one read chunk of `conn`: `pids` are its QoS 1 messages' packet ids, in order
+        (PUBACK when durable). Not retained, not QoS 2 (those go through `add`)."""
         mine = self._msgs
         mine += msgs
         if not self.throttled and len(mine) >= TICK_MAX:
             self.throttled = True  # as in `add`: this tick alone read enough
             self._loop.call_later(0.001, self._check_lag)
-        if any(pids):
-            self._acks.append((conn, [pid for pid in pids if pid], PUBACK))
+        if pids:
+            self._acks.append((conn, pids, PUBACK))
         if not self._scheduled:
             self._scheduled = True
             self._loop.call_soon(self.flush)
