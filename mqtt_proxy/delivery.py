@@ -51,6 +51,7 @@ from mqtt_proxy.queue_cache import (
     cached_end,
     evict_oldest,
     fill_cache,
+    trim_below,
 )
 from mqtt_proxy.session import Inflight, Session, Subscription
 from mqtt_proxy.settings import ProxySettings
@@ -381,8 +382,7 @@ class Delivery:
             qs.pushed_n -= len(pushed.popleft()[1])
         cache = qs.cache
         if cache and next(iter(cache)) < low:
-            for k in [k for k in cache if k < low]:
-                del cache[k]
+            trim_below(cache, low)
 
     def _pump_one(self, qs: QueueState, sub: Subscription, conn: PeerPort, now_ms: int) -> bool:
         session = sub.session

@@ -93,10 +93,13 @@ def test_extensions_built_and_in_use() -> None:
 
     cd = compiled_delivery()
     assert cohorts.qos0_run is cd.qos0_run and queue_cache.fill_cache is cd.fill_cache
-    assert queue_cache.evict_oldest is cd.evict_oldest
+    assert queue_cache.evict_oldest is cd.evict_oldest and queue_cache.trim_below is cd.trim_below
     import mqtt_proxy.handlers as handlers
 
     assert handlers._publish_messages is cd.publish_messages
+    import mqtt_proxy.outbound as outbound
+
+    assert outbound.acks is cd.acks
     import mqtt_proxy.qos1_run as qos1_run
 
     assert qos1_run.qos1_run is cd.qos1_run
@@ -125,7 +128,8 @@ def test_env_var_forces_pure_python() -> None:
         "; import mqtt_proxy.backend as mb; print(mb._from_recent_runs is mb.from_recent_py, "
         "r._group_offsets is r.group_offsets_py, r._resolve_records is r.resolve_records_py)"
         "; import lightqueue.db as db; print(db._encode_block is k.encode_block_py, "
-        "b._group_by_slot, q.cached_end is q.cached_end_py, q.evict_oldest is q.evict_oldest_py)"
+        "b._group_by_slot, q.cached_end is q.cached_end_py, q.evict_oldest is q.evict_oldest_py, "
+        "q.trim_below is q.trim_below_py)"
         "; import mqtt_proxy.outbound as o, mqtt_proxy.connection as mc; "
         "print(o.acks is o.acks_py, mc.acks is o.acks_py)"
     )
@@ -139,7 +143,7 @@ def test_env_var_forces_pure_python() -> None:
         "'lightqueue._cresolve':", "False}",
         "None", "True", "None", "True", "True", "True", "True", "True", "True", "True", "None",
         "True", "True", "True", "True", "True", "True", "True", "True", "True", "None", "True",
-        "True", "True", "True",
+        "True", "True", "True", "True",
     ]  # fmt: skip
 
 
@@ -606,6 +610,20 @@ def test_cached_end_same_as_twin(held: set[int], pos: int, n: int) -> None:
     assert got == cached_end_py(cache, pos, pos + n)
     assert pos <= got <= pos + n and all(s in cache for s in range(pos, got))
     assert got == pos + n or got not in cache
+
+
+@SETTINGS
+@given(st.lists(st.integers(0, 60), unique=True), st.integers(-5, 70))
+def test_trim_below_same_as_twin(keys: list[int], low: int) -> None:
+    """A queue's cache trimmed to what its readers still need: every key below `low` goes,
+    wherever it was inserted, compiled and pure; the rest keep their order."""
+    from mqtt_proxy.queue_cache import trim_below_py
+
+    a: dict[int, Any] = {k: str(k) for k in keys}
+    b = dict(a)
+    compiled_delivery().trim_below(a, low)
+    trim_below_py(b, low)
+    assert list(a.items()) == list(b.items()) == [(k, str(k)) for k in keys if k >= low]
 
 
 @SETTINGS
