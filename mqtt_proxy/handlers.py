@@ -158,9 +158,25 @@ def handle_pubacks(conn: MqttConnection, packets: list[Puback]) -> None:
     session = conn.session
     assert session is not None
     delivery = conn.server.delivery
-    acked = False
+    inflight, subs = session.inflight, session.subs
+    acked = credited = False
     for p in packets:
-        acked |= _credit(session, delivery, p[0], 1)
+        # `_credit` and `Delivery.acked` inline for a plain subscription's QoS 1 message (two
+        # calls per PUBACK less: a lagging QoS 1 reader of a fan-in acks ~60k/s).
+        pid = p[0]
+        inf = inflight.get(pid)
+        if inf is None or inf.qos != 1:
+            continue
+        del inflight[pid]
+        acked = True
+        sub = subs.get(inf.filter_raw)
+        if sub is not None and inf.seq >= 0 and sub.spec.share_group is None:
+            sub.pending.pop(inf.seq, None)
+            credited = True
+        else:
+            delivery.acked(session, inf)  # a $share group's, or no subscription to credit
+    if credited:
+        session.dirty = True
     if acked:
         delivery.mark_session(session)
 

@@ -180,3 +180,25 @@ def test_34_restart_between_publish_and_reconnect(broker):
     for m in got:
         per_topic.setdefault(m.topic, []).append(int(m.payload))
     assert all(v == sorted(v) for v in per_topic.values())
+
+
+@pytest.mark.restart
+def test_35_acked_messages_not_resent_after_restart(broker):
+    """A persistent QoS 1 subscriber's PUBACKs move its stored position: after a restart it gets
+    only what is new, not again what it acknowledged (QoS 1 may repeat only the unacknowledged)."""
+    c = Client(broker.port, "ak").connect(clean=False)
+    c.subscribe("ak/#", 1)
+    pub = Client(broker.port, "p").connect()
+    for i in range(30):
+        pub.publish(f"ak/{i % 3}", str(i), 1)
+    got = c.expect(30)
+    assert sorted(int(m.payload) for m in got) == list(range(30))
+    time.sleep(0.3)  # paho's PUBACKs go out after each message; the DISCONNECT after them
+    c.disconnect()
+    broker.restart()
+    c = Client(broker.port, "ak").connect(clean=False)
+    assert c.session_present
+    pub = Client(broker.port, "p").connect()
+    pub.publish("ak/0", b"new", 1)
+    assert [m.payload for m in c.expect(1, timeout=10)] == [b"new"]
+    c.expect_none(0.5)
