@@ -1,12 +1,14 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 """Compiled delivery loops: the fields of a cached message (`CachedMsg`, queue_cache.py), the
-loop that fills a queue's cache from a load, a QoS 0 cohort's run of PUBLISH packets written
-straight into one buffer (cohorts.py), and on the way in, a read chunk's PUBLISHes turned into
-`MqttMessage`s (handlers.py).
+loops that fill and trim a queue's cache, a QoS 0 cohort's run of PUBLISH packets written
+straight into one buffer (cohorts.py), a 3.1.1 QoS 1 reader's run (qos1_run.py), and on the way
+in, a read chunk's PUBLISHes turned into `MqttMessage`s (handlers.py) and one fsync's PUBACKs
+(outbound.py).
 
 Built at install time with the other extensions (setup.py) and used unless
 `LIGHTGATE_NO_EXTENSIONS=1`. The pure-Python twins (`queue_cache._CachedFields`,
-`queue_cache.fill_cache_py`, `cohorts.qos0_run_py`, `handlers.publish_messages_py`) stay the
+`queue_cache.fill_cache_py`, `queue_cache.trim_below_py`, `cohorts.qos0_run_py`,
+`handlers.publish_messages_py`, `outbound.acks_py`...) stay the
 reference: tests/test_speedups.py compares the two on generated runs, and the end-to-end tests
 run both.
 """
@@ -413,9 +415,9 @@ def publish_messages(list packets, Py_ssize_t i, object cid, object now_ms, obje
                      type cls):
     """From `packets[i]` on, the plain PUBLISHes (QoS 0/1, not retained, no properties, topic
     not `$...`) as `cls` messages received at `now_ms` from `cid`, until the first other one:
-    (messages, the QoS 1 ones' packet ids, index of that one or len(packets)). Each message is allocated and
-    its slots filled in place (a dataclass __init__ call was 450 of the 800 ns per message of
-    the Python loop) and left untracked by the cyclic GC (only strs, bytes and ints)."""
+    (messages, the QoS 1 ones' packet ids, index of that one or len(packets)). Each message is
+    allocated and its slots filled in place (a dataclass __init__ call was 450 of the 800 ns per
+    message of the Python loop) and left untracked by the cyclic GC (only strs, bytes and ints)."""
     cdef Py_ssize_t n = len(packets)
     cdef list msgs = [], pids = []
     cdef tuple p  # a Publish (a tuple subclass: cast, not checked)
