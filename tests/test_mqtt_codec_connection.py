@@ -318,3 +318,17 @@ def test_table_rows_are_reachable() -> None:
     for state, rows in TRANSITIONS.items():
         for (role, kind), nxt in rows.items():
             assert role in (CLIENT, SERVER) and isinstance(nxt, State), (state, kind)
+
+
+def test_v3_chunk_of_pubacks_completes_what_was_sent() -> None:
+    """A 3.1.1 read chunk of PUBACKs only (a QoS 1 reader) still takes its ids out of flight when
+    they were sent through `send`: the same ids can go out again (and nothing is left over)."""
+    client, server = pair(4)
+    for pid in (7, 8, 9):
+        xfer(server, client, Publish("a", b"x", 1, packet_id=pid))
+    chunk = b"".join(encode(Puback(pid)) for pid in (7, 8, 9))
+    assert server.receive_data(chunk) == [Puback(7), Puback(8), Puback(9)]
+    for pid in (7, 8, 9):  # raised "already in flight" had the acks not completed them
+        xfer(server, client, Publish("a", b"y", 1, packet_id=pid))
+    assert server.receive_data(chunk) == [Puback(7), Puback(8), Puback(9)]
+    assert server.send_quota == server.peer_receive_maximum
