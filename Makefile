@@ -12,7 +12,7 @@ STAMP := $(VENV)/.installed
 .PHONY: run test test-fast lint bench bench-mqtt clean system-deps fuzz
 
 $(BIN)/python:
-	$(or $(PY),python3) -m venv $(VENV) || python3 -m venv $(VENV)
+	$(if $(PY),$(PY) -m venv $(VENV) || )python3 -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip setuptools wheel
 
 # Re-installed (and the Cython modules rebuilt) when the dependencies or a .pyx change.
