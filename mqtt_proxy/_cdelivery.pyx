@@ -7,7 +7,7 @@ in, a read chunk's PUBLISHes turned into `MqttMessage`s (handlers.py) and one fs
 
 Built at install time with the other extensions (setup.py) and used unless
 `LIGHTGATE_NO_EXTENSIONS=1`. The pure-Python twins (`queue_cache._CachedFields`,
-`queue_cache.fill_cache_py`, `queue_cache.trim_below_py`, `cohorts.qos0_run_py`,
+`queue_cache.fill_cache_py`, `queue_cache.evict_oldest_py`, `cohorts.qos0_run_py`,
 `handlers.publish_messages_py`, `outbound.acks_py`...) stay the
 reference: tests/test_speedups.py compares the two on generated runs, and the end-to-end tests
 run both.
@@ -209,21 +209,6 @@ def evict_oldest(dict cache, Py_ssize_t over, Py_ssize_t start):
     while n < over and PyDict_Next(cache, &pos, &key, &val):
         n += 1
         if PyLong_AsSsize_t(<object>key) < start:
-            gone.append(<object>key)
-    for k in gone:
-        del cache[k]
-
-
-def trim_below(dict cache, Py_ssize_t low):
-    """Delete every key of `cache` below `low`, wherever it sits in insertion order (loads of
-    other ranges interleave): `queue_cache.trim_below_py`, without a Python step per key (it
-    scanned the whole cache, ~1,300 keys, at each pump of a lagging QoS 1 reader)."""
-    cdef Py_ssize_t pos = 0
-    cdef PyObject* key
-    cdef PyObject* val
-    cdef list gone = []
-    while PyDict_Next(cache, &pos, &key, &val):
-        if PyLong_AsSsize_t(<object>key) < low:
             gone.append(<object>key)
     for k in gone:
         del cache[k]

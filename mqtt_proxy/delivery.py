@@ -51,7 +51,6 @@ from mqtt_proxy.queue_cache import (
     cached_end,
     evict_oldest,
     fill_cache,
-    trim_below,
 )
 from mqtt_proxy.session import Inflight, Session, Subscription
 from mqtt_proxy.settings import ProxySettings
@@ -382,7 +381,10 @@ class Delivery:
             qs.pushed_n -= len(pushed.popleft()[1])
         cache = qs.cache
         if cache and next(iter(cache)) < low:
-            trim_below(cache, low)
+            # Every key below `low`, wherever inserted (loads of other ranges interleave): the
+            # compiled eviction scan over the whole cache (a list comprehension here was ~1.7 %
+            # of a QoS 1 fan-in, run at each pump of a lagging reader).
+            evict_oldest(cache, len(cache), low)
 
     def _pump_one(self, qs: QueueState, sub: Subscription, conn: PeerPort, now_ms: int) -> bool:
         session = sub.session

@@ -214,16 +214,6 @@ def evict_oldest_py(cache: dict[int, Cached], over: int, start: int) -> None:
 evict_oldest = evict_oldest_py if _cdelivery is None else _cdelivery.evict_oldest
 
 
-def trim_below_py(cache: dict[int, Cached], low: int) -> None:
-    """Delete every key of `cache` below `low` (insertion order is not key order: loads of other
-    ranges interleave). Twin of `_cdelivery.trim_below`."""
-    for k in [k for k in cache if k < low]:
-        del cache[k]
-
-
-trim_below = trim_below_py if _cdelivery is None else _cdelivery.trim_below
-
-
 class QueueState:
     """One queue with local readers: its subscriptions and groups, and what is known of it."""
 

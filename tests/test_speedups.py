@@ -93,7 +93,7 @@ def test_extensions_built_and_in_use() -> None:
 
     cd = compiled_delivery()
     assert cohorts.qos0_run is cd.qos0_run and queue_cache.fill_cache is cd.fill_cache
-    assert queue_cache.evict_oldest is cd.evict_oldest and queue_cache.trim_below is cd.trim_below
+    assert queue_cache.evict_oldest is cd.evict_oldest
     import mqtt_proxy.handlers as handlers
 
     assert handlers._publish_messages is cd.publish_messages
@@ -128,8 +128,7 @@ def test_env_var_forces_pure_python() -> None:
         "; import mqtt_proxy.backend as mb; print(mb._from_recent_runs is mb.from_recent_py, "
         "r._group_offsets is r.group_offsets_py, r._resolve_records is r.resolve_records_py)"
         "; import lightqueue.db as db; print(db._encode_block is k.encode_block_py, "
-        "b._group_by_slot, q.cached_end is q.cached_end_py, q.evict_oldest is q.evict_oldest_py, "
-        "q.trim_below is q.trim_below_py)"
+        "b._group_by_slot, q.cached_end is q.cached_end_py, q.evict_oldest is q.evict_oldest_py)"
         "; import mqtt_proxy.outbound as o, mqtt_proxy.connection as mc; "
         "print(o.acks is o.acks_py, mc.acks is o.acks_py)"
     )
@@ -143,7 +142,7 @@ def test_env_var_forces_pure_python() -> None:
         "'lightqueue._cresolve':", "False}",
         "None", "True", "None", "True", "True", "True", "True", "True", "True", "True", "None",
         "True", "True", "True", "True", "True", "True", "True", "True", "True", "None", "True",
-        "True", "True", "True", "True",
+        "True", "True", "True",
     ]  # fmt: skip
 
 
@@ -615,14 +614,15 @@ def test_cached_end_same_as_twin(held: set[int], pos: int, n: int) -> None:
 @SETTINGS
 @given(st.lists(st.integers(0, 60), unique=True), st.integers(-5, 70))
 def test_trim_below_same_as_twin(keys: list[int], low: int) -> None:
-    """A queue's cache trimmed to what its readers still need: every key below `low` goes,
-    wherever it was inserted, compiled and pure; the rest keep their order."""
-    from mqtt_proxy.queue_cache import trim_below_py
+    """A queue's cache trimmed to what its readers still need (`Delivery._trim`: the eviction
+    over the whole cache): every key below `low` goes, wherever it was inserted, compiled and
+    pure; the rest keep their order."""
+    from mqtt_proxy.queue_cache import evict_oldest_py
 
     a: dict[int, Any] = {k: str(k) for k in keys}
     b = dict(a)
-    compiled_delivery().trim_below(a, low)
-    trim_below_py(b, low)
+    compiled_delivery().evict_oldest(a, len(a), low)
+    evict_oldest_py(b, len(b), low)
     assert list(a.items()) == list(b.items()) == [(k, str(k)) for k in keys if k >= low]
 
 
