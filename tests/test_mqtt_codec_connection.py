@@ -23,6 +23,7 @@ from mqtt_proxy.codec import (
     TopicSubscription,
     Unsuback,
     Unsubscribe,
+    chunk_kind,
     encode,
     make_properties,
 )
@@ -332,3 +333,16 @@ def test_v3_chunk_of_pubacks_completes_what_was_sent() -> None:
         xfer(server, client, Publish("a", b"y", 1, packet_id=pid))
     assert server.receive_data(chunk) == [Puback(7), Puback(8), Puback(9)]
     assert server.send_quota == server.peer_receive_maximum
+
+
+@pytest.mark.parametrize("n", [1, 2, 16, 17, 300])
+def test_chunk_kind(n: int) -> None:
+    """A chunk's one packet type, short (loop) or long (set): a different packet anywhere makes
+    it mixed."""
+    pubs = [Publish("a", b"x", 0)] * n
+    assert chunk_kind(pubs) is Publish and chunk_kind([Puback(1)] * n) is Puback
+    for i in (0, n // 2, n - 1):
+        mixed = list(pubs)
+        mixed[i] = Puback(1)
+        assert chunk_kind(mixed) is (Puback if n == 1 else None)
+    assert chunk_kind([]) is None

@@ -69,6 +69,7 @@ from .packets import (
     Unsuback,
     Unsubscribe,
     Will,
+    chunk_kind,
 )
 from .parser import DEFAULT_MAX_PACKET_SIZE, PROTOCOL_MAX_PACKET_SIZE, Parser
 from .properties import EMPTY_PROPERTIES, Properties, PropertyId, make_properties
@@ -76,6 +77,7 @@ from .reason_codes import ConnackReturnCode, ReasonCode, v3_connack_code
 from .topics import split_shared, topic_filter_error, topic_name_error
 
 __all__ = [
+    "chunk_kind",
     "CLIENT",
     "SERVER",
     "Connection",

@@ -36,7 +36,7 @@ from typing import Any
 
 from .encoder import _ENCODERS, encode
 from .errors import LocalProtocolError, ProtocolError, RemoteProtocolError
-from .packets import Connack, Disconnect, Packet, Puback, Publish
+from .packets import Connack, Disconnect, Packet, Puback, Publish, chunk_kind
 from .parser import DEFAULT_MAX_PACKET_SIZE, Parser
 from .reason_codes import ALLOWED, v3_connack_code
 
@@ -182,17 +182,13 @@ class Connection:
         self, packets: list[Any], _Publish: Any = Publish, _Puback: Any = Puback
     ) -> list[Packet]:
         v5 = self.version == 5
-        if not v5 and self.state is CONNECTED and packets:
+        if not v5 and self.state is CONNECTED:
             # A v3 chunk of PUBLISHes only (fan-in) needs no state or bookkeeping: as it is; so
             # does one of PUBACKs only (a QoS 1 reader) while nothing sent here is in flight
             # (the proxy writes 3.1.1 deliveries without `send`).
-            kind = type(packets[0])
+            kind = chunk_kind(packets)
             if kind is _Publish or (kind is _Puback and not self._out_flight):
-                for p in packets:
-                    if type(p) is not kind:
-                        break
-                else:
-                    return packets
+                return packets
         out: list[Packet] = []
         append = out.append
         n = len(packets)
