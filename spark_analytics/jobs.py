@@ -85,6 +85,10 @@ def make_session(master: str = "local[*]", app: str = "lightgate-analytics") -> 
         .config("spark.ui.showConsoleProgress", "false")  # our bars, not "[Stage 3:>  (0 + 2)]"
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.sql.session.timeZone", "UTC")
+        # A Python worker (our data source's reader) must answer Spark's handshake within this;
+        # the default 15 s failed once on a loaded 2-core machine ("Python worker failed to
+        # connect back": SocketTimeoutException in SocketAuthHelper, a streaming read's start).
+        .config("spark.python.authenticate.socketTimeout", "60s")
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")

@@ -229,6 +229,9 @@ def spark() -> Iterator[object]:
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
+        # As spark_analytics.jobs.make_session: the worker handshake's 15 s default failed once
+        # under the full suite (test_spark_kafka, "Python worker failed to connect back").
+        .config("spark.python.authenticate.socketTimeout", "60s")
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")
