@@ -485,17 +485,27 @@ class Delivery:
     # -- acks ------------------------------------------------------------------------------
     def acked(self, session: Session, inf: Inflight) -> None:
         """An outbound QoS 1/2 message completed: credit its subscription or group."""
-        sub = session.subs.get(inf.filter_raw)
-        if sub is None or inf.seq < 0:
-            return
-        if sub.spec.share_group is None:
-            sub.pending.pop(inf.seq, None)
-        else:
+        self.acked_many(session, (inf,))
+
+    def acked_many(self, session: Session, infs: Sequence[Inflight]) -> None:
+        """Outbound QoS 1/2 messages completed (a read chunk's PUBACKs in one call: a lagging
+        QoS 1 reader of a fan-in acks ~60k/s): credit each one's subscription or group."""
+        subs = session.subs
+        credited = False
+        for inf in infs:
+            sub = subs.get(inf.filter_raw)
+            if sub is None or inf.seq < 0:
+                continue
+            credited = True
+            if sub.spec.share_group is None:
+                sub.pending.pop(inf.seq, None)
+                continue
             g = self.group_of(sub)
             if g is not None and g.pending.pop(inf.seq, None) is not None and g.lease is not None:
                 assert self.leases is not None  # a group holds a lease only with several proxies
                 self.leases.done(g.key, inf.seq)
-        session.dirty = True
+        if credited:
+            session.dirty = True
 
 
 def _pushed_from(qs: QueueState, from_seq: int, n: int) -> Entries | None:
