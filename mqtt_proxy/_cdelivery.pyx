@@ -7,10 +7,10 @@ in, a read chunk's PUBLISHes turned into `MqttMessage`s (handlers.py) and one fs
 
 Built at install time with the other extensions (setup.py) and used unless
 `LIGHTGATE_NO_EXTENSIONS=1`. The pure-Python twins (`queue_cache._CachedFields`,
-`queue_cache.fill_cache_py`, `queue_cache.evict_oldest_py`, `cohorts.qos0_run_py`,
-`handlers.publish_messages_py`, `outbound.acks_py`...) stay the
-reference: tests/test_speedups.py compares the two on generated runs, and the end-to-end tests
-run both.
+`queue_cache.fill_cache_py`, `queue_cache.cached_end_py`, `queue_cache.evict_oldest_py`,
+`backend.from_recent_py`, `cohorts.qos0_run_py`, `handlers.publish_messages_py`,
+`qos1_run.qos1_run_py`, `outbound.acks_py`) stay the reference: tests/test_speedups.py compares
+the two on generated runs, and the end-to-end tests run both.
 """
 
 cimport cython
