@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# MQTT (issue 4) benchmark: the mqttbench suite against Lightgate (one process, and with the MQTT
+# MQTT benchmark: the mqttbench suite against Lightgate (one process, and with the MQTT
 # proxy in its own process: mqtt_processes=1), Mosquitto and amqtt in one run.
 # Usage: bench/mqtt_baseline.sh [extra baseline.py args, e.g. --repeat 3]
 set -eu
@@ -10,7 +10,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 MB="$ROOT/bench/mqttbench"  # the load generator ships with the repo
 PY="$ROOT/.venv/bin/python"
 DAY=$(date +%F-%H%M)  # one set of files per run
-OUT="$ROOT/bench/results"
+OUT="$ROOT/bench/results"  # raw lines, git-ignored
 mkdir -p "$OUT"
 cd "$MB"
 # the machine's own latency noise, before and after (bench/machine_jitter.py: slow windows make

@@ -3,13 +3,13 @@
 # the before/after check of a change, with the peer measured in the same window.
 # Usage: bench/mqtt_compare.sh REPS SUITE_INDEXES LABEL=TREE[,serve args...] ...
 #   e.g. bench/mqtt_compare.sh 2 0,1,4,6 main=/tmp/main new=. new-split=.,--set,mqtt_processes=1
-# DURATION=10 (seconds of each measurement window; default 5, as in issue 20's command)
+# DURATION=10 (seconds of each measurement window; default 5)
 # Each TREE needs no venv of its own: this repo's .venv runs it with PYTHONPATH=TREE; a TREE with
 # a .venv of its own (another interpreter: `make PY=... .venv/.installed` there) runs on that one.
 set -eu
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 REPS=$1 ONLY=$2; shift 2
-OUT="$ROOT/bench/results/compare-$(date +%F-%H%M)"; mkdir -p "$OUT"
+OUT="$ROOT/bench/results/compare-$(date +%F-%H%M)"; mkdir -p "$OUT"  # raw lines, git-ignored
 PY="$ROOT/.venv/bin/python"
 BA="--duration ${DURATION:-5} --warmup 2 --drain 1 --wait-idle 5"
 cd "$ROOT/bench/mqttbench"
@@ -19,7 +19,7 @@ labels=()
 for spec in "${specs[@]}"; do labels+=("$OUT/${spec%%=*}.jsonl"); done
 for rep in $(seq "$REPS"); do
   # Each round starts with the next broker: whoever runs first in a round did ~10 % better at
-  # 1k msg/s on this machine (bench/RESULTS.md, issue 20), so a fixed order biases a compare.
+  # 1k msg/s on this machine (docs/performance-history.md), so a fixed order biases a compare.
   for k in $(seq 0 $((n - 1))); do
     spec=${specs[$(( (k + rep - 1) % n ))]}
     label=${spec%%=*}

@@ -1,4 +1,4 @@
-"""What metrics and probes cost on MQTT fan-in (issue 17): the same mqttbench fan-in scenarios
+"""What metrics and probes cost on MQTT fan-in: the same mqttbench fan-in scenarios
 against three gateways, interleaved in one run so that the machine's noise hits all alike.
 
 - `before`: the code before the operations work (a `git archive` of `--base`, default the commit
@@ -113,6 +113,7 @@ def main() -> int:
         "--rotate", action="store_true", help="rotate the gateway order each repeat (order effects)"
     )
     ns = ap.parse_args()
+    Path(ns.out).parent.mkdir(parents=True, exist_ok=True)  # bench/results/ is git-ignored
     tmp = Path(tempfile.mkdtemp(prefix="lg-ops-base-"))
     trees = {"before": checkout(ns.base, tmp), "off": ROOT, "on": ROOT}
     scenarios = {k: v for k, v in SCENARIOS.items() if ns.only in (None, k)}

@@ -1,4 +1,4 @@
-"""Several MQTT proxies over one core (issue 15): fan-in QoS 0 / QoS 1 and fan-out 1→1000
+"""Several MQTT proxies over one core: fan-in QoS 0 / QoS 1 and fan-out 1→1000
 against `lightgate serve` with `mqtt_processes` = 1, 2 and `auto`, and Mosquitto, in one run.
 
 For each gateway run it reads the CPU time of the core (the `serve` process) and of its proxy
@@ -10,7 +10,8 @@ one proxy at 1e6 / (proxies µs/msg) on its own CPU, so one core feeds about
 
 Usage (from the repository root):
     .venv/bin/python bench/proxies_bench.py [--repeat 1] [--duration 5]
-Raw lines go to bench/results/proxies.jsonl; the table is printed (markdown), with `uptime`.
+Raw lines go to bench/results/proxies.jsonl (git-ignored); the table is printed (markdown),
+with `uptime`.
 """
 
 from __future__ import annotations
@@ -117,6 +118,7 @@ def main() -> int:
     ap.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated subset")
     ap.add_argument("--scenarios", default="", help="comma-separated names (default: all)")
     ns = ap.parse_args()
+    Path(ns.out).parent.mkdir(parents=True, exist_ok=True)  # bench/results/ is git-ignored
     shapes = ns.shapes.split(",")
     wanted = ns.scenarios.split(",") if ns.scenarios else list(SCENARIOS)
     tmp = Path(tempfile.mkdtemp(prefix="lg-proxies-"))

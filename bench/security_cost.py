@@ -1,4 +1,4 @@
-"""What security costs on MQTT fan-in (issue 13): the same mqttbench fan-in against three fresh
+"""What security costs on MQTT fan-in: the same mqttbench fan-in against three fresh
 `lightgate serve` processes in one run, interleaved per repeat:
 
 - `plain`: no ACL, plain TCP;
@@ -85,6 +85,7 @@ def main() -> int:
     ap.add_argument("--port", type=int, default=18850)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "security-cost.jsonl"))
     ns = ap.parse_args()
+    Path(ns.out).parent.mkdir(parents=True, exist_ok=True)  # bench/results/ is git-ignored
     tmp = Path(tempfile.mkdtemp(prefix="lg-sec-"))
     pki = make_pki(tmp / "pki")
     modes = ["plain", "acl1000", "tls"]
