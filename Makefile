@@ -2,8 +2,8 @@
 # The interpreter of .venv: the first of these that can make a venv and has its C headers (for the
 # compiled modules, which otherwise fall back to pure Python). Debian's python3.11 (linked
 # statically, built with Debian's optimizations) runs Python code ~17 % faster than a plain source
-# build of 3.11.7 such as pyenv's; the broker's figures gained 0-20 % (bench/RESULTS.md, issue
-# 20); `make PY=...` picks another.
+# build of 3.11.7 such as pyenv's; the broker's figures gained 0-20 % (docs/performance-history.md);
+# `make PY=...` picks another.
 PY ?= $(firstword $(foreach p,/usr/bin/python3.11 python3.11 python3,$(shell $(p) -c "import ensurepip, os, sys, sysconfig, venv; sys.exit(not os.path.exists(sysconfig.get_paths()['include'] + '/Python.h'))" >/dev/null 2>&1 && echo $(p))))
 VENV := .venv
 BIN := $(VENV)/bin

@@ -1,4 +1,4 @@
-"""Kafka listener throughput: aiokafka producer and consumer against the gateway (issue 5).
+"""Kafka listener throughput: aiokafka producer and consumer against the gateway.
 
 The gateway (Store + KafkaServer, uvloop if installed) runs in a child process so client and
 server each get a core. Measurements:

@@ -1,4 +1,4 @@
-"""`log = "kafka"` (issue 16): MQTT through Lightgate into a Kafka cluster vs. a producer straight
+"""`log = "kafka"`: MQTT through Lightgate into a Kafka cluster vs. a producer straight
 into it, and the offline drain of 100k messages, in one run against one Tansu broker.
 
     .venv/bin/python bench/kafka_log_bench.py --duration 10 --drain 100000

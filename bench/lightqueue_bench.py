@@ -1,4 +1,4 @@
-"""Light-queue benchmark (issue 3): dispatch rate, read rate, storage per message, state encoding.
+"""Light-queue benchmark: dispatch rate, read rate, storage per message, state encoding.
 
     .venv/bin/python bench/lightqueue_bench.py [--records 200000] [--quick]
 

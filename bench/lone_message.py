@@ -1,5 +1,5 @@
 """What one message costs a broker when it arrives alone: one publisher, one subscriber, one QoS 0
-PUBLISH at a time, the next sent only after the subscriber has it (issue 20, p99 at 1k msg/s);
+PUBLISH at a time, the next sent only after the subscriber has it (what sets the p99 at 1k msg/s);
 `--qos 1`: the whole QoS 1 exchange (the subscriber's PUBACK and the publisher's) each time.
 
 At 1k msg/s nearly every message is alone in its pass of the event loop, so the broker's fixed
@@ -154,7 +154,7 @@ def main() -> None:
     rows: dict[tuple[str, float], list[dict[str, Any]]] = {}
     for rnd in range(args.rounds):
         # Each round starts with the next broker: whoever runs first in a round did ~10 % better
-        # on this machine (bench/RESULTS.md, issue 20), so a fixed order biases a compare.
+        # on this machine (docs/performance-history.md), so a fixed order biases a compare.
         for label, tree in trees[rnd % len(trees) :] + trees[: rnd % len(trees)]:
             proc, port = _start(label, tree)
             try:

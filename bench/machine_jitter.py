@@ -1,7 +1,7 @@
 """Is this machine fit for a latency figure? A Python process doing small chunks of work with
 short sleeps between them (the shape of a broker at 1k msg/s) times every chunk.
 
-On 2026-11-27 (bench/RESULTS.md, issue 20) a chunk of ~0.27 ms ran 8-13x slower for 20-80 ms
+On 2026-11-27 (docs/performance-history.md) a chunk of ~0.27 ms ran 8-13x slower for 20-80 ms
 every ~1.5 s, in pairs ~50 ms apart, with the process on the CPU the whole time (perf sched):
 something outside the process slowed it down. In those windows every Python broker's messages
 queue up (Lightgate's and amqtt's p99 at 1k msg/s went to 5-13 ms, Mosquitto's, which does ~50x

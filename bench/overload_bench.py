@@ -1,5 +1,5 @@
 """Overload: idle sockets and slowloris clients against one `lightgate serve`, while a normal paho
-client measures publish→deliver latency and the gateway's RSS is watched (issue 13, Limits).
+client measures publish→deliver latency and the gateway's RSS is watched.
 
 Attack, all from this process (127.0.0.1):
   idle        TCP connections that open and never send a byte (no CONNECT)

@@ -1,4 +1,4 @@
-"""Store benchmarks (issue 2): raw Kafka batch append, MQTT build+append, fsync-always group commit.
+"""Store benchmarks: raw Kafka batch append, MQTT build+append, fsync-always group commit.
 
     .venv/bin/python bench/store_bench.py                 # all three, ~20 s
     .venv/bin/python bench/store_bench.py raw --seconds 5

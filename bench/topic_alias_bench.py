@@ -1,5 +1,5 @@
 """MQTT 5 server-assigned topic aliases: bytes per delivered message and delivery cost, with and
-without (issue 20, "Bytes").
+without.
 
 Each run starts a fresh `lightgate serve` from this checkout (`python -m lightgate`, so the split
 shape's proxy child runs the same code) and drives it with raw asyncio clients, so no client

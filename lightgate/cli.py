@@ -253,7 +253,8 @@ def tune_gc(gen0: int = 5_000) -> None:
     cache too often (resolving stored records: 10 us each with defaults vs 1.9 us with a large
     young threshold, bench/RESULTS.md, light queues). The young threshold is also the length of
     each young pause: 50000 gave one ~15 ms stall a second at 1k msg/s (the p999 latency), 5000
-    gives ~2 ms with no fan-in throughput difference measurable (RESULTS, issue 20). Our hot
+    gives ~2 ms with no fan-in throughput difference measurable (docs/performance-history.md).
+    Our hot
     paths make almost no reference cycles, so collecting rarely loses little memory. 0 keeps
     CPython's thresholds."""
     import gc

@@ -206,7 +206,7 @@ class GatewayConfig:
         "outbound QoS 1/2 in-flight window per client (v5 clients may ask less). Each message in "
         "flight holds ~300 B plus its packet until acknowledged; a QoS 1 reader that takes a whole "
         "fan-in is bound by it (one subscriber of 10 publishers: 58k msg/s at 64, 265k at 1024, "
-        "bench/RESULTS.md, issue 20)",
+        "bench/RESULTS.md)",
         lo=1,
         hi=65535,
     )
@@ -398,7 +398,7 @@ class GatewayConfig:
         "(`gc.set_threshold(N, 20, 100)`); `0` keeps CPython's defaults (700, 10, 10). Larger "
         "runs fewer collections over the long-lived caches but each young one pauses the loop "
         "longer: at 50000 one pause a second of ~15 ms was the p999 latency at 1k msg/s, at "
-        "5000 it is ~2 ms (`bench/RESULTS.md`, issue 20, latency)",
+        "5000 it is ~2 ms (`docs/performance-history.md`)",
         lo=0,
         hi=10**9,
     )
@@ -407,7 +407,7 @@ class GatewayConfig:
         True,
         "Once the gateway is ready, move every object alive then into CPython's permanent GC "
         "generation (`gc.freeze`): full collections skip the ~51,000 objects of the start-up "
-        "heap (17-20 ms a collection, the loop stopped, `bench/RESULTS.md`, issue 20)",
+        "heap (17-20 ms a collection, the loop stopped, `docs/performance-history.md`)",
     )
 
     extra: dict[str, Any] = field(default_factory=dict)

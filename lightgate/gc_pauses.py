@@ -2,11 +2,11 @@
 
 A collection stops the event loop while it runs, so its length is a latency every connection
 sees. A full collection walks every tracked object, and about 51,000 of them exist once the
-gateway's modules are imported (17-20 ms a collection on the project machine, `bench/RESULTS.md`,
-issue 20): `freeze_startup_heap` moves everything alive when the gateway is ready into CPython's
-permanent generation (`gc.freeze`), which later collections skip; those objects live as long as
-the process anyway. `GcPauses` times each collection (`gc.callbacks`) into the
-`lightgate_gc_pause_seconds` histogram.
+gateway's modules are imported (17-20 ms a collection on the project machine,
+`docs/performance-history.md`): `freeze_startup_heap` moves everything alive when the gateway is
+ready into CPython's permanent generation (`gc.freeze`), which later collections skip; those
+objects live as long as the process anyway. `GcPauses` times each collection (`gc.callbacks`)
+into the `lightgate_gc_pause_seconds` histogram.
 """
 
 from __future__ import annotations

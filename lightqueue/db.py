@@ -114,7 +114,7 @@ class QueueDB:
             lru_cache_size=32 << 20,
             bloom_filter_bits=10,
             # Entry blocks are compact already (keys.py, "Block values"); snappy on them cost
-            # ~20 % of the CPU per message in fan-in for little (bench/RESULTS.md, issue 20).
+            # ~20 % of the CPU per message in fan-in for little (docs/performance-history.md).
             compression=None,
         )
         layout = self.db.get(G_LAYOUT)

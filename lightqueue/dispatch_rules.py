@@ -14,7 +14,7 @@ def is_system_topic(topic: str) -> bool:
 
 
 def mqtt_topic_of(log_topic: str, key: bytes | None) -> str:
-    """The MQTT topic subscribers see for a record (INTERFACES.md topic mapping)."""
+    """The MQTT topic subscribers see for a record (docs/topic-mapping.md)."""
     return mqtt_view(log_topic, key, []).topic
 
 

@@ -83,7 +83,7 @@ SYNC_RECORDS = 64
 # Inline rounds hold their WriteBatch back for the next ones to join, this long at most (written
 # by the first round after it, or by a timer at twice this): one LevelDB write per few messages
 # at moderate rates instead of one per message (each ~9 % of the CPU of 100 publishers at 10k
-# msg/s; bench/RESULTS.md, issue 20). A crash loses at most that much of the index, which the
+# msg/s; docs/performance-history.md). A crash loses at most that much of the index, which the
 # rounds after the restart rebuild from the checkpoint (theory above).
 HOLD_S = 0.005
 
@@ -163,7 +163,7 @@ class Dispatcher:
         Inside `write_inline` (the MQTT proxy's write of its tick's messages), a small append
         finding the dispatcher idle is indexed and its entries pushed in that call, in the pass
         of the loop that wrote it: a message that arrives alone crossed the loop once more for
-        the task's wake-up (bench/RESULTS.md, issue 20). Other appends (Kafka produce: its
+        the task's wake-up (docs/performance-history.md). Other appends (Kafka produce: its
         response goes out before the round) and bigger ones wake the task, whose rounds yield
         to the loop between them."""
         if not is_system_topic(topic):
@@ -184,7 +184,7 @@ class Dispatcher:
     def write_inline(self, write: Callable[[], None]) -> None:
         """Run `write` (a store write ending a tick); then index its small appends in one round
         for every partition it wrote (a round per partition cost a tick of 100 publishers
-        ~3 rounds and pumps: bench/RESULTS.md, issue 20). A failed round is logged; the task
+        ~3 rounds and pumps: docs/performance-history.md). A failed round is logged; the task
         sees `failed` and ends, as if its own round failed."""
         self.index_inline = True
         try:
@@ -281,7 +281,7 @@ class Dispatcher:
         behind, hwm = self._behind, self.hwm
         # Only the partitions appended to since they were last caught up (rebuild's limited
         # rounds look at all): a store with 256 partitions made a lone message's round 4-6x
-        # dearer (bench/RESULTS.md, issue 20).
+        # dearer (docs/performance-history.md).
         for tp in list(behind if limit is None else hwm):
             h = hwm.get(tp)
             c = 0 if h is None else position(*tp)

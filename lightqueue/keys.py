@@ -30,7 +30,7 @@ entry stores its head's index and z = zigzag(offset - that head's last offset - 
                                                       its 8 bytes follow
 So a run of consecutive offsets of one partition costs one byte per entry (fan-in's common case),
 a sparse per-topic queue two or three: layout 2 stored 16 bytes per entry and left the rest to
-LevelDB's snappy, which cost a fifth of the gateway's CPU in fan-in (bench/RESULTS.md, issue 20).
+LevelDB's snappy, which cost a fifth of the gateway's CPU in fan-in (docs/performance-history.md).
 The encoder looks a head up among the table's first HEAD_SCAN entries and the previous entry's;
 one it does not find there is added again (a table may repeat a head), so encoding stays linear.
 """

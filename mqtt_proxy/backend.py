@@ -65,7 +65,7 @@ log = logging.getLogger("lightgate.mqtt.backend")
 RECENT_OVERHEAD = 240
 # Past the budget, runs go until this fraction of it is free. Freeing is the messages' own
 # deallocation, on the event loop: an eighth of 64 MiB at a time stalled the loop ~8 ms every
-# few seconds at 10k msg/s; a 64th, ~1 ms (the same work in all; bench/RESULTS.md, issue 20).
+# few seconds at 10k msg/s; a 64th, ~1 ms (the same work in all; docs/performance-history.md).
 RECENT_EVICT_FRACTION = 64
 
 

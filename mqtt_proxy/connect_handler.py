@@ -39,7 +39,7 @@ class Refuse(Exception):
 def certificate_identity(conn: MqttConnection, required: bool, as_username: bool) -> str | None:
     """On a TLS connection (mqtts, wss): the client certificate's CN when it is the user name
     (`tls_identity_as_username`), else None. Refuses (0x87 / 0x05) a client without a verified
-    certificate when one is required, as INTERFACES.md says; plain listeners are not concerned.
+    certificate when one is required (docs/security.md, "TLS"); plain listeners are not concerned.
     The TLS layer already checked the certificate against `tls_ca` (lightgate/tls.py)."""
     if not (required or as_username):
         return None

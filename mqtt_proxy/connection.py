@@ -1,11 +1,13 @@
 """One MQTT connection: a slotted asyncio.Protocol around the sans-IO codec `Connection`.
 
 `data_received` feeds the whole chunk to the codec and handles the list of packets it returns
-(STYLE.md 11); the codec checks the state table, resolves inbound topic aliases and enforces our
-v5 Receive Maximum. Writes go straight to the transport; `pause_writing` marks the connection
+(one call per chunk, no await per packet); the codec checks the state table, resolves inbound
+topic aliases and enforces our v5 Receive Maximum. Writes go straight to the transport;
+`pause_writing` marks the connection
 unwritable so delivery skips it, and `resume_writing` asks delivery to pump its queues again
-(STYLE.md 13). Keep alive uses one lazily rescheduled timer: `data_received` only stores the
-time, and the timer, when it fires, re-arms itself for the real deadline (STYLE.md 14).
+(no drain per write). Keep alive uses one lazily rescheduled timer: `data_received` only stores the
+time, and the timer, when it fires, re-arms itself for the real deadline
+(no cancel and re-arm per packet).
 
 Bypassing `codec.send` on two hot paths, on purpose: shared PUBLISH templates are written as
 bytes (encode once, write many; our own window limits them, see delivery.py), and 3.1.1

@@ -154,7 +154,7 @@ class Delivery:
     def on_round(self, pushed: Sequence[tuple[str, int, Entries]]) -> None:
         """A dispatch round in this process pushed these entries: deliver them now, in the same
         pass of the event loop, instead of one more pass later (a message that arrives alone
-        crosses the loop several times; bench/RESULTS.md, issue 20)."""
+        crosses the loop several times; docs/performance-history.md)."""
         for queue, first, entries in pushed:
             self._add_entries(queue, first, entries)
         if self._dirty and not self._scheduled:

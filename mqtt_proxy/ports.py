@@ -1,7 +1,8 @@
 """The proxy's typed view of what it uses: the log, the light queues, the notifier, a peer.
 
-Twins stand behind each seam (STYLE.md 17, as aiokafka's `record/_protocols.py` types its two
-record implementations): the in-process `Store` and the core link's `RemoteStore`; the
+Twins stand behind each seam (typed as aiokafka's `record/_protocols.py` types its two
+record implementations, so no seam is `Any`): the in-process `Store` and the core link's
+`RemoteStore`; the
 in-process `InProcessNotifier` and the link's `LinkNotifier`; `LocalBackend` and
 `RemoteBackend` in front of the light queues. The proxy code names the `Protocol` here, never
 one twin, and mypy checks that every twin satisfies it (`_twins` at the end of backend.py;

@@ -75,7 +75,7 @@ else:
 
 # A message without properties of these types is cached as it is (`fill_cache`): the QoS 0 and
 # QoS 1 runs read its fields in place, so a fan-in's messages need no CachedMsg each (its
-# allocation, copy and free were ~10 % of the loop; bench/RESULTS.md, issue 20); everything else
+# allocation, copy and free were ~10 % of the loop; docs/performance-history.md); everything else
 # reads the cache through `cached`, which makes the CachedMsg on first use.
 RAW_TYPES: tuple[type, ...] = (MqttMessage, StoredMessage)
 

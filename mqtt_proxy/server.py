@@ -294,7 +294,8 @@ class MqttServer:
     # -- messages --------------------------------------------------------------------------
     @staticmethod
     def message_properties(p: Properties) -> MqttProperties | None:
-        """The v5 properties a stored message carries (INTERFACES.md headers), or None."""
+        """The v5 properties a stored message carries (`mqtt.*` headers, docs/topic-mapping.md),
+        or None."""
         if p is EMPTY_PROPERTIES:
             return None
         if (

@@ -6,7 +6,7 @@ expiry. It is plain data; `server.py` and `delivery.py` drive it. Persistence is
 (`to_state` / `from_state`) written to the light-queue DB's session store, so a gateway restart
 resumes every persistent subscriber from its last stored position.
 
-Position rule (issue 4): a subscription's stored position is the start of the contiguous
+Position rule: a subscription's stored position is the start of the contiguous
 acknowledged prefix: `sub.acked_pos()` = the lowest in-flight sequence, else the read position.
 Anything at or after it may be re-sent after a restart, which QoS 1/2 allows (with DUP).
 """

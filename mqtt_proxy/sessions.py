@@ -21,7 +21,7 @@ snapshotted about once a second because QoS 0 delivery moves positions without m
 dirty (a restart then re-sends at most about a second of QoS 0 messages, which is allowed). A
 flush looks only at the connected persistent sessions and the offline ones changed since their
 last write (`_watched`), plus every persistent session once in FULL_WALK_EVERY flushes: 100,000
-offline sessions cost each flush 4 ms when it walked them all (bench/RESULTS.md, issue 20).
+offline sessions cost each flush 4 ms when it walked them all (docs/performance-history.md).
 
 Wills: published on a close that was not a normal DISCONNECT, after
 min(will delay, session expiry); a reconnect to the session before then cancels it.

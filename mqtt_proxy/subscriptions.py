@@ -4,7 +4,7 @@ A SUBSCRIBE filter names one light queue: the exact topic for a filter without w
 filter itself otherwise. Two prefixes are peeled off first:
 - `$share/<group>/<filter>` (MQTT 5 §4.8.2, accepted from 3.1.1 clients too, as Mosquitto does):
   the members of a group share one position; each message goes to one member.
-- `$replay/<since>/<filter>` (INTERFACES.md "Replay from the log"): the subscription starts at
+- `$replay/<since>/<filter>` (docs/replay.md): the subscription starts at
   `<since>` instead of the live end. `<since>` is Unix ms, ISO-8601 UTC or `-<n>{s,m,h,d}`.
 """
 

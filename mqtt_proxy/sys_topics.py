@@ -1,9 +1,10 @@
 """`$SYS/broker/...` statistics, published by the proxy itself (never stored in the log).
 
-`$` topics are not device data (INTERFACES.md), so these messages bypass the store and the light
-queues: every `sys_interval_s` the proxy encodes each value once and writes it to the local
-subscribers whose `$SYS` filter matches, and a new subscriber gets the current values at once
-(as retained messages, as Mosquitto does). Names follow Mosquitto's `$SYS` tree.
+`$` topics are not device data (docs/interfaces.md, "Topic mapping"), so these messages bypass
+the store and the light queues: every `sys_interval_s` the proxy encodes each value once and
+writes it to the local subscribers whose `$SYS` filter matches, and a new subscriber gets the
+current values at once (as retained messages, as Mosquitto does). Names follow Mosquitto's
+`$SYS` tree.
 """
 
 from __future__ import annotations

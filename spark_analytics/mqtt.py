@@ -74,7 +74,7 @@ def topic_matches(flt: str, topic: str) -> bool:
 
 
 def log_topic_for_level(level: str) -> str | None:
-    """The log topic an MQTT first level maps to (INTERFACES.md: topic mapping).
+    """The log topic an MQTT first level maps to (docs/interfaces.md, "Topic mapping").
 
     Valid Kafka names map to themselves; other levels use the store's reversible escaping
     (`store.mapping`, docs/topic-mapping.md).

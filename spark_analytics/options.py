@@ -1,4 +1,4 @@
-"""Options of the `lightgate` source, parsed once on the driver (INTERFACES.md, "Spark").
+"""Options of the `lightgate` source, parsed once on the driver (docs/spark.md, "Options").
 
 Offsets follow Spark's Kafka source: `earliest`, `latest`, or JSON such as
 `{"sensors": {"0": 23, "1": -2}}` where -2 means earliest and -1 latest; `endingOffsets` is

@@ -359,7 +359,7 @@ def _prorate(begin: Offsets, end: Offsets, max_rows: int) -> Offsets:
 
 
 class LightgateDataSource(DataSource):
-    """`spark.read.format("lightgate").load(DATA_DIR)`; see INTERFACES.md for options."""
+    """`spark.read.format("lightgate").load(DATA_DIR)`; options: docs/spark.md."""
 
     @classmethod
     def name(cls) -> str:

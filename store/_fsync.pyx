@@ -3,7 +3,7 @@
 
 Python worker threads need the GIL after every fdatasync (to hand the completion to the loop and
 to wait for the next job). On a busy 2-core gateway that was ~19 futex calls per fsync round and
-~1,000 forced GIL switches per second of the event loop's thread (bench/RESULTS.md, issue 20).
+~1,000 forced GIL switches per second of the event loop's thread (docs/performance-history.md).
 Here the workers are plain pthreads: a job is a list of fds (and optionally a directory to
 fsync); a finished job goes on a done list and, if that list was empty, bumps an eventfd the
 event loop watches. The loop reads the eventfd, takes the whole done list under the mutex and

@@ -1,8 +1,8 @@
 # cython: language_level=3
 """Where a slots dataclass keeps each field, for compiled code that fills or reads the slots
 directly instead of calling __init__ or getattr (a message object per delivered message: the
-dataclass __init__ and seven attribute reads were most of their cost; bench/RESULTS.md, issue
-20). `learn_slots` is cimported by mqtt_proxy._cdelivery and lightqueue._cresolve (store.speedups
+dataclass __init__ and seven attribute reads were most of their cost; docs/performance-history.md).
+`learn_slots` is cimported by mqtt_proxy._cdelivery and lightqueue._cresolve (store.speedups
 explains the extensions); it has no pure twin: without it those modules are not used.
 """
 

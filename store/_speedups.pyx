@@ -503,7 +503,8 @@ def decode_records(const uint8_t[::1] data, Py_ssize_t pos, Py_ssize_t size, int
     QoS and client id bytes and headers None; any other has qos -1, client id None and its
     headers as [(name str, value bytes | None)]. `lat` >= 0 (LogAppendTime) is every record's
     timestamp. Records before `lo` are stepped over by their length, none after `hi` is read: a
-    reader far behind wants a few hundred records of a batch of thousands (bench/RESULTS.md).
+    reader far behind wants a few hundred records of a batch of thousands
+    (docs/performance-history.md).
     Raises ValueError for records that do not parse; nothing is returned then."""
     cdef const uint8_t* b = &data[0]
     cdef Py_ssize_t bend = pos + size, q0 = pos + HEADER_SIZE, rec_end, hq

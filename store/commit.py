@@ -100,7 +100,7 @@ class SyncWorkers:
     future's state copied into an asyncio future by one callback, whose own callbacks then ran
     in the next iteration), and the loop of a busy gateway iterates every 1-2 ms: measured in a
     QoS 1 fan-in, 2.2 ms on average from an fsync's end to its callback, the largest part of
-    what a PUBACK waits for (bench/RESULTS.md, issue 20).
+    what a PUBACK waits for (docs/performance-history.md).
 
     Compiled (`store._fsync.FsyncPool`, the default): pthreads that never take the GIL, whose
     completions the loop reads from an eventfd and runs itself. Python threads needed the GIL

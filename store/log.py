@@ -137,7 +137,8 @@ class Log:
         They are the end of the list: only the active segment takes writes and segments leave
         from the front. The case to allow for: an empty active segment rolled after a dirty one
         that stayed (`delete_records_below` keeps a segment with an fsync in flight). Looking at
-        every segment cost each fsync round 13 us per 1,000 segments (bench/RESULTS.md)."""
+        every segment cost each fsync round 13 us per 1,000 segments
+        (docs/performance-history.md)."""
         segs = self.segments
         last = len(segs) - 1
         out: list[LogSegment] = []

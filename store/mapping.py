@@ -210,7 +210,7 @@ _QOS_BYTES = (b"0", b"1", b"2")
 
 
 def headers_for(msg: MqttMessage) -> list[tuple[str, bytes | None]]:
-    """Record headers carrying the MQTT metadata of `msg` (INTERFACES.md)."""
+    """Record headers carrying the MQTT metadata of `msg` (docs/topic-mapping.md, "Headers")."""
     hs: list[tuple[str, bytes | None]] = [
         (H_QOS, _QOS_BYTES[msg.qos]),
         (H_CLIENT_ID, msg.client_id.encode()),
@@ -326,5 +326,6 @@ def _keep_tracked(msgs: list[MqttMessage]) -> None:
 # can never be part of a reference cycle, so the cyclic GC need not track it. Fan-in keeps the
 # messages of the last `recent_cache_bytes` alive for delivery, and the collector walked each
 # of them in every young and middle collection until it died: ~10 % of the broker's CPU in a
-# fan-in run, about half of it middle collections over surviving messages (bench/RESULTS.md).
+# fan-in run, about half of it middle collections over surviving messages
+# (docs/performance-history.md).
 untrack_messages: Callable[[list[MqttMessage]], None] = _keep_tracked if _c is None else _c.untrack

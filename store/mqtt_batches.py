@@ -3,7 +3,7 @@
 The same code builds the batches whether the store is in this process (`Store.append_mqtt`
 stages them on its `Log`s) or behind the core link (`mqtt_proxy.remote_store.RemoteStore` ships them to
 the core, which appends them as it appends a Kafka producer's). So a record written for an MQTT
-PUBLISH is byte-identical either way (INTERFACES.md: key = MQTT topic, headers `mqtt.*`).
+PUBLISH is byte-identical either way (docs/topic-mapping.md: key = MQTT topic, headers `mqtt.*`).
 
 Hot path: batches are built by aiokafka's Cython builder (0.26-0.44 us/record, see
 `record_batch.build_uncompressed`); the two headers of a plain PUBLISH are built inline with the
@@ -26,7 +26,7 @@ _group_by_slot = None if _c is None else _c.group_by_slot
 # An MQTT append is cut into batches of about this many bytes. A reader far behind its light
 # queue reads the batch holding its next entry whole, for each window of entries: with 1 MiB
 # batches (~8,000 fan-in records) that pread and walk cost a cold read 1.8 us per message, with
-# 64 KiB 0.6-1.1, and building and indexing them costs no more (bench/RESULTS.md, issue 20).
+# 64 KiB 0.6-1.1, and building and indexing them costs no more (docs/performance-history.md).
 MQTT_BATCH_BYTES = 64 << 10
 
 _QOS_B = (b"0", b"1", b"2")

@@ -427,7 +427,8 @@ def check_records(batch: Any) -> None:
     """Decode every record of one uncompressed batch (Kafka's broker validates records on
     produce too): InvalidRecordError if one does not parse or the count is off. A batch with a
     valid CRC can still hold garbage that no consumer, and no dispatcher, could read.
-    Compressed batches are stored as produced, unread (issue 5); the dispatcher skips one it
+    Compressed batches are stored as produced, unread (a consumer gets the producer's bytes);
+    the dispatcher skips one it
     cannot decode. Cost: the Cython walk, ~0.3 us per record."""
     h = BatchHeader._make(HEADER.unpack_from(batch, 0))
     if h.attributes & COMPRESSION_MASK:

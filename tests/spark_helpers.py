@@ -27,7 +27,7 @@ class Rec:
 
 
 def mqtt_rec(topic: str, payload: bytes, client_id: str, qos: int, ts: int) -> Rec:
-    """A record as the gateway writes it for an MQTT PUBLISH (INTERFACES.md topic mapping)."""
+    """A record as the gateway writes it for an MQTT PUBLISH (docs/topic-mapping.md)."""
     headers = [("mqtt.qos", str(qos).encode()), ("mqtt.client_id", client_id.encode())]
     return Rec(topic.encode(), payload, ts, headers)
 

@@ -1,5 +1,5 @@
 """What the notebook and the jobs leave behind is ignored and cleaned, and the notebook's extra
-is separate from `dev` (issue #18)."""
+is separate from `dev`."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Every shell line that README.md and docs/ show a user is run here as written, from a fresh
-working directory, or is listed in SKIP with the reason it is not (issue #11: "a new user
-following only README.md and docs/ can run every command they show").
+working directory, or is listed in SKIP with the reason it is not (the promise: a new user
+following only README.md and docs/ can run every command they show).
 
 Only what a test machine needs is changed, and always the same way: listeners bind free ports
 (LIGHTGATE_*_PORT=0 and the printed ports are used afterwards), `serve` runs until its ready line

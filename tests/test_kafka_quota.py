@@ -1,4 +1,4 @@
-"""Kafka produce quota (issue 13, Limits): over `kafka_produce_byte_rate` a connection's Produce
+"""Kafka produce quota: over `kafka_produce_byte_rate` a connection's Produce
 responses carry throttle_time_ms and the connection is not read for that long, as Kafka does.
 librdkafka (confluent-kafka) reports the throttle through `throttle_cb` and slows down; every
 record is still stored.

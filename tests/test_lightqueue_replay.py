@@ -170,7 +170,7 @@ async def _append(store, lq, msgs: list[MqttMessage]) -> None:  # type: ignore[n
 
 
 async def test_plain_and_replays_of_one_filter_are_all_fed_live(tmp_path: Path) -> None:
-    """Issue 12: a replay queue used to replace the plain queue (and any earlier replay) in the
+    """A regression: a replay queue used to replace the plain queue (and any earlier replay) in the
     filter index, so only the replay created last got live records. Every queue that wants the
     filter's live records gets each of them, and dropping one leaves the others fed, also after a
     restart of the light queues."""

@@ -1,5 +1,5 @@
 """The wrong client gets an answer: HTTP statuses with a reason on the WebSocket port, a timeout
-for sockets that never speak, and one rate-limited log line per bad connection (issue #11)."""
+for sockets that never speak, and one rate-limited log line per bad connection."""
 
 from __future__ import annotations
 

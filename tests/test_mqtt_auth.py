@@ -219,7 +219,7 @@ def test_publish_without_write_is_dropped(gw: GatewayProcess, version: int) -> N
 
 def test_denied_topics_filtered_live_retained_and_replayed(gw: GatewayProcess) -> None:
     """A granted filter that overlaps a deny: the denied topics never reach the client, whether
-    live, retained or replayed from the log (issue #12: a replay only partly readable)."""
+    live, retained or replayed from the log (a replay only partly readable included)."""
     admin = user(gw, "admin", "filt-admin", V5)
     admin.publish("hist/open/r", b"retained-ok", 1, retain=True)
     admin.publish("hist/secret/r", b"retained-secret", 1, retain=True)

@@ -1,4 +1,4 @@
-"""Bad input from issue 4: each case raises RemoteProtocolError with the right reason code."""
+"""Malformed or out-of-spec packets: each raises RemoteProtocolError with the right reason code."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """MQTT publish/subscribe end to end over real sockets (paho v3.1.1 and v5).
 
-Area names follow the issue: qos, wildcards, `$` rules, overlap, v5 options, shared, alias,
+Area names: qos, wildcards, `$` rules, overlap, v5 options, shared, alias,
 properties, expiry. Every test talks to a running gateway through the `broker` fixture.
 """
 

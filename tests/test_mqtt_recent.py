@@ -102,7 +102,7 @@ async def test_eviction_drops_each_partitions_oldest_runs(tmp_path: Path) -> Non
 async def test_an_eviction_frees_a_small_slice_of_the_budget(tmp_path: Path) -> None:
     """Freeing is the messages' deallocation, on the event loop: once full, each eviction frees
     about budget / RECENT_EVICT_FRACTION (about a millisecond of work at 64 MiB), not an eighth of
-    the budget at once (a loop stall of ~8 ms at 64 MiB, bench/RESULTS.md)."""
+    the budget at once (a loop stall of ~8 ms at 64 MiB, docs/performance-history.md)."""
     store = await Store.open(tmp_path, StoreConfig(default_partitions=2, fsync="never"))
     budget = 400 * (RECENT_OVERHEAD + 64 + 40) * 2
     b = Backend(store, None, "p", recent_bytes=budget)

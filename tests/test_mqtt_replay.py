@@ -22,7 +22,7 @@ def _unique_payloads(got: list[Received]) -> list[bytes]:
 
 
 def test_plain_and_two_replays_of_one_filter_all_receive_live(broker):
-    """Issue 12: a replay subscription used to take the live feed away from the plain
+    """A regression: a replay subscription used to take the live feed away from the plain
     subscription of its filter (and from earlier replays): each must get every live message."""
     pub = Client(broker.port, "pub").connect()
     plain = Client(broker.port, "plain").connect()
@@ -235,7 +235,7 @@ def test_shared_replay_splits_history_and_live_between_members(broker):
 
 
 def test_replay_of_a_partly_readable_filter_gets_only_readable_history(gateway_factory, tmp_path):
-    """Issue 12/13: `$replay` is checked on its real filter, and its history is filtered by the
+    """`$replay` is checked on its real filter, and its history is filtered by the
     subscriber's `read` access like live messages (an acl_file with a deny inside the filter)."""
     acl = tmp_path / "acl"
     acl.write_text("topic readwrite #\nuser alice\ntopic read plant/#\ntopic deny plant/secret/#\n")

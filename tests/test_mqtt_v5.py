@@ -29,7 +29,7 @@ def _v5_publish(topic: bytes, payload: bytes, alias: int | None) -> bytes:
 
 def test_54_v5_properties_reach_kafka_headers(broker):
     """Every MQTT 5 PUBLISH property is carried through the store to Kafka consumers as the
-    `mqtt.*` headers of INTERFACES.md; user properties become plain headers."""
+    `mqtt.*` headers of docs/topic-mapping.md; user properties become plain headers."""
     if not hasattr(broker, "gw"):
         pytest.skip("needs `lightgate serve` (the in-process broker has no Kafka listener)")
     import kafka

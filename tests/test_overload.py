@@ -1,4 +1,4 @@
-"""Overload (issue 13): idle sockets and slowloris clients cannot starve a normal client or grow
+"""Overload: idle sockets and slowloris clients cannot starve a normal client or grow
 the gateway's memory, and slowloris clients are cut by the CONNECT timeout and keep alive.
 
 The full-size run (10,000 idle + 100 slowloris) is `bench/overload_bench.py`; this is the small

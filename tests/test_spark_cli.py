@@ -70,7 +70,7 @@ def _two_topics(data: Path) -> None:
 
 
 def test_progress_counts_follow_filter_and_since(tmp_path: Path) -> None:
-    """What the jobs' first progress line says (issue #18: it said 10 records for every filter)."""
+    """What the jobs' first progress line says (it once said 10 records for every filter)."""
     _two_topics(tmp_path)
     assert select(tmp_path).describe() == "10 records from 2 topic(s)"
     flt = select(tmp_path, {"mqttTopicFilter": "sensors/#"})

@@ -1,4 +1,4 @@
-"""docs/spark.md's Python snippet runs as written from a plain venv script (issue #18, item 1).
+"""docs/spark.md's Python snippet runs as written from a plain venv script, as a new user runs it.
 
 The snippet is taken from the doc, saved as a file and run with the venv's Python in a directory
 holding `./data`, with neither PYSPARK_PYTHON nor the venv on PATH -- what a new user has. Without

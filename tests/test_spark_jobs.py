@@ -104,7 +104,7 @@ def test_rates_chart_plots_the_parquet_numbers(spark, tmp_path: Path) -> None:
 
 
 def test_device_from_topic_level_with_short_topics(spark, tmp_path: Path) -> None:
-    """`--device-from topic:1` on records whose topic has no level 1 (issue #18): no crash
+    """`--device-from topic:1` on records whose topic has no level 1: no crash
     (it was SparkArrayIndexOutOfBoundsException); such a record is its own device, by topic."""
     data, out = tmp_path / "data", tmp_path / "out"
     w = LogWriter(data, {"sensors": 1})

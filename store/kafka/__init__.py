@@ -1,4 +1,4 @@
-"""Kafka wire-protocol listener on the shared store (issue 5).
+"""Kafka wire-protocol listener on the shared store (docs/kafka.md).
 
 `KafkaServer(store, host, port, config, security=...)` serves stock Kafka clients from the same log
 MQTT writes to; `security` (a `store.auth.Security`) turns on SASL and per-topic ACLs. Layers:
