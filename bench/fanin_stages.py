@@ -66,4 +66,8 @@ def main(bases: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] in (["-h"], ["--help"]):
+        sys.exit(print(__doc__))
+    if not sys.argv[1:]:
+        sys.exit(__doc__)
     main(sys.argv[1:])
