@@ -201,7 +201,10 @@ class KafkaConnection(asyncio.Protocol):
         finally:
             self._auth_busy = False
         if sasl.state is State.AUTHENTICATED and before is not State.AUTHENTICATED:
-            self._info = dataclasses.replace(self._info, user=sasl.user)
+            self._info = dataclasses.replace(self._info, user=sasl.user, acl=sasl.acl)
+            if sasl.expires_at is not None:  # a token: the connection ends with it
+                delay = max(0.0, sasl.expires_at - time.time())
+                asyncio.get_running_loop().call_later(delay, self._token_expired)
             log.info("kafka client authenticated",
                      extra={"peer": self._info.peer_host, "user": sasl.user})  # fmt: skip
         elif sasl.closing:
@@ -217,6 +220,15 @@ class KafkaConnection(asyncio.Protocol):
         if not self._closing and self._held:
             asyncio.get_running_loop().call_soon(self._resume_held)
         return out
+
+    def _token_expired(self) -> None:
+        """The OAUTHBEARER token expired: close, as Kafka does past `connections.max.reauth.ms`
+        for a client that did not re-authenticate; the client reconnects with a fresh token."""
+        if self._closing or self._transport is None:
+            return
+        log.info("kafka token expired, connection closed", extra={"peer": self._info.peer_host})
+        self._closing = True
+        self._transport.close()
 
     def _resume_held(self) -> None:
         held, self._held = self._held, []
