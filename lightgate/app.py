@@ -81,6 +81,7 @@ class Gateway:
 
     async def start(self) -> None:
         cfg = self.cfg
+        self._closers.append(self.security)  # closed last: its JWKS task, its hook session
         if cfg.log == "kafka":
             self.store = await open_cluster_log(cfg)
         else:

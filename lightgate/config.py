@@ -100,11 +100,13 @@ class GatewayConfig:
     tls_cert: str = key(
         "",
         "PEM certificate chain of the TLS listeners (MQTT/TLS, WSS, Kafka/TLS, the core link with "
-        "`core_tls`; read at start)",
+        "`core_tls`; read at start, the listeners' again on SIGHUP)",
         allowed='a file path, or `""`',
     )
     tls_key: str = key(
-        "", "PEM private key of `tls_cert` (read at start)", allowed='a file path, or `""`'
+        "",
+        "PEM private key of `tls_cert` (read at start, the listeners' again on SIGHUP)",
+        allowed='a file path, or `""`',
     )
     tls_ca: str = key(
         "",

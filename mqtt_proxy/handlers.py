@@ -70,11 +70,16 @@ def handle_publish(conn: MqttConnection, p: Publish) -> bool:
             # A resend of a QoS 2 message already stored: not stored twice [MQTT-4.3.3-10].
             conn.ack_durable(pid, 5)
             return False
-    if server.topic_hook is not None and server.publish_pending(conn, topic):
-        return True
+    if server.topic_hook is None:
+        allowed = topic[0] != "$" and server.may_publish(conn, topic)
+    else:
+        verdict = server.may_publish_hooked(conn, topic)
+        if verdict is None:
+            return True  # the hook is asked: this PUBLISH is handled again with its answer
+        allowed = verdict
     counters = server.counters
     counters["messages_received"] += 1
-    if topic[0] == "$" or not server.may_publish(conn, topic):
+    if not allowed:
         # `$` topics are never stored as device data; a refused topic is acked and dropped.
         counters["publish_dropped"] += 1
         if qos:

@@ -375,19 +375,22 @@ class MqttServer:
         hook = self.authorize_publish
         return True if hook is None else bool(hook(conn.client_id, topic))
 
-    def publish_pending(self, conn: MqttConnection, topic: str) -> bool:
-        """True when the auth hook must be asked about `topic` first: the connection waits (its
-        packets held, reading paused) and handles them again once the answer is cached."""
+    def may_publish_hooked(self, conn: MqttConnection, topic: str) -> bool | None:
+        """`may_publish` with the auth hook: its cached answer (one lookup), or None when it must
+        be asked first: the connection then waits (its packets held, reading paused) and
+        handles them again once the answer is cached."""
         web = self.topic_hook
         assert web is not None
         if topic[:1] == "$" or (conn.acl is not None and not conn.acl.can_write(topic)):
             return False  # refused without asking
-        if web.cached(conn.username, conn.client_id, topic, PUBLISH) is not None:
-            return False
-        conn.block()
-        task = self.loop.create_task(web.authorize(conn.username, conn.client_id, topic, PUBLISH))
-        task.add_done_callback(lambda _t: conn.unblock())
-        return True
+        answer = web.cached(conn.username, conn.client_id, topic, PUBLISH)
+        if answer is None:
+            conn.block()
+            ask = web.authorize(conn.username, conn.client_id, topic, PUBLISH)
+            self.loop.create_task(ask).add_done_callback(lambda _t: conn.unblock())
+            return None
+        hook = self.authorize_publish
+        return answer and (hook is None or bool(hook(conn.client_id, topic)))
 
     def subscribe_pending(
         self, conn: MqttConnection, p: Subscribe, again: Callable[[Any, Subscribe], None]
@@ -451,6 +454,8 @@ class MqttServer:
         out["ingest_backlog"] = self.inbound.backlog()
         out["ingest_throttled"] = int(self.inbound.throttled)
         out["uptime_s"] = int(time.time() - self.started_at)
+        if self.security.http is not None:  # the auth hook's requests, failures, cache hits
+            out.update(self.security.http.counters)
         out["version"] = VERSION
         return out
 

@@ -89,6 +89,13 @@ class Security:
             callback()
         return []
 
+    async def close(self) -> None:
+        """Stop the JWKS refresher and the auth hook's HTTP session."""
+        if self.jwt is not None:
+            self.jwt.close()
+        if self.http is not None:
+            await self.http.close()
+
     def on_reload(self, callback: Callable[[], None]) -> None:
         """Call `callback` after each successful reload (servers refresh per-connection caches)."""
         self._listeners.append(callback)
