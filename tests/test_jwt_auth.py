@@ -120,7 +120,6 @@ def test_refusals_are_bad_credentials(gw: GatewayProcess, version: int) -> None:
         c = connect(gw.port("mqtt"), f"bad-{version}", version, tok, ok=False)
         assert code(c.connack) == 0x86, (why, c.connack)  # 3.1.1's 0x04 reads as 0x86 in paho
         c.paho.loop_stop()
-    assert "token_refused" in gw.log_text() or "refused" in gw.log_text()
 
 
 @pytest.mark.parametrize("version", [V311, V5])
@@ -167,6 +166,31 @@ def test_jwks_url_rotation_and_unknown_kid_rate_limit(tmp_path: Path) -> None:
         web.routes["/jwks"] = json_answer({"error": "down"}, status=503)
         time.sleep(2.1)
         connect(port, "r4", V5, token(k2, "ES256", kid="k2")).disconnect()
+    finally:
+        g.stop()
+        web.stop()
+
+
+def test_jwks_url_refreshed_on_schedule(tmp_path: Path) -> None:
+    """A new key is taken by the scheduled fetch alone (unknown kids fetch nothing here)."""
+    k1, k2 = rsa_key(), rsa_key()
+    web = WebServer().start()
+    web.routes["/jwks"] = json_answer({"keys": [jwk_of(k1, "k1")]})
+    g = start(
+        tmp_path,
+        f"auth_jwt_jwks_url={web.url('/jwks')}",
+        "auth_jwt_jwks_refresh_s=1",
+        "auth_jwt_jwks_min_interval_s=3600",
+    )
+    try:
+        port = g.port("mqtt")
+        connect(port, "s1", V5, token(k1, "RS256", kid="k1")).disconnect()
+        web.routes["/jwks"] = json_answer({"keys": [jwk_of(k1, "k1"), jwk_of(k2, "k2")]})
+        deadline = time.monotonic() + 15
+        while web.count("/jwks") < 3:  # the first token's fetch, then one a second
+            assert time.monotonic() < deadline, web.requests
+            time.sleep(0.2)
+        connect(port, "s3", V5, token(k2, "RS256", kid="k2")).disconnect()
     finally:
         g.stop()
         web.stop()

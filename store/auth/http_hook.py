@@ -152,7 +152,8 @@ class HttpAuth:
         if self._slots is None:
             self._slots = asyncio.Semaphore(self.settings.max_in_flight)
         if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession()
+            connector = aiohttp.TCPConnector(limit=self.settings.max_in_flight)
+            self._session = aiohttp.ClientSession(connector=connector)
         self.counters["http_auth_requests"] += 1
         try:
             async with (
