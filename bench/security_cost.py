@@ -8,6 +8,12 @@
   verifies the server: bench/mqttbench's `--tls-ca`).
 
 Usage (from the repository root): .venv/bin/python bench/security_cost.py --repeat 3
+
+`--auth`: what each way of proving identity costs (bench/auth_cost.py), against fresh gateways
+in one run, rotated per repeat: the CONNECT rate and gateway CPU per CONNECT, and gateway CPU
+per published message, for `anonymous`, `passwd` (password_file + acl_file), `jwt` (HS256 or
+ES256 token with an ACL claim) and `http` (the auth hook, a local aiohttp service):
+.venv/bin/python bench/security_cost.py --auth --repeat 3
 """
 
 from __future__ import annotations
@@ -80,6 +86,11 @@ def run_one(tmp: Path, mode: str, scenario: list[str], port: int, pki: object) -
 
 
 def main() -> int:
+    if "--auth" in sys.argv:
+        from auth_cost import main as auth_main  # bench/auth_cost.py
+
+        sys.argv.remove("--auth")
+        return auth_main()
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--port", type=int, default=18850)

@@ -23,8 +23,14 @@ from lightgate.gc_pauses import GcPauses, freeze_startup_heap
 from lightgate.health import HealthWatch
 from lightgate.http import HttpServer
 from lightgate.metrics import Figures
-from lightgate.security import build_security, reload_security
-from lightgate.tls import certificate_cn, check_tls_files, server_context, tls_context
+from lightgate.security import build_security, reload_security, reload_tls
+from lightgate.tls import (
+    TlsReloader,
+    certificate_cn,
+    check_tls_files,
+    server_context,
+    tls_context,
+)
 from store import Store, StoreConfig, StoreError, StoreLockedError
 from store.auth import Security
 
@@ -67,6 +73,7 @@ class Gateway:
         self._stats_sources: list[tuple[str, object]] = []  # (metric prefix, source with stats())
         # Users and rights, shared by the MQTT and Kafka servers, reloaded in place on SIGHUP.
         self.security: Security = build_security(cfg)
+        self.certificates = TlsReloader(cfg)  # the TLS listeners' contexts, reloaded on SIGHUP
         self._proxy: ProxySupervisor | None = None  # when MQTT runs in a child process
         self.figures = Figures(self)
         self.gc_pauses: GcPauses | None = None  # `serve` times this process's collections
@@ -74,6 +81,7 @@ class Gateway:
 
     async def start(self) -> None:
         cfg = self.cfg
+        self._closers.append(self.security)  # closed last: its JWKS task, its hook session
         if cfg.log == "kafka":
             self.store = await open_cluster_log(cfg)
         else:
@@ -145,12 +153,14 @@ class Gateway:
             self.endpoints["mqtt"] = await mqtt.start_tcp(cfg.host, cfg.mqtt_port)
         if cfg.tls_cert and cfg.mqtts_port != -1:
             self.endpoints["mqtts"] = await mqtt.start_tls(
-                cfg.host, cfg.mqtts_port, tls_context(cfg)
+                cfg.host, cfg.mqtts_port, self.certificates.add(tls_context(cfg))
             )
         if cfg.ws_port != -1:
             self.endpoints["ws"] = await mqtt.start_ws(cfg.host, cfg.ws_port)
         if cfg.tls_cert and cfg.wss_port != -1:
-            self.endpoints["wss"] = await mqtt.start_ws(cfg.host, cfg.wss_port, tls_context(cfg))
+            self.endpoints["wss"] = await mqtt.start_ws(
+                cfg.host, cfg.wss_port, self.certificates.add(tls_context(cfg))
+            )
 
     async def _start_core_link(self, queues: LightQueues, notifier: InProcessNotifier) -> str:
         """The core link (store, light queues, notify) for MQTT proxies in other processes."""
@@ -209,7 +219,7 @@ class Gateway:
             self.store, cfg.host, cfg.kafka_port, kcfg, security=self.security
         )
         if tls_port != -1:  # Kafka has no answer for "certificate missing": the handshake fails
-            kafka.add_tls_listener(tls_port, server_context(cfg))
+            kafka.add_tls_listener(tls_port, self.certificates.add(server_context(cfg)))
         if cfg.tls_identity_as_username:  # a client certificate's CN is the SASL user
             kafka.certificate_user = certificate_cn
         await kafka.start()
@@ -221,9 +231,11 @@ class Gateway:
             self.endpoints["kafka_tls"] = (cfg.host, kafka.tls_port)
 
     def reload(self) -> bool:
-        """SIGHUP: re-read password_file and acl_file; the MQTT proxy child re-reads them too
-        (each process loads the files itself). A file that does not parse keeps the old rules."""
+        """SIGHUP: re-read password_file, acl_file, the JWT key files and the TLS certificate;
+        the MQTT proxy children re-read them too (each process loads the files itself). A file
+        that does not parse keeps the old rules (or certificate)."""
         ok = reload_security(self.security)
+        ok = reload_tls(self.certificates) and ok
         if self._proxy is not None:
             self._proxy.reload()
         return ok

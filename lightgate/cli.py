@@ -207,8 +207,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if ns.command == "proxy":
         _without_hypothesis()
         from lightgate.proxy_main import exit_with_parent, run_proxy
-        from lightgate.security import build_security, reload_security
-        from lightgate.tls import tls_context
+        from lightgate.security import build_security, reload_security, reload_tls
+        from lightgate.tls import TlsReloader, tls_context
+        from store.auth import Security
 
         if ns.exit_with_parent:
             exit_with_parent()
@@ -218,14 +219,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             cfg.core_secret = os.environ.get("LIGHTGATE_CORE_SECRET", "")
             setup_logging(cfg.log_format, cfg.log_level)
         tune_gc(cfg.gc_gen0)
+        certificates = TlsReloader(cfg)
+
+        def reload(security: Security) -> bool:
+            reload_tls(certificates)
+            return reload_security(security)
+
         return _run(
             run_proxy(
                 cfg,
                 ns.core,
                 ns.proxy_id,
                 lambda: build_security(cfg),
-                reload=reload_security,
-                tls_ctx=lambda: tls_context(cfg),
+                reload=reload,
+                tls_ctx=lambda: certificates.add(tls_context(cfg)),
             )
         )
     if ns.command == "status":

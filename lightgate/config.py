@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
+from store.auth.http_hook import DEFAULT_ACL_BODY, DEFAULT_CONNECT_BODY
+
 T = TypeVar("T")
 
 MAX_INT32 = 2**31 - 1
@@ -98,11 +100,13 @@ class GatewayConfig:
     tls_cert: str = key(
         "",
         "PEM certificate chain of the TLS listeners (MQTT/TLS, WSS, Kafka/TLS, the core link with "
-        "`core_tls`; read at start)",
+        "`core_tls`; read at start, the listeners' again on SIGHUP)",
         allowed='a file path, or `""`',
     )
     tls_key: str = key(
-        "", "PEM private key of `tls_cert` (read at start)", allowed='a file path, or `""`'
+        "",
+        "PEM private key of `tls_cert` (read at start, the listeners' again on SIGHUP)",
+        allowed='a file path, or `""`',
     )
     tls_ca: str = key(
         "",
@@ -284,6 +288,92 @@ class GatewayConfig:
         "SIGHUP",
         allowed='a file path, or `""`',
     )
+    # A JWT as the MQTT password and the Kafka OAUTHBEARER token (docs/security.md).
+    auth_jwt_secret_file: str = key(
+        "",
+        "HS256 secret (at least 32 bytes; surrounding whitespace ignored) verifying JWTs; "
+        "reloaded on SIGHUP",
+        allowed='a file path, or `""`',
+    )
+    auth_jwt_key_file: str = key(
+        "",
+        "PEM public key (RSA for RS256, P-256 for ES256) or JWKS document verifying JWTs; "
+        "reloaded on SIGHUP",
+        allowed='a file path, or `""`',
+    )
+    auth_jwt_jwks_url: str = key(
+        "",
+        "URL of a JWKS verifying JWTs, fetched at the first token, every "
+        "`auth_jwt_jwks_refresh_s` and for a `kid` it lacks",
+        allowed='an http(s) URL, or `""`',
+    )
+    auth_jwt_jwks_refresh_s: int = key(300, "seconds between JWKS fetches", lo=1, hi=86400)
+    auth_jwt_jwks_min_interval_s: int = key(
+        10,
+        "a token naming an unknown `kid` fetches the JWKS again at most this often",
+        lo=0,
+        hi=3600,
+    )
+    auth_jwt_algorithms: str = key(
+        "HS256,RS256,ES256",
+        "accepted JWT algorithms, comma-separated (a key is used only with its own algorithm)",
+        allowed="a comma-separated subset of `HS256`, `RS256`, `ES256`",
+    )
+    auth_jwt_username_claim: str = key(
+        "sub", "JWT claim holding the user name (no such claim: no user name)", allowed="a name"
+    )
+    auth_jwt_acl_claim: str = key(
+        "acl",
+        'JWT claim holding the client\'s rights, `{"pub": [...], "sub": [...], "all": [...]}` '
+        "topic filters with `%u`/`%c`; a token without it gets the `acl_file` rules of its user",
+        allowed="a name",
+    )
+    auth_jwt_issuer: str = key(
+        "", 'required `iss` of JWTs; `""`: not checked', allowed='a string, or `""`'
+    )
+    auth_jwt_audience: str = key(
+        "", 'required `aud` of JWTs; `""`: not checked', allowed='a string, or `""`'
+    )
+    auth_jwt_leeway_s: int = key(0, "clock skew allowed on `exp` and `nbf`", lo=0, hi=3600)
+    auth_jwt_require_exp: bool = key(True, "refuse a JWT without `exp`")
+
+    # A web service deciding CONNECTs and topic rights (docs/security.md).
+    auth_http_connect_url: str = key(
+        "",
+        "URL POSTed for each MQTT CONNECT that does not carry a JWT; a 2xx answer accepts",
+        allowed='an http(s) URL, or `""`',
+    )
+    auth_http_acl_url: str = key(
+        "",
+        "URL POSTed for each (client, topic, publish/subscribe) not in the cache; a 2xx "
+        "answer allows",
+        allowed='an http(s) URL, or `""`',
+    )
+    auth_http_connect_body: str = key(
+        DEFAULT_CONNECT_BODY,
+        "fields of the CONNECT request's JSON body: `name=value` pairs, comma-separated, with "
+        "`%u` user, `%P` password, `%c` client id, `%a` peer address",
+        allowed="`name=value[,name=value...]`",
+    )
+    auth_http_acl_body: str = key(
+        DEFAULT_ACL_BODY,
+        "fields of the topic request's JSON body: `%u`, `%c`, `%t` topic, `%A` access "
+        "(the number 1 subscribe, 2 publish)",
+        allowed="`name=value[,name=value...]`",
+    )
+    auth_http_timeout_ms: int = key(
+        2000,
+        "a hook request not answered in this time (waiting for a slot included) refuses",
+        lo=10,
+        hi=60_000,
+    )
+    auth_http_cache_ttl_s: int = key(
+        60, "hook answers are reused this long (per user, client and topic)", lo=1, hi=86400
+    )
+    auth_http_max_in_flight: int = key(
+        16, "hook requests running at once; more wait their turn", lo=1, hi=1024
+    )
+
     filter_grace_ms: int = key(
         60_000, "a wildcard light queue with no subscribers is dropped after this", lo=0, hi=DAY_MS
     )

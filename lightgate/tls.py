@@ -69,6 +69,40 @@ def core_client_context(cfg: GatewayConfig) -> ssl.SSLContext:
     return ctx
 
 
+class TlsReloader:
+    """The listeners' contexts, their certificate and key loaded again on SIGHUP.
+
+    An `SSLContext` takes a new chain in place: handshakes from then on present it, open
+    connections keep theirs. The files are first loaded into a scratch context, so a bad or
+    half-written pair (a key not matching its certificate) leaves every listener as it was.
+    `tls_ca` is loaded again too; OpenSSL only adds to a context's trust store, so a CA removed
+    from the file stays trusted until restart.
+    """
+
+    def __init__(self, cfg: GatewayConfig) -> None:
+        self.cfg = cfg
+        self.contexts: list[ssl.SSLContext] = []
+
+    def add(self, ctx: ssl.SSLContext) -> ssl.SSLContext:
+        self.contexts.append(ctx)
+        return ctx
+
+    def reload(self) -> str | None:
+        """Load the files again; the error (key and path named) or None."""
+        cfg = self.cfg
+        if not self.contexts or not (cfg.tls_cert and cfg.tls_key):
+            return None
+        try:
+            server_context(cfg)  # everything loads, or nothing changes
+            for ctx in self.contexts:
+                _load_chain(ctx, cfg)
+                if cfg.tls_ca:
+                    _load_ca(ctx, cfg)
+        except ConfigError as exc:
+            return str(exc)
+        return None
+
+
 def check_tls_files(cfg: GatewayConfig) -> None:
     """Preflight: load every TLS file the config names, so a bad one stops `serve` before it
     opens anything, with the key and the path in the message."""

@@ -7,13 +7,16 @@ with several proxies, the core's claim of the client id, then the session and th
 
 from __future__ import annotations
 
+import asyncio
 import secrets
+import time
 from typing import TYPE_CHECKING, Any
 
 from mqtt_proxy.codec import EMPTY_PROPERTIES, Connect, Properties, ReasonCode
 from mqtt_proxy.session import Will
 from mqtt_proxy.topic_aliases import OutAliases
 from store.auth import ConnectVerdict
+from store.auth.jwt_auth import Grant, looks_like_jwt
 
 if TYPE_CHECKING:
     from mqtt_proxy.connection import MqttConnection
@@ -92,6 +95,21 @@ def handle_connect(conn: MqttConnection, c: Connect) -> None:
         _connect_checked(conn, c, client_id, assigned, ConnectVerdict.OK, False, identity)
         return
     security = server.security
+    jwt_auth = security.jwt
+    if jwt_auth is not None and looks_like_jwt(c.password):
+        # A token: checked on the loop (a JWKS fetch for an unknown kid is awaited, not blocked on).
+        conn.block()
+        token = (c.password or b"").decode("latin-1")
+        task = server.loop.create_task(jwt_auth.verify_async(token, client_id))
+        task.add_done_callback(lambda t: _token_checked(conn, c, client_id, assigned, t))
+        return
+    http = security.http
+    if http is not None and http.settings.connect_url:
+        conn.block()
+        ask = http.authenticate(c.username, c.password, client_id, conn.remote.rpartition(":")[0])
+        asked = server.loop.create_task(ask)
+        asked.add_done_callback(lambda t: _hook_checked(conn, c, client_id, assigned, t))
+        return
     if security.passwords is not None and c.username is not None:
         conn.block()
         fut = server.loop.run_in_executor(None, security.check_connect, c.username, c.password)
@@ -101,6 +119,40 @@ def handle_connect(conn: MqttConnection, c: Connect) -> None:
         return
     verdict = security.check_connect(c.username, c.password)
     _connect_checked(conn, c, client_id, assigned, verdict, False)
+
+
+def _token_checked(
+    conn: MqttConnection,
+    c: Connect,
+    client_id: str,
+    assigned: str | None,
+    task: asyncio.Task[Grant],
+) -> None:
+    """A token verified or refused: refusals are bad credentials (0x86 / 0x04), as a wrong
+    password is; the reason goes to the log only."""
+    if task.cancelled():
+        return
+    exc = task.exception()
+    if exc is not None:
+        conn.server.conn_log.event(
+            "token_refused", conn.conn_id, "client %r from %s: %s", c.client_id, conn.remote, exc
+        )
+        _connect_checked(conn, c, client_id, assigned, ConnectVerdict.BAD_CREDENTIALS, True)
+        return
+    grant = task.result()
+    _connect_checked(conn, c, client_id, assigned, ConnectVerdict.OK, True, grant=grant)
+
+
+def _hook_checked(
+    conn: MqttConnection, c: Connect, client_id: str, assigned: str | None, task: asyncio.Task[bool]
+) -> None:
+    if task.cancelled():
+        return
+    ok = task.exception() is None and task.result()
+    verdict = ConnectVerdict.OK if ok else ConnectVerdict.BAD_CREDENTIALS
+    if not ok and c.username is None:
+        verdict = ConnectVerdict.NOT_AUTHORIZED
+    _connect_checked(conn, c, client_id, assigned, verdict, True)
 
 
 def _refuse(conn: MqttConnection, c: Connect, r: Refuse) -> None:
@@ -123,8 +175,10 @@ def _connect_checked(
     verdict: ConnectVerdict,
     blocked: bool,
     identity: str | None = None,
+    grant: Grant | None = None,
 ) -> None:
-    """CONNECT once the credentials are decided: session, CONNACK, resume delivery."""
+    """CONNECT once the credentials are decided: session, CONNACK, resume delivery. `grant`:
+    what a token proved (the user name is its claim's, not CONNECT's, and it may carry rights)."""
     if conn.closed:
         return  # the client left while its password was checked
     server = conn.server
@@ -132,6 +186,8 @@ def _connect_checked(
     v5 = conn.v5
     cp = c.properties
     username, password = (identity, None) if identity is not None else (c.username, c.password)
+    if grant is not None:
+        username = grant.user
     try:
         if verdict is not ConnectVerdict.OK:
             code = BAD_CREDENTIALS if verdict is ConnectVerdict.BAD_CREDENTIALS else NOT_AUTHORIZED
@@ -146,6 +202,10 @@ def _connect_checked(
             raise Refuse(SERVER_BUSY, f"max_connections ({s.max_connections})")
         conn.username = username
         conn.client_id = client_id
+        if grant is not None:
+            conn.token_acl = grant.acl
+            if grant.expires_at is not None:
+                conn.expire_at(grant.expires_at - time.time())
         conn.refresh_acl()
         keepalive = c.keep_alive
         server_keepalive = None
@@ -172,6 +232,9 @@ def _connect_checked(
                 w.retain,
                 wp.will_delay_interval or 0,
                 server.message_properties(wp),
+                username,
+                client_id,
+                conn.token_acl,
             )
     except Refuse as r:
         _refuse(conn, c, r)

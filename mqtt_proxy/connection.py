@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from mqtt_proxy import handlers
@@ -37,7 +38,7 @@ from mqtt_proxy.codec import (
     State,
     chunk_kind,
 )
-from mqtt_proxy.codec.reason_codes import v3_connack_code
+from mqtt_proxy.codec.reason_codes import ReasonCode, v3_connack_code
 from mqtt_proxy.limits import TokenBucket
 from mqtt_proxy.outbound import acks
 from mqtt_proxy.topic_aliases import OutAliases
@@ -80,6 +81,8 @@ class MqttConnection(asyncio.Protocol):
         "_held",
         "paused_since",
         "acl",
+        "token_acl",
+        "_expiry",
         "rate",
         "_rate_timer",
         "opened_at",
@@ -124,6 +127,10 @@ class MqttConnection(asyncio.Protocol):
         # This client's compiled ACL (store.auth.ClientAcl); None when everything is allowed,
         # so the hot paths pay one `is None` test. Replaced on reload (refresh_acl).
         self.acl: ClientAcl | None = None
+        # The rights a JWT carried (its ACL claim), which the acl_file does not replace on reload;
+        # `_expiry` closes the connection when that token expires.
+        self.token_acl: ClientAcl | None = None
+        self._expiry: asyncio.TimerHandle | None = None
         self.conn_id = server.conn_log.new_id()
         # Server-assigned outbound topic aliases (topic_aliases.py), set at CONNECT for a v5
         # client that announced a Topic Alias Maximum; per connection, so a reconnect starts over.
@@ -193,7 +200,9 @@ class MqttConnection(asyncio.Protocol):
                 if rate is not None and not rate.take(self._loop.time()):
                     self._rate_block(packets[i:])
                     return published
-                on_publish(self, p)
+                if on_publish(self, p):  # waits for the auth hook: it and the rest after it
+                    self.hold(packets[i:])
+                    return published
                 published = True
             else:
                 dispatch[type(p)](self, p)
@@ -284,6 +293,9 @@ class MqttConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self.ka_slot:
             self.server.keepalive.remove(self)
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
         if self._rate_timer is not None:
             self._rate_timer.cancel()
             self._rate_timer = None
@@ -458,8 +470,35 @@ class MqttConnection(asyncio.Protocol):
             self.connected = False
             self.server.sessions.disconnected(self, "session taken over")
 
+    def expire_at(self, delay_s: float) -> None:
+        """Close this connection in `delay_s` seconds, when its credential (a JWT) expires."""
+        if self._expiry is not None:
+            self._expiry.cancel()
+        self._expiry = self._loop.call_later(max(0.0, delay_s), self._credential_expired)
+
+    def _credential_expired(self) -> None:
+        """MQTT 5 has no reason code named for an expired credential. 0xA0 Maximum connect time
+        ("connected longer than the maximum allowed time", server only) is the spec's code for
+        a connection ended by a time limit the server set, which `exp` is; 0x87 Not authorized
+        answers a request the client made, and the client made none. A 3.1.1 client is just
+        closed. The will is published, as for any close the client did not ask for."""
+        self._expiry = None
+        self.disconnect_reason = "token expired"
+        self.server.counters["tokens_expired"] += 1
+        self.close_with(ReasonCode.MAXIMUM_CONNECT_TIME)
+
+    def hold(self, packets: Sequence[Packet]) -> None:
+        """Blocked by a check still running (the auth hook): handle `packets` after it, first."""
+        self._held = [*packets, *self._held]
+        if not self.closed:
+            self.transport.pause_reading()
+
     def refresh_acl(self) -> None:
-        """Take the current rules of `server.security` for this user and client id."""
+        """Take the current rules of `server.security` for this user and client id (the rights of
+        its token instead when the token carried some)."""
+        if self.token_acl is not None:
+            self.acl = self.token_acl
+            return
         security = self.server.security
         acl = security.acl
         self.acl = None if acl.allows_everything else acl.for_client(self.username, self.client_id)

@@ -56,22 +56,30 @@ PACKET_ID_NOT_FOUND = ReasonCode.PACKET_IDENTIFIER_NOT_FOUND
 UNSPECIFIED = ReasonCode.UNSPECIFIED_ERROR
 
 
-def handle_publish(conn: MqttConnection, p: Publish) -> None:
+def handle_publish(conn: MqttConnection, p: Publish) -> bool:
     """Inbound PUBLISH (aliases already resolved and Receive Maximum checked by the codec):
-    QoS 2 de-duplication, `$` topics, ACL, then into this tick's append batch."""
+    QoS 2 de-duplication, `$` topics, ACL, then into this tick's append batch. True: not handled
+    yet, the auth hook is being asked about its topic (the caller holds it and what follows)."""
     server = conn.server
     topic, _payload, qos, _retain, _dup, pid, props = p
     if qos == 2:
         session = conn.session
         if pid in session.qos2_pending:  # type: ignore[union-attr]
-            return  # a resend while the first copy is being stored: PUBREC follows
+            return False  # a resend while the first copy is being stored: PUBREC follows
         if pid in session.qos2_in:  # type: ignore[union-attr]
             # A resend of a QoS 2 message already stored: not stored twice [MQTT-4.3.3-10].
             conn.ack_durable(pid, 5)
-            return
+            return False
+    if server.topic_hook is None:
+        allowed = topic[0] != "$" and server.may_publish(conn, topic)
+    else:
+        verdict = server.may_publish_hooked(conn, topic)
+        if verdict is None:
+            return True  # the hook is asked: this PUBLISH is handled again with its answer
+        allowed = verdict
     counters = server.counters
     counters["messages_received"] += 1
-    if topic[0] == "$" or not server.may_publish(conn, topic):
+    if not allowed:
         # `$` topics are never stored as device data; a refused topic is acked and dropped.
         counters["publish_dropped"] += 1
         if qos:
@@ -80,7 +88,7 @@ def handle_publish(conn: MqttConnection, p: Publish) -> None:
                 # A successful PUBREC: the client's PUBREL must find the id (PUBCOMP 0x00).
                 conn.session.qos2_in.add(pid)  # type: ignore[union-attr]
             conn.send((Puback if qos == 1 else Pubrec)(pid, reason if conn.v5 else 0))
-        return
+        return False
     msg = server.make_message(topic, p.payload, qos, p.retain, props, conn.client_id)
     if qos:
         if qos == 2:
@@ -91,6 +99,7 @@ def handle_publish(conn: MqttConnection, p: Publish) -> None:
         server.inbound.add(msg, conn, pid, qos)
     else:
         server.inbound.add(msg)
+    return False
 
 
 def handle_publishes(conn: MqttConnection, packets: list[Publish]) -> None:
@@ -100,11 +109,13 @@ def handle_publishes(conn: MqttConnection, packets: list[Publish]) -> None:
     here in one loop: one receive timestamp for the chunk, the messages handed to `Inbound` in
     one call. Any other PUBLISH goes through `handle_publish`, in its place in the order."""
     server = conn.server
-    if conn.acl is not None or server.authorize_publish is not None:
-        for p in packets:  # per-topic decisions: the general path
+    if conn.acl is not None or server.authorize_publish is not None or server.topic_hook:
+        for i, p in enumerate(packets):  # per-topic decisions: the general path
             if conn.closed:
                 return
-            handle_publish(conn, p)
+            if handle_publish(conn, p):  # waits for the auth hook: it and the rest after it
+                conn.hold(packets[i:])
+                return
         return
     inbound = server.inbound
     cid = conn.client_id
@@ -120,7 +131,9 @@ def handle_publishes(conn: MqttConnection, packets: list[Publish]) -> None:
         if i < n:  # QoS 2, retained, properties or `$`: the general path, in its place
             if conn.closed:
                 return
-            handle_publish(conn, packets[i])
+            if handle_publish(conn, packets[i]):
+                conn.hold(packets[i:])
+                return
             i += 1
 
 
@@ -249,6 +262,8 @@ def handle_subscribe(conn: MqttConnection, p: Subscribe) -> None:
     server = conn.server
     session = conn.session
     assert session is not None
+    if server.topic_hook is not None and server.subscribe_pending(conn, p, handle_subscribe):
+        return
     v5 = conn.v5
     props = p.properties
     sub_id = props.subscription_identifiers[0] if props.subscription_identifiers else None
@@ -368,7 +383,7 @@ def _unexpected(conn: MqttConnection, p: Packet) -> None:
 
 # The codec's state table already refused anything out of order, so handlers need no state check.
 # Keyed by packet type, each handler taking that type: Any is the one honest parameter type here.
-DISPATCH: dict[type, Callable[[MqttConnection, Any], None]] = {
+DISPATCH: dict[type, Callable[[MqttConnection, Any], object]] = {
     Connect: handle_connect,
     Publish: handle_publish,
     Puback: _on_puback,

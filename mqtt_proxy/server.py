@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from mqtt_proxy.backend import LocalBackend
 from mqtt_proxy.badclients import BadClientLog
-from mqtt_proxy.codec import EMPTY_PROPERTIES, Properties
+from mqtt_proxy.codec import EMPTY_PROPERTIES, Properties, Subscribe
 from mqtt_proxy.delivery import Delivery
 from mqtt_proxy.device_events import DeviceEvents
 from mqtt_proxy.inbound import Inbound
@@ -42,11 +42,14 @@ from mqtt_proxy.ports import LogPort, NotifierPort, QueuesPort
 from mqtt_proxy.remote_backend import RemoteBackend
 from mqtt_proxy.remote_queues import RemoteLightQueues
 from mqtt_proxy.remote_store import RemoteStore
+from mqtt_proxy.session import Will
 from mqtt_proxy.sessions import SessionManager
 from mqtt_proxy.settings import ProxySettings
+from mqtt_proxy.subscriptions import FilterError, parse_filter
 from mqtt_proxy.sys_topics import SysPublisher
 from mqtt_proxy.websocket import WebSocketProtocol
 from store.auth import Security
+from store.auth.http_hook import PUBLISH, SUBSCRIBE, HttpAuth
 from store.connlog import ConnLog
 from store.latency import LatencyHistogram
 from store.mapping import MqttMessage, MqttProperties
@@ -101,6 +104,12 @@ class MqttServer:
         self.authenticate: AuthHook | None = None
         self.authorize_subscribe: AclHook | None = None
         self.authorize_publish: AclHook | None = None
+        # The web service deciding topic rights (store.auth.http_hook), None without `acl_url`:
+        # its cached answers are read inline, a topic not cached makes only its connection wait.
+        http = self.security.http
+        self.topic_hook: HttpAuth | None = (
+            http if http is not None and http.settings.acl_url else None
+        )
         self.counters: dict[str, int] = dict.fromkeys(
             (
                 "connects",
@@ -122,6 +131,8 @@ class MqttServer:
                 "publish_rate_pauses",
                 "publish_quota_exceeded",
                 "slow_consumers_closed",
+                "tokens_expired",
+                "wills_refused",
             ),
             0,
         )
@@ -349,6 +360,9 @@ class MqttServer:
         acl = conn.acl
         if acl is not None and not acl.can_subscribe(filt):
             return False
+        web = self.topic_hook
+        if web is not None and not web.cached(conn.username, conn.client_id, filt, SUBSCRIBE):
+            return False  # refused, or its answer aged out since subscribe_pending: fail closed
         hook = self.authorize_subscribe
         return True if hook is None else bool(hook(conn.client_id, filt))
 
@@ -356,8 +370,70 @@ class MqttServer:
         acl = conn.acl
         if acl is not None and not acl.can_write(topic):
             return False
+        web = self.topic_hook
+        if web is not None and web.cached(conn.username, conn.client_id, topic, PUBLISH) is False:
+            return False  # not asked yet (a will at CONNECT) is decided when it is published
         hook = self.authorize_publish
         return True if hook is None else bool(hook(conn.client_id, topic))
+
+    def may_publish_hooked(self, conn: MqttConnection, topic: str) -> bool | None:
+        """`may_publish` with the auth hook: its cached answer (one lookup), or None when it must
+        be asked first: the connection then waits (its packets held, reading paused) and
+        handles them again once the answer is cached."""
+        web = self.topic_hook
+        assert web is not None
+        if topic[:1] == "$" or (conn.acl is not None and not conn.acl.can_write(topic)):
+            return False  # refused without asking
+        answer = web.cached(conn.username, conn.client_id, topic, PUBLISH)
+        if answer is None:
+            conn.block()
+            ask = web.authorize(conn.username, conn.client_id, topic, PUBLISH)
+            self.loop.create_task(ask).add_done_callback(lambda _t: conn.unblock())
+            return None
+        hook = self.authorize_publish
+        return answer and (hook is None or bool(hook(conn.client_id, topic)))
+
+    def subscribe_pending(
+        self, conn: MqttConnection, p: Subscribe, again: Callable[[Any, Subscribe], None]
+    ) -> bool:
+        """As `publish_pending` for a SUBSCRIBE's filters; `again(conn, p)` runs it once they
+        are all answered (the connection stays blocked meanwhile)."""
+        web = self.topic_hook
+        assert web is not None
+        user, cid = conn.username, conn.client_id
+        ask = []
+        for ts in p.subscriptions:
+            try:
+                filt = parse_filter(ts.filter, None).filter
+            except FilterError:
+                continue
+            if web.cached(user, cid, filt, SUBSCRIBE) is None:
+                ask.append(web.authorize(user, cid, filt, SUBSCRIBE))
+        if not ask:
+            return False
+        conn.block()
+
+        def answered(_t: asyncio.Future[Any]) -> None:
+            if not conn.closed:
+                again(conn, p)  # ends with the SUBACK and unblock(), as any SUBSCRIBE
+
+        asyncio.gather(*ask, return_exceptions=True).add_done_callback(answered)
+        return True
+
+    def will_allowed(self, will: Will) -> bool | None:
+        """The will's topic under the rules of now; None: the auth hook was not asked yet."""
+        if will.topic[:1] == "$":
+            return False
+        acl = will.acl
+        if acl is None and not self.security.acl.allows_everything:
+            acl = self.security.acl.for_client(will.user, will.owner)
+        if acl is not None and not acl.can_write(will.topic):
+            return False
+        web = self.topic_hook
+        if web is not None:
+            return web.cached(will.user, will.owner, will.topic, PUBLISH)
+        hook = self.authorize_publish
+        return True if hook is None else bool(hook(will.owner, will.topic))
 
     def _security_reloaded(self) -> None:
         """New rules: every open connection takes them for its next operation and delivery."""
@@ -379,6 +455,8 @@ class MqttServer:
         out["ingest_backlog"] = self.inbound.backlog()
         out["ingest_throttled"] = int(self.inbound.throttled)
         out["uptime_s"] = int(time.time() - self.started_at)
+        if self.security.http is not None:  # the auth hook's requests, failures, cache hits
+            out.update(self.security.http.counters)
         out["version"] = VERSION
         return out
 

@@ -77,6 +77,11 @@ class Will:
     retain: bool
     delay: int = 0
     properties: MqttProperties | None = None
+    # Who set it, so the ACL of the moment it is published decides (rules change on reload):
+    # the user, the client id and, for a token with rights of its own, those rights.
+    user: str | None = None
+    owner: str = ""
+    acl: Any = None  # store.auth.ClientAcl from a token's ACL claim; not kept across restarts
 
 
 @dataclass(slots=True, eq=False)
@@ -153,6 +158,7 @@ class Session:
                 "retain": self.will.retain,
                 "delay": self.will.delay,
                 "props": _props_state(self.will.properties),
+                "user": self.will.user,
             },
         }
 
@@ -192,6 +198,8 @@ class Session:
                 w["retain"],
                 w["delay"],
                 _props_from_state(w.get("props")),
+                w.get("user"),
+                state["client_id"],
             )
         return s
 

@@ -342,8 +342,28 @@ class SessionManager:
             self._will_changed(session)
 
     def publish_will(self, will: Will) -> None:
-        self.server.counters["wills_published"] += 1
-        self.server.publish_message(
+        """Publish a will its owner's rights allow now (rules may have changed since CONNECT,
+        on reload or by the auth hook); a will they do not allow is dropped and counted."""
+        server = self.server
+        allowed = server.will_allowed(will)
+        if allowed is None:  # the auth hook was not asked about this topic yet
+            web = server.topic_hook
+            assert web is not None
+            task = server.loop.create_task(web.authorize(will.user, will.owner, will.topic, 2))
+            task.add_done_callback(
+                lambda t: self._publish_checked_will(will, not t.exception() and t.result())
+            )
+            return
+        self._publish_checked_will(will, allowed)
+
+    def _publish_checked_will(self, will: Will, allowed: bool) -> None:
+        server = self.server
+        if not allowed:
+            server.counters["wills_refused"] += 1
+            log.info("will of %r to %r not published: not authorized", will.owner, will.topic)
+            return
+        server.counters["wills_published"] += 1
+        server.publish_message(
             will.topic, will.payload, will.qos, will.retain, will.properties, client_id=""
         )
 

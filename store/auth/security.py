@@ -12,6 +12,8 @@ from collections.abc import Callable
 
 from store.auth import AuthFileError
 from store.auth.acl import Acl, ClientAcl
+from store.auth.http_hook import HttpAuth
+from store.auth.jwt_auth import JwtAuth
 from store.auth.passwords import PasswordFile
 
 
@@ -28,6 +30,7 @@ class Security:
 
     __slots__ = (
         "password_file", "acl_file", "allow_anonymous", "passwords", "acl", "generation", "_listeners",
+        "jwt", "http",
     )  # fmt: skip
 
     def __init__(
@@ -47,6 +50,9 @@ class Security:
         # Bumped by every successful reload: per-connection caches compare it to drop stale decisions.
         self.generation = 0
         self._listeners: list[Callable[[], None]] = []
+        # Tokens as passwords (jwt_auth.py) and the web service hook (http_hook.py); None: off.
+        self.jwt: JwtAuth | None = None
+        self.http: HttpAuth | None = None
 
     @classmethod
     def load(
@@ -71,13 +77,24 @@ class Security:
         """Re-read both files. All or nothing: on any error the old rules stay and the errors return."""
         try:
             passwords, acl = _read(self.password_file, self.acl_file)
+            if self.jwt is not None:
+                self.jwt.reload()
         except AuthFileError as exc:
             return [str(exc)]
         self.passwords, self.acl = passwords, acl
+        if self.http is not None:
+            self.http.clear()
         self.generation += 1
         for callback in list(self._listeners):
             callback()
         return []
+
+    async def close(self) -> None:
+        """Stop the JWKS refresher and the auth hook's HTTP session."""
+        if self.jwt is not None:
+            self.jwt.close()
+        if self.http is not None:
+            await self.http.close()
 
     def on_reload(self, callback: Callable[[], None]) -> None:
         """Call `callback` after each successful reload (servers refresh per-connection caches)."""
@@ -87,7 +104,11 @@ class Security:
     def enabled(self) -> bool:
         """True when something is checked at all (a password file or an ACL, or anonymous refused)."""
         return (
-            self.passwords is not None or not self.acl.allows_everything or not self.allow_anonymous
+            self.passwords is not None
+            or not self.acl.allows_everything
+            or not self.allow_anonymous
+            or self.jwt is not None
+            or self.http is not None
         )
 
     def check_connect(

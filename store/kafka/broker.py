@@ -48,6 +48,7 @@ class ConnInfo:
     local_host: str
     local_port: int
     user: str | None = None  # proved by SASL; None: anonymous (or not yet authenticated)
+    acl: Any = None  # an OAUTHBEARER token's own rights (store.auth.ClientAcl), else None
 
 
 Handler = Callable[["Broker", Request, ConnInfo], Awaitable[Any]]
@@ -186,6 +187,15 @@ class Broker:
         object; a reload installs a new one, so the cache empties itself. `count`: add a refusal
         to the `authorization_failures` counter (not for topics merely left out of a listing).
         """
+        own = conn.acl
+        if own is not None:  # a token's rights replace the acl_file's
+            if access == "describe":
+                allowed = own.covers_subtree(topic, "read") or own.covers_subtree(topic, "write")
+            else:
+                allowed = own.covers_subtree(topic, access)
+            if not allowed and count:
+                self.counters["authorization_failures"] += 1
+            return bool(allowed)
         sec = self.security
         acl = None if sec is None else sec.acl
         if acl is None or acl.allows_everything:

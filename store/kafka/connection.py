@@ -40,7 +40,8 @@ _SASL_KEYS = (SASL_HANDSHAKE, SASL_AUTHENTICATE)
 class KafkaConnection(asyncio.Protocol):
     __slots__ = ("_server", "_reader", "_transport", "_info", "_pending", "_closing",
                  "_read_paused", "_write_paused", "_flush_scheduled", "_unstarted", "_sasl",
-                 "_held", "_auth_busy", "_close_delay", "_cid", "_quota", "_muted")  # fmt: skip
+                 "_held", "_auth_busy", "_close_delay", "_cid", "_quota", "_muted",
+                 "_expiry")  # fmt: skip
 
     def __init__(self, server: KafkaServer) -> None:
         self._server = server
@@ -64,6 +65,7 @@ class KafkaConnection(asyncio.Protocol):
         rate = server.config.produce_byte_rate  # produce quota (quota.py); None: no limit
         self._quota = ProduceQuota(rate, time.monotonic()) if rate > 0 else None
         self._muted = 0.0  # a throttled Produce: not read until this monotonic time (0: read)
+        self._expiry: asyncio.TimerHandle | None = None  # an OAUTHBEARER token's end
 
     # --- asyncio.Protocol ------------------------------------------------------------------
 
@@ -86,6 +88,9 @@ class KafkaConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._server._connections.discard(self)
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
         why = repr(exc) if exc else "closed by the gateway" if self._closing else "closed"
         self._server.conn_log.event("closed", self._cid, "%s", why)
         self._closing = True
@@ -201,7 +206,10 @@ class KafkaConnection(asyncio.Protocol):
         finally:
             self._auth_busy = False
         if sasl.state is State.AUTHENTICATED and before is not State.AUTHENTICATED:
-            self._info = dataclasses.replace(self._info, user=sasl.user)
+            self._info = dataclasses.replace(self._info, user=sasl.user, acl=sasl.acl)
+            if sasl.expires_at is not None:  # a token: the connection ends with it
+                delay = max(0.0, sasl.expires_at - time.time())
+                self._expiry = asyncio.get_running_loop().call_later(delay, self._token_expired)
             log.info("kafka client authenticated",
                      extra={"peer": self._info.peer_host, "user": sasl.user})  # fmt: skip
         elif sasl.closing:
@@ -217,6 +225,16 @@ class KafkaConnection(asyncio.Protocol):
         if not self._closing and self._held:
             asyncio.get_running_loop().call_soon(self._resume_held)
         return out
+
+    def _token_expired(self) -> None:
+        """The OAUTHBEARER token expired: close, as Kafka does past `connections.max.reauth.ms`
+        for a client that did not re-authenticate; the client reconnects with a fresh token."""
+        self._expiry = None
+        if self._closing or self._transport is None:
+            return
+        log.info("kafka token expired, connection closed", extra={"peer": self._info.peer_host})
+        self._closing = True
+        self._transport.close()
 
     def _resume_held(self) -> None:
         held, self._held = self._held, []

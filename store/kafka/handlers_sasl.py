@@ -8,13 +8,24 @@ connection holds back whatever the client sent after it (see `connection.KafkaCo
 
 from __future__ import annotations
 
+import asyncio
 import struct
 from collections import Counter
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from .protocol import Request, build, encode_response, response_module
-from .sasl import FAKE_ITERATIONS, Mechanism, PlainServer, SaslSession, ScramServer
+from .sasl import (
+    FAKE_ITERATIONS,
+    Mechanism,
+    OAuthBearerServer,
+    PlainServer,
+    SaslFailure,
+    SaslSession,
+    ScramServer,
+)
+
+TOKEN_WAIT_S = 30.0  # a token check waits this long at most for a JWKS fetch
 
 
 class PasswordsView(Protocol):
@@ -53,6 +64,9 @@ class SecurityView(Protocol):
     @property
     def allow_anonymous(self) -> bool: ...
 
+    @property
+    def jwt(self) -> Any: ...  # store.auth.jwt_auth.JwtAuth or None
+
 
 def new_session(security: SecurityView | None) -> SaslSession:
     """The session of a new connection: SASL offered when there is a password file, required
@@ -70,10 +84,33 @@ def new_session(security: SecurityView | None) -> SaslSession:
             return ScramServer(lambda u: None)
         return ScramServer(pw.scram_sha512, fake_iterations=usual_iterations(pw))
 
-    factories: dict[str, Callable[[], Mechanism]] = {}
+    factories: dict[str, Callable[..., Mechanism]] = {}
     if security.passwords is not None:
         factories = {"PLAIN": plain, "SCRAM-SHA-512": scram}
+    if security.jwt is not None:
+        loop = asyncio.get_running_loop()
+
+        def bearer(client_id: str) -> Mechanism:
+            return OAuthBearerServer(lambda token, cid: _check_token(security, loop, token, cid),
+                                     client_id)  # fmt: skip
+
+        factories["OAUTHBEARER"] = bearer
     return SaslSession(factories, allow_anonymous=security.allow_anonymous)
+
+
+def _check_token(
+    security: SecurityView, loop: asyncio.AbstractEventLoop, token: str, client_id: str
+) -> tuple[str | None, object, float | None]:
+    """In the SASL worker thread: the token verified on the loop (which may fetch the JWKS)."""
+    jwt = security.jwt
+    if jwt is None:
+        raise SaslFailure("OAUTHBEARER is not enabled")
+    future = asyncio.run_coroutine_threadsafe(jwt.verify_async(token, client_id), loop)
+    try:
+        grant = future.result(TOKEN_WAIT_S)
+    except Exception as exc:
+        raise SaslFailure(f"token refused: {exc}") from None
+    return grant.user, grant.acl, grant.expires_at
 
 
 _usual: dict[int, tuple[object, int]] = {}  # id(password file) -> (file, its usual count)
@@ -93,7 +130,7 @@ def usual_iterations(pw: PasswordsView) -> int:
 
 
 def handshake_response(session: SaslSession, req: Request) -> bytes:
-    error = session.handshake(req.body.mechanism, req.api_version)
+    error = session.handshake(req.body.mechanism, req.api_version, req.client_id or "")
     mod = response_module(17, req.api_version)
     body = build(mod.SaslHandshakeResponse, error_code=error, mechanisms=session.mechanisms)
     return encode_response(req, body)
