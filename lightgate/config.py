@@ -273,7 +273,8 @@ class GatewayConfig:
     allow_anonymous: str = key(
         "auto",
         "accept clients without a user name (MQTT CONNECT without one); `auto`: only when "
-        "`host` is a loopback address and no `password_file` is set (docs/security.md)",
+        "`host` is a loopback address and no source of identity is set (`password_file`, "
+        "`auth_jwt_*` keys, `auth_http_connect_url`; docs/security.md)",
         choices=("auto", "true", "false"),
     )
     password_file: str = key(

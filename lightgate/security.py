@@ -21,10 +21,18 @@ log = logging.getLogger("lightgate")
 
 def allow_anonymous(cfg: GatewayConfig) -> bool:
     """`allow_anonymous`: `auto` is true only for a gateway reachable from this host alone (every
-    listener binds `host`, which must resolve to loopback addresses only) with no password file."""
+    listener binds `host`, which must resolve to loopback addresses only) that knows no users: an
+    operator who configured any source of identity (password file, token keys, an HTTP hook) means
+    clients to carry one, so `auto` does not leave a door open beside it."""
     if cfg.allow_anonymous != "auto":
         return cfg.allow_anonymous == "true"
-    if cfg.password_file:
+    if (
+        cfg.password_file
+        or cfg.auth_jwt_secret_file
+        or cfg.auth_jwt_key_file
+        or cfg.auth_jwt_jwks_url
+        or cfg.auth_http_connect_url
+    ):
         return False
     return is_loopback(cfg.host)
 

@@ -122,6 +122,26 @@ def test_refusals_are_bad_credentials(gw: GatewayProcess, version: int) -> None:
         c.paho.loop_stop()
 
 
+def test_token_keys_close_auto_anonymous_access_on_loopback(tmp_path: Path) -> None:
+    """`allow_anonymous = auto` with a token key set and nothing else: anonymous clients are
+    refused (v5 0x87 not authorized), as with a password file, while a token connects."""
+    (tmp_path / "secret").write_bytes(HS_SECRET + b"\n")
+    args = ["--kafka-port", "-1", "--ws-port", "-1"]
+    g = GatewayProcess(
+        tmp_path / "data", [*args, "--set", f"auth_jwt_secret_file={tmp_path / 'secret'}"]
+    ).start()
+    try:
+        anon = Client(g.port("mqtt"), "anon", V5).connect(expect_ok=False)
+        assert code(anon.connack) == 0x87
+        anon.paho.loop_stop()
+        ok = Client(g.port("mqtt"), "tok", V5).connect(
+            username="x", password=token(HS_SECRET, "HS256", sub="dora")
+        )
+        ok.disconnect()
+    finally:
+        g.stop()
+
+
 @pytest.mark.parametrize("version", [V311, V5])
 def test_expiry_closes_the_live_connection(gw: GatewayProcess, version: int) -> None:
     c = connect(gw.port("mqtt"), f"exp-{version}", version, good(HS_SECRET, "HS256", ttl=2.5))
