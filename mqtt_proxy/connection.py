@@ -185,7 +185,7 @@ class MqttConnection(asyncio.Protocol):
         rate = self.rate
         kind = chunk_kind(packets)
         if kind is _Publish:
-            if rate is None and not self.closed:
+            if not self.closed and (rate is None or rate.take_all(packets, self._loop.time())):
                 # A chunk of PUBLISHes only (fan-in): one call for all of them.
                 handlers.handle_publishes(self, packets)  # type: ignore[arg-type]
                 return True

@@ -6,6 +6,8 @@ Pure bookkeeping (no asyncio): callers pass the loop's monotonic time. docs/secu
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class TokenBucket:
     """`rate` tokens a second, at most `burst` saved up; a new bucket starts full.
@@ -76,6 +78,26 @@ class PublishLimit:
             return True
         m = self.msgs
         return m is None or m.take(now)
+
+    def take_all(self, packets: list[Any], now: float) -> bool:
+        """Admit a whole chunk of PUBLISH at once if both buckets have room for all of it (the
+        usual case for a client under its limits: the chunk keeps its batched path), or admit
+        nothing and return False (then `take` decides packet by packet)."""
+        m, b = self.msgs, self.nbytes
+        n = len(packets)
+        if m is not None and m.tokens < n:
+            m._refill(now)
+            if m.tokens < n:
+                return False
+        if b is not None:
+            if b.tokens <= 0.0:
+                b._refill(now)
+                if b.tokens <= 0.0:
+                    return False
+            b.tokens -= sum([len(p.payload) for p in packets])
+        if m is not None:
+            m.tokens -= n
+        return True
 
     def wait_for(self, n: int, size: int, now: float) -> float:
         """Seconds until `n` PUBLISH of `size` payload bytes in all could pass (each bucket
