@@ -2,8 +2,10 @@
 `max_publish_bytes_rate` off, and on at rates no client reaches (so nothing is slowed and only
 the bookkeeping is measured).
 
-Two loads, each on a fresh `lightgate serve` (bench/mqtt_serve.sh), off and on alternating
-within each round (the first broker of a round starts with the other setting next round):
+Two loads, each on a fresh `lightgate serve` (bench/mqtt_serve.sh), the settings alternating
+within each round (each round starts with the next setting): `off`, `on`, and with `--base
+PATH` also `before`, the limits off on another checkout (the tree before the limits existed,
+with this checkout's compiled modules copied in), to see that "off" costs what it did:
 - lone: lone_message.py's one publisher and one subscriber, one QoS 0 message at a time;
 - burst: one 3.1.1 publisher writing QoS 0 PUBLISH 64 to a write (a fan-in client's chunks),
   no subscriber, then a PINGREQ: when its PINGRESP is back every PUBLISH has been handled.
@@ -11,12 +13,14 @@ CPU is the gateway's user + system time from /proc, per message.
 
 Usage (from the repository root):
     .venv/bin/python bench/publish_limit_bench.py [--rounds 3] [--seconds 4] [--burst 200000]
+        [--base PATH]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import time
@@ -56,10 +60,11 @@ def burst(port: int, pid: int, n: int) -> dict[str, float]:
         pub.close()
 
 
-def _start(setting: str) -> subprocess.Popen[bytes]:
+def _start(setting: str, base: str) -> subprocess.Popen[bytes]:
     cmd = ["bash", str(ROOT / "bench/mqtt_serve.sh"), str(PORT),
-           f"/tmp/lightgate-limit-bench-{setting}", *SETTINGS[setting]]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+           f"/tmp/lightgate-limit-bench-{setting}", *SETTINGS.get(setting, [])]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": base} if setting == "before" else None
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     _wait_port(PORT, proc)
     time.sleep(1)
     return proc
@@ -70,12 +75,14 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=4.0, help="lone: per setting and round")
     ap.add_argument("--burst", type=int, default=200_000, help="burst: messages per run")
+    ap.add_argument("--base", default="", help="another checkout, run as setting `before`")
     args = ap.parse_args()
     rows: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    order = list(SETTINGS)
+    order = list(SETTINGS) + (["before"] if args.base else [])
     for rnd in range(args.rounds):
-        for setting in order[rnd % 2 :] + order[: rnd % 2]:
-            proc = _start(setting)
+        k = rnd % len(order)
+        for setting in order[k:] + order[:k]:
+            proc = _start(setting, args.base)
             try:
                 for load in ("lone", "burst"):
                     if load == "lone":
