@@ -90,11 +90,12 @@ class PublishLimit:
             if m.tokens < n:
                 return False
         if b is not None:
-            if b.tokens <= 0.0:
+            size = sum([len(p.payload) for p in packets])
+            if b.tokens < size:  # no debt for a batch: only a single PUBLISH may overdraw
                 b._refill(now)
-                if b.tokens <= 0.0:
+                if b.tokens < size:
                     return False
-            b.tokens -= sum([len(p.payload) for p in packets])
+            b.tokens -= size
         if m is not None:
             m.tokens -= n
         return True
