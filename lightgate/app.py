@@ -14,6 +14,7 @@ import socket
 import sys
 import time
 from collections.abc import Awaitable, Iterable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from lightgate import __version__
@@ -33,6 +34,7 @@ from lightgate.tls import (
 )
 from store import Store, StoreConfig, StoreError, StoreLockedError
 from store.auth import Security
+from store.bans import BanList
 
 if TYPE_CHECKING:
     from lightgate.core_link import CoreLink
@@ -69,6 +71,7 @@ class Gateway:
         self.kafka: KafkaServer | None = None
         self.probe: Probe | None = None
         self.endpoints: dict[str, tuple[str, int]] = {}
+        self.bans = BanList()  # the data dir's, once `start` has it (open_bans)
         self._closers: list[_Closer] = []
         self._stats_sources: list[tuple[str, object]] = []  # (metric prefix, source with stats())
         # Users and rights, shared by the MQTT and Kafka servers, reloaded in place on SIGHUP.
@@ -89,10 +92,14 @@ class Gateway:
         self._closers.append(self.store)
         self._stats_sources.append(("", self.store))
         self.figures.seed(self.store)
+        self.bans = open_bans(cfg)
         await self._start_queues_and_mqtt()
         await self._start_kafka()
         if cfg.http_port != -1:
-            http = HttpServer(cfg.host, cfg.http_port, self.figures.snapshot, self.health)
+            http = HttpServer(
+                cfg.host, cfg.http_port, self.figures.snapshot, self.health,
+                bans=self.bans, admin_token=read_admin_token(cfg),
+            )  # fmt: skip
             await http.start()
             self._closers.append(http)
             self.endpoints["http"] = (cfg.host, http.port)
@@ -144,8 +151,9 @@ class Gateway:
             await self._start_proxy_process(queues, notifier)
             return
         mqtt = self.mqtt = MqttServer(
-            self.store, queues, notifier, ProxySettings.from_config(cfg), security=self.security
-        )
+            self.store, queues, notifier, ProxySettings.from_config(cfg), security=self.security,
+            bans=self.bans,
+        )  # fmt: skip
         await mqtt.start()
         self._closers.append(mqtt)
         self._stats_sources.append(("mqtt_", mqtt))
@@ -169,7 +177,9 @@ class Gateway:
 
         assert self.store is not None
         secret, ssl_ctx = core_link_security(self.cfg, server=True)
-        link = self.link = CoreLink(self.store, queues, notifier, secret=secret, ssl_ctx=ssl_ctx)
+        link = self.link = CoreLink(
+            self.store, queues, notifier, secret=secret, ssl_ctx=ssl_ctx, bans=self.bans
+        )
         publish, on_round = notifier.publish, link.queue_service.on_round
 
         def sink(events: Iterable[tuple[str, int]]) -> None:
@@ -213,6 +223,7 @@ class Gateway:
             auto_create_topics=cfg.kafka_auto_create_topics,
             default_partitions=cfg.default_partitions,
             produce_byte_rate=cfg.kafka_produce_byte_rate,
+            max_connections=cfg.kafka_max_connections,
             conn_log_per_s=cfg.conn_log_per_s,
         )
         kafka = self.kafka = KafkaServer(
@@ -314,6 +325,36 @@ class Gateway:
         self._closers.clear()
 
 
+def open_bans(cfg: GatewayConfig) -> BanList:
+    """The data dir's bans (`bans.json`) and the flapping policy (store/bans.py)."""
+    try:
+        return BanList(
+            cfg.data_path / "bans.json",
+            cfg.flapping_max_disconnects,
+            cfg.flapping_window_s,
+            cfg.flapping_ban_s,
+            cfg.flapping_ban_address,
+        )
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def read_admin_token(cfg: GatewayConfig) -> str | None:
+    """`http_admin_token_file`'s token (trailing newline stripped); None when not set."""
+    if not cfg.http_admin_token_file:
+        return None
+    try:
+        token = Path(cfg.http_admin_token_file).read_text().strip()
+    except OSError as exc:
+        raise ConfigError(f"http_admin_token_file {cfg.http_admin_token_file}: {exc}") from None
+    if len(token) < 16:
+        raise ConfigError(
+            f"http_admin_token_file {cfg.http_admin_token_file}: the token must be at least "
+            "16 characters (e.g. `openssl rand -hex 32`)"
+        )
+    return token
+
+
 async def open_cluster_log(cfg: GatewayConfig) -> KafkaLog:
     """`log = "kafka"`: the log on the cluster at `kafka_bootstrap` (store.kafka_log)."""
     from store.kafka_log import KafkaLog, KafkaLogConfig
@@ -390,6 +431,7 @@ def preflight(cfg: GatewayConfig) -> None:
     except (socket.gaierror, UnicodeError) as exc:
         raise ConfigError(f"host {cfg.host!r}: cannot resolve it ({exc})") from None
     check_tls_files(cfg)
+    read_admin_token(cfg)
     if proxy_count(cfg) > 0 or (cfg.core_listen and not has_mqtt_listeners(cfg)):
         from lightgate.split import core_link_security
 

@@ -10,6 +10,7 @@ import sys
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
+from lightgate import ban_cli
 from lightgate.config import ConfigError, GatewayConfig
 from lightgate.config_load import (
     KEYS,
@@ -143,6 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     status.add_argument("--count", type=int, default=0, help="with --watch: stop after N frames")
 
+    ban_cli.add_parser(sub)
+
     analytics = sub.add_parser(
         "analytics",
         help="device analytics jobs on the log with Spark (run `lightgate analytics --help`)",
@@ -240,6 +243,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         url = ns.url or f"http://{cfg.host}:{cfg.http_port}"
         return status_main(url, ns.watch, ns.count)
+    if ns.command == "ban":
+        url = ns.url or f"http://{cfg.host}:{cfg.http_port}"
+        return ban_cli.main(ns, url, cfg.http_admin_token_file)
     if ns.command == "rebuild-queues":
         from lightgate.app import check_data_dir
         from lightgate.rebuild_command import rebuild_queues

@@ -97,6 +97,12 @@ class GatewayConfig:
         "(docs/operations.md)",
         **PORT,
     )
+    http_admin_token_file: str = key(
+        "",
+        "a file holding the bearer token that HTTP requests changing state must present "
+        '(`/api/bans` POST/DELETE, `lightgate ban add/remove`); `""`: such requests are refused',
+        allowed='a file path, or `""`',
+    )
     tls_cert: str = key(
         "",
         "PEM certificate chain of the TLS listeners (MQTT/TLS, WSS, Kafka/TLS, the core link with "
@@ -247,8 +253,8 @@ class GatewayConfig:
     )
     max_connections: int = key(
         0,
-        "connected MQTT clients (all MQTT listeners together; Kafka connections are not "
-        "counted); one more gets CONNACK 0x89 Server busy (v5) / 0x03 (3.1.1); `0`: no limit",
+        "connected MQTT clients (all MQTT listeners together; Kafka connections have "
+        "`kafka_max_connections`); one more gets CONNACK 0x89 Server busy (v5) / 0x03 (3.1.1); `0`: no limit",
         lo=0,
     )
     max_connection_rate: int = key(
@@ -262,6 +268,28 @@ class GatewayConfig:
         "PUBLISH per second per MQTT client (token bucket, burst of one second); beyond it the "
         "gateway stops reading the client until tokens refill (docs/security.md); `0`: no limit",
         lo=0,
+    )
+    max_publish_bytes_rate: int = key(
+        0,
+        "PUBLISH payload bytes per second per MQTT client (token bucket, burst of one second; "
+        "a larger payload passes and is paid for after); beyond it the gateway stops reading "
+        "the client as for `max_publish_rate`; `0`: no limit",
+        lo=0,
+    )
+    flapping_max_disconnects: int = key(
+        0,
+        "flapping detection: this many disconnects of one MQTT client id within "
+        "`flapping_window_s` ban it for `flapping_ban_s` (CONNACK 0x8A Banned / 0x05); `0`: off",
+        lo=0,
+    )
+    flapping_window_s: int = key(
+        60, "the sliding window of `flapping_max_disconnects`", lo=1, hi=86400
+    )
+    flapping_ban_s: int = key(
+        300, "how long a flapping client is banned (`lightgate ban remove` lifts it)", lo=1
+    )
+    flapping_ban_address: bool = key(
+        False, "a flapping client's source address is banned too (every client id from it)"
     )
     slow_consumer_timeout_s: int = key(
         60,
@@ -386,6 +414,12 @@ class GatewayConfig:
         "produce quota per Kafka connection (bytes/s, burst of one second); over it the "
         "response carries `throttle_time_ms` and the connection is not read for that long, "
         "as Kafka does; `0`: no limit",
+        lo=0,
+    )
+    kafka_max_connections: int = key(
+        0,
+        "open Kafka connections (plain and TLS listeners together); one more is closed at "
+        "once without an answer and the client retries after its backoff; `0`: no limit",
         lo=0,
     )
     kafka_max_frame_bytes: int = key(

@@ -18,8 +18,9 @@ from lightgate.link_registry import HELLO, STATS, MethodRegistry
 from lightgate.link_services import LightQueueService, NotifyService, StoreService
 from lightgate.owners import ClientRegistry
 from lightgate.shares import SharedGroups
-from mqtt_proxy.cluster import SYS
+from mqtt_proxy.cluster import BANS, FLAP, SYS
 from notify.link import RpcPeer, RpcServer
+from store.bans import Ban, BanList, encode_bans
 
 if TYPE_CHECKING:
     from lightqueue import LightQueues
@@ -45,13 +46,15 @@ class CoreLink:
         *,
         secret: bytes | None = None,
         ssl_ctx: ssl.SSLContext | None = None,
+        bans: BanList | None = None,
     ) -> None:
         self.store_service = StoreService(store)
         self.queue_service = LightQueueService(queues)
         self.proxies: dict[str, RpcPeer] = {}
         self.notify_service = NotifyService(notifier.routes, self.proxies)
         # What must be one across several proxies: client ids, held sessions, wills, $share.
-        self.clients = ClientRegistry(store, queues)
+        self.bans = bans if bans is not None else BanList()
+        self.clients = ClientRegistry(store, queues, self.bans)
         self.shares = SharedGroups(queues)
         self.shares.lag_peers = lambda: list(self.proxies.values())  # type: ignore[method-assign]
         self.shares.undispatched = lambda: int(queues.dispatcher.behind())
@@ -65,7 +68,11 @@ class CoreLink:
             .add("client ids", self.clients.methods())
             .add("shared groups", self.shares.methods())
             .add("$SYS sums", {SYS: self._sys})
+            .add("bans", {FLAP: self._flap})
         )
+        # The one ban list: proxies mirror it (BANS on HELLO and on every change), report their
+        # disconnects to it (FLAP) for flapping detection, and CLAIM checks it once more.
+        self.bans.listeners.append(self._push_bans)
         self.server = RpcServer(
             self.registry.table(),
             on_connect=self._connected,
@@ -98,6 +105,7 @@ class CoreLink:
         peer.state["proxy_id"] = proxy_id
         self.proxies[proxy_id] = peer
         self.notify_service.proxy_joined(peer, proxy_id)
+        peer.send(BANS, encode_bans(self.bans.in_force()))
         log.info("proxy %s connected to the core link", proxy_id)
 
     def _lost(self, peer: RpcPeer, exc: Exception | None) -> None:
@@ -110,6 +118,16 @@ class CoreLink:
             del self.proxies[pid]
             self.notify_service.proxy_left(pid)
             log.info("proxy %s left the core link", pid)
+
+    def _push_bans(self, bans: list[Ban]) -> None:
+        body = encode_bans(bans)
+        for peer in list(self.proxies.values()):
+            if not peer.is_closing():
+                peer.send(BANS, body)
+
+    def _flap(self, peer: RpcPeer, body: bytes) -> None:
+        client_id, address = json.loads(body)
+        self.bans.disconnected(str(client_id), str(address))
 
     async def _sys(self, peer: RpcPeer, body: bytes) -> bytes:
         """A proxy's `$SYS` shows the gateway's figures: every proxy's counters, summed."""

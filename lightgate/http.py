@@ -1,14 +1,18 @@
-"""The operator's HTTP listener on aiohttp: `/health`, `/metrics`, `/api/stats`, `/` (dashboard).
+"""The operator's HTTP listener on aiohttp: `/health`, `/metrics`, `/api/stats`, `/` (dashboard),
+`/api/bans`.
 
-GET only (aiohttp answers 405 for other methods), small limits (request line and each header at
-most 8 KiB, 32 headers, no bodies), idle connections closed after 10 s and every handler bounded by
-10 s: an operator endpoint, not a web server. `/metrics` is the Prometheus text exposition of the
+GET only (aiohttp answers 405 for other methods) except `/api/bans` POST/DELETE, which change
+state and so need the admin bearer token (`http_admin_token_file`; without one configured they
+are refused 403, with a missing or wrong token 401). Small limits (request line and each header
+at most 8 KiB, 32 headers, bodies at most 1 KiB), idle connections closed after 10 s and every
+handler bounded by 10 s: an operator endpoint, not a web server. `/metrics` is the Prometheus text exposition of the
 gateway's own `CollectorRegistry` (lightgate/metrics.py), refreshed from one snapshot per scrape.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -18,6 +22,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from lightgate.metrics import GatewayCollector
+from store.bans import KINDS, BanList
 
 log = logging.getLogger("lightgate.http")
 # aiohttp logs a traceback for every malformed request (too long, too many headers); those are
@@ -30,7 +35,7 @@ HealthFn = Callable[[], dict[str, Any]]
 
 MAX_LINE = 8190  # request line and each header field (aiohttp's own bound, kept explicit)
 MAX_HEADERS = 32
-MAX_BODY = 1024  # GET requests carry none
+MAX_BODY = 1024  # GET requests carry none; a ban's JSON is well under it
 IDLE_TIMEOUT_S = 10.0
 HANDLER_TIMEOUT_S = 10.0
 DASHBOARD = Path(__file__).with_name("dashboard.html")
@@ -39,7 +44,18 @@ DASHBOARD = Path(__file__).with_name("dashboard.html")
 class HttpServer:
     """One listener per gateway; `registry` is this gateway's, not prometheus_client's global."""
 
-    def __init__(self, host: str, port: int, snapshot: SnapshotFn, health: HealthFn) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        snapshot: SnapshotFn,
+        health: HealthFn,
+        *,
+        bans: BanList | None = None,
+        admin_token: str | None = None,
+    ) -> None:
+        self._bans = bans if bans is not None else BanList()
+        self._admin_token = admin_token
         self._host = host
         self._port = port
         self._snapshot = snapshot
@@ -64,6 +80,9 @@ class HttpServer:
         app.router.add_get("/metrics", self._on_metrics)
         app.router.add_get("/api/stats", self._on_stats)
         app.router.add_get("/", self._on_dashboard)
+        app.router.add_get("/api/bans", self._on_bans)
+        app.router.add_post("/api/bans", self._on_ban_add)
+        app.router.add_delete("/api/bans", self._on_ban_remove)
         self._runner = web.AppRunner(
             app,
             access_log=None,
@@ -102,6 +121,62 @@ class HttpServer:
     async def _on_dashboard(self, request: web.Request) -> web.Response:
         text = await asyncio.get_running_loop().run_in_executor(None, DASHBOARD.read_bytes)
         return web.Response(body=text, content_type="text/html", charset="utf-8")
+
+    # -- /api/bans -------------------------------------------------------------------------------
+    async def _on_bans(self, request: web.Request) -> web.Response:
+        bans = [b.to_json() for b in self._bans.in_force()]
+        return web.json_response({"bans": bans}, headers={"Cache-Control": "no-store"})
+
+    def _admin(self, request: web.Request) -> None:
+        """Refuse a state-changing request without the admin token (compared in constant time)."""
+        if self._admin_token is None:
+            raise web.HTTPForbidden(
+                text="state-changing requests are off: set http_admin_token_file\n"
+            )
+        got = request.headers.get("Authorization", "")
+        scheme, _, token = got.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            token.strip().encode(), self._admin_token.encode()
+        ):
+            log.warning("http %s %s refused: no valid admin token", request.method, request.path,
+                        extra={"peer": request.remote})  # fmt: skip
+            raise web.HTTPUnauthorized(
+                text="admin bearer token required\n", headers={"WWW-Authenticate": "Bearer"}
+            )
+
+    async def _on_ban_add(self, request: web.Request) -> web.Response:
+        self._admin(request)
+        try:
+            body = await request.json()
+            kind, value = _target(body)
+            duration = float(body.get("duration_s", 0))
+            ban = self._bans.add(kind, value, duration, str(body.get("reason", "")))
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise web.HTTPBadRequest(text=f"{exc}\n") from None
+        log.info("ban added over HTTP: %s %r for %s", kind, value,
+                 f"{duration:g} s" if duration else "ever", extra={"peer": request.remote})  # fmt: skip
+        return web.json_response(ban.to_json(), status=201)
+
+    async def _on_ban_remove(self, request: web.Request) -> web.Response:
+        self._admin(request)
+        try:
+            kind, value = _target(dict(request.query))
+        except ValueError as exc:
+            raise web.HTTPBadRequest(text=f"{exc}\n") from None
+        if not self._bans.remove(kind, value):
+            raise web.HTTPNotFound(text=f"no ban on {kind} {value!r}\n")
+        log.info("ban removed over HTTP: %s %r", kind, value, extra={"peer": request.remote})
+        return web.json_response({"removed": {"kind": kind, "value": value}})
+
+
+def _target(d: Any) -> tuple[str, str]:
+    """(kind, value) of a request naming exactly one of `client_id` and `address`."""
+    if not isinstance(d, dict):
+        raise ValueError("expected a JSON object")
+    named = [(k, str(d[k])) for k in KINDS if d.get(k)]
+    if len(named) != 1:
+        raise ValueError("name exactly one of client_id and address")
+    return named[0]
 
 
 @web.middleware

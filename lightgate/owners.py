@@ -33,6 +33,7 @@ from typing import Any
 
 from mqtt_proxy.cluster import CLAIM, GONE, TAKE, WILL, decode_will
 from notify.link import RpcPeer
+from store.bans import BanList, encode_bans
 from store.mapping import MqttMessage
 from store.wire import get_str
 
@@ -54,8 +55,11 @@ class Held:
 class ClientRegistry:
     """Client-id ownership, held sessions and wills across every proxy on the core link."""
 
-    def __init__(self, store: Any, queues: Any) -> None:
+    def __init__(self, store: Any, queues: Any, bans: BanList | None = None) -> None:
         self.store = store
+        # Checked again at CLAIM: a ban the core made a moment ago (flapping) may not have
+        # reached the claiming proxy's copy yet.
+        self.bans = bans if bans is not None else BanList()
         self.queues = queues
         self.owners: dict[str, RpcPeer] = {}
         self.held: dict[str, Held] = {}
@@ -88,7 +92,10 @@ class ClientRegistry:
 
     # -- claims --------------------------------------------------------------------------------
     async def _claim(self, peer: RpcPeer, body: bytes) -> bytes:
-        cid = body.decode("utf-8")
+        cid, _, address = body.decode("utf-8").partition("\0")  # NUL is not in a client id
+        ban = self.bans.banned(cid, address)
+        if ban is not None:
+            return b"B" + encode_bans([ban])
         while (busy := self._claims.get(cid)) is not None:
             await asyncio.shield(busy)
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()

@@ -111,8 +111,11 @@ async def run_proxy(
         proxy_id=proxy_id,
         remote=True,
         security=users,
+        bans=cluster.bans,
     )
     server.backend.cluster = server.delivery.leases = cluster
+    if server.report_disconnect is not None:  # flapping detection: the core counts
+        server.report_disconnect = cluster.flapped
     cluster.server = server
     endpoints: dict[str, tuple[str, int]] = {}
     try:

@@ -3,9 +3,10 @@
 The core's half is `lightgate.owners` (its docstring has the theory of operation). On the core
 link (method numbers 200-209, beside the light queues' and the wiring's):
 
-    CLAIM  proxy → core, call: client id. Reply "L" (this proxy holds it already), "N" (no
-           stored session) or "S" + the session's stored state (JSON); either way the id is
-           this proxy's now and the session's queue holds are counted on this link.
+    CLAIM  proxy → core, call: client id, NUL, the client's address. Reply "L" (this proxy
+           holds it already), "N" (no stored session) or "S" + the session's stored state
+           (JSON); either way the id is this proxy's now and the session's queue holds are
+           counted on this link. Or "B" + the ban (JSON list of one): banned, nothing claimed.
     TAKE   core → proxy, call: client id. The proxy ends its connection (0x8E), writes the
            session's state and forgets it; reply: the queues whose holds leave with it (JSON).
     WILL   proxy → core, one-way: client id + the will (JSON, as `Session.to_state`, with the
@@ -15,6 +16,8 @@ link (method numbers 200-209, beside the light queues' and the wiring's):
     LEASE, DONE, RETURN, WAKE: `$share` groups across proxies (lightgate/shares.py).
     SYS    proxy → core, call: every proxy's MQTT counters summed (JSON), for `$SYS`.
     LAG    both ways, one-way: u32 delivery lag, this proxy's / the others' largest.
+    BANS   core → proxy, one-way: every ban in force (JSON, store.bans), on HELLO and on change.
+    FLAP   proxy → core, one-way: [client id, address] of a disconnect (flapping detection).
 
 A CLAIM's answer is acted on as its frame is read (`call_then`), before any TAKE read after it,
 so a proxy never hands over a session it has not installed yet.
@@ -31,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from mqtt_proxy.session import Will, _props_from_state, _props_state
 from notify.link import RpcPeer
 from notify.link_frames import RpcError
+from store.bans import Ban, BanList, decode_bans
 from store.mapping import MqttProperties
 from store.wire import put_str
 
@@ -46,11 +50,13 @@ SYS = 208  # proxy → core, call: the MQTT counters summed over every proxy (JS
 # the core answers each proxy with the largest lag of the others, so publishers on every proxy
 # slow down when delivery on one falls behind (mqtt_proxy/inbound.py, flow control).
 LAG = 209
+BANS, FLAP = 210, 211  # the core's ban list, mirrored; disconnects counted by the core
 LAG_STEP = 1000  # report a change of at least this many messages (and every fall to 0)
 LAG_EVERY = 0.01  # s between looks at this proxy's lag
 LEASE_N = 64  # sequences asked per lease: few round trips, yet shared out between proxies
 
 Claimed = Callable[[dict[str, Any] | None], None]  # the stored state handed over, or None
+Banned = Callable[[Ban], None]
 
 
 def will_state(will: Will, expiry: int, due: float | None = None) -> dict[str, Any]:
@@ -90,9 +96,19 @@ class ProxyCluster:
         self._flush_scheduled = False
         self.others_lag = 0  # the largest delivery lag of the other proxies (the core's LAG)
         self._sent_lag = 0
+        self.bans = BanList()  # the core's, as last pushed (BANS); the server checks it
 
     def methods(self) -> dict[int, Any]:
-        return {TAKE: self._take, WAKE: self._wake, LAG: self._on_lag}
+        return {TAKE: self._take, WAKE: self._wake, LAG: self._on_lag, BANS: self._on_bans}
+
+    # -- bans ------------------------------------------------------------------------------
+    def _on_bans(self, peer: RpcPeer, body: bytes) -> None:
+        self.bans.replace(decode_bans(body))
+
+    def flapped(self, client_id: str, address: str) -> None:
+        """A disconnect, for the core's flapping detection."""
+        if self.peer is not None and not self.peer.is_closing():
+            self.peer.send(FLAP, json.dumps([client_id, address]).encode())
 
     def attach(self, peer: RpcPeer) -> None:
         self.peer = peer
@@ -190,9 +206,10 @@ class ProxyCluster:
         if qs is not None:
             delivery.mark(qs)
 
-    def claim(self, client_id: str, done: Claimed) -> None:
+    def claim(self, client_id: str, address: str, done: Claimed, banned: Banned) -> None:
         """Own `client_id` before answering its CONNECT; `done(state or None)` runs as the
-        answer is read (a session handed over comes with its state)."""
+        answer is read (a session handed over comes with its state), or `banned(ban)` when the
+        core's ban list refuses the client (a ban this proxy's copy did not have yet)."""
 
         def answered(body: bytes, err: RpcError | None) -> None:
             if err is not None:
@@ -200,10 +217,12 @@ class ProxyCluster:
                 done(None)
             elif body[:1] == b"S":
                 done(json.loads(body[1:]))
+            elif body[:1] == b"B":
+                banned(decode_bans(body[1:])[0])
             else:
                 done(None)
 
-        self.peer.call_then(CLAIM, client_id.encode(), answered)
+        self.peer.call_then(CLAIM, f"{client_id}\0{address}".encode(), answered)
 
     def will(
         self, client_id: str, will: Will | None, expiry: int = 0, due: float | None = None

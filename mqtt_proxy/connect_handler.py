@@ -8,6 +8,7 @@ with several proxies, the core's claim of the client id, then the session and th
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
 import time
 from typing import TYPE_CHECKING, Any
@@ -17,6 +18,7 @@ from mqtt_proxy.session import Will
 from mqtt_proxy.topic_aliases import OutAliases
 from store.auth import ConnectVerdict
 from store.auth.jwt_auth import Grant, looks_like_jwt
+from store.bans import Ban
 
 if TYPE_CHECKING:
     from mqtt_proxy.connection import MqttConnection
@@ -29,14 +31,18 @@ NOT_AUTHORIZED = ReasonCode.NOT_AUTHORIZED
 BAD_AUTH_METHOD = ReasonCode.BAD_AUTHENTICATION_METHOD
 SERVER_BUSY = ReasonCode.SERVER_BUSY
 CONNECTION_RATE_EXCEEDED = ReasonCode.CONNECTION_RATE_EXCEEDED
+BANNED = ReasonCode.BANNED
+
+log = logging.getLogger("lightgate.mqtt.bans")
 
 
 class Refuse(Exception):
-    """CONNECT refused with a reason code (CONNACK, then close)."""
+    """CONNECT refused with a reason code (CONNACK, then close); `logged`: said already."""
 
-    def __init__(self, reason: int, detail: str) -> None:
+    def __init__(self, reason: int, detail: str, logged: bool = False) -> None:
         super().__init__(detail)
         self.reason = reason
+        self.logged = logged
 
 
 def certificate_identity(conn: MqttConnection, required: bool, as_username: bool) -> str | None:
@@ -86,6 +92,9 @@ def handle_connect(conn: MqttConnection, c: Connect) -> None:
             if not conn.v5 and not c.clean_start:
                 raise Refuse(BAD_CLIENT_ID, "empty client id needs clean session [MQTT-3.1.3-8]")
             client_id = assigned = "lg-" + secrets.token_hex(8)
+        ban = server.bans.banned(client_id, conn.remote.rpartition(":")[0])
+        if ban is not None:
+            raise _banned(conn, client_id, ban)
         s = server.settings
         identity = certificate_identity(conn, s.tls_require_client_cert, s.tls_identity_as_username)
     except Refuse as r:
@@ -155,13 +164,27 @@ def _hook_checked(
     _connect_checked(conn, c, client_id, assigned, verdict, True)
 
 
+def _banned(conn: MqttConnection, client_id: str, ban: Ban) -> Refuse:
+    """The refusal of a banned client (0x8A Banned, 0x05 in 3.1.1); logs the first refusal of
+    each ban only: a banned device typically retries every few seconds while the ban lasts."""
+    server = conn.server
+    server.counters["connect_banned"] += 1
+    detail = f"banned {ban.kind} {ban.value!r} ({ban.reason or 'no reason given'})"
+    if server.bans.first_refusal(ban):
+        until = "until removed" if not ban.until else f"until {ban.until:.0f} (Unix time)"
+        log.warning("client %r from %s refused: %s, %s; further refusals not logged",
+                    client_id, conn.remote, detail, until)  # fmt: skip
+    return Refuse(BANNED, detail, logged=True)
+
+
 def _refuse(conn: MqttConnection, c: Connect, r: Refuse) -> None:
     server = conn.server
     server.counters["connect_refused"] += 1
-    server.conn_log.event(
-        "refused", conn.conn_id, "client %r from %s: 0x%02x %s",
-        c.client_id, conn.remote, r.reason, r,
-    )  # fmt: skip
+    if not r.logged:
+        server.conn_log.event(
+            "refused", conn.conn_id, "client %r from %s: 0x%02x %s",
+            c.client_id, conn.remote, r.reason, r,
+        )  # fmt: skip
     conn.disconnect_reason = str(r)
     conn.send_connack(False, r.reason, EMPTY_PROPERTIES)
     conn.close_with(0, send_disconnect=False)
@@ -263,7 +286,11 @@ def _connect_checked(
         if not conn.closed:
             _connect_open(conn, c, *args, True)
 
-    cluster.claim(client_id, claimed)
+    def banned(ban: Ban) -> None:
+        if not conn.closed:
+            _refuse(conn, c, _banned(conn, client_id, ban))
+
+    cluster.claim(client_id, conn.remote.rpartition(":")[0], claimed, banned)
 
 
 def _connect_open(

@@ -39,7 +39,8 @@ from mqtt_proxy.codec import (
     chunk_kind,
 )
 from mqtt_proxy.codec.reason_codes import ReasonCode, v3_connack_code
-from mqtt_proxy.limits import TokenBucket
+from mqtt_proxy.limits import PublishLimit
+from mqtt_proxy.linger import LINGER_BYTES, linger_close
 from mqtt_proxy.outbound import acks
 from mqtt_proxy.topic_aliases import OutAliases
 
@@ -89,6 +90,8 @@ class MqttConnection(asyncio.Protocol):
         "over_conn_rate",
         "conn_id",
         "out_aliases",
+        "_linger",
+        "_drained",
     )
 
     def __init__(self, server: MqttServer) -> None:
@@ -118,9 +121,10 @@ class MqttConnection(asyncio.Protocol):
         self._blocked = False  # an operation of this connection waits for the core (block())
         self._held: list[Packet] = []  # packets received meanwhile, handled on unblock()
         self.paused_since = 0.0  # loop time of the last pause_writing (delivery's slow check)
-        # max_publish_rate (limits.py): this client's bucket, armed at CONNECT; None = no limit.
+        # max_publish_(bytes_)rate (limits.py): this client's buckets, armed at CONNECT; None:
+        # no limit.
         # While `_rate_timer` is set the connection is blocked for lack of tokens (_rate_block).
-        self.rate: TokenBucket | None = None
+        self.rate: PublishLimit | None = None
         self._rate_timer: asyncio.TimerHandle | None = None
         self.opened_at = 0.0
         self.over_conn_rate = False  # max_connection_rate: its CONNECT gets 0x9F / 0x03
@@ -135,6 +139,10 @@ class MqttConnection(asyncio.Protocol):
         # Server-assigned outbound topic aliases (topic_aliases.py), set at CONNECT for a v5
         # client that announced a Topic Alias Maximum; per connection, so a reconnect starts over.
         self.out_aliases: OutAliases | None = None
+        # Closed with an answer in flight: the timer that ends the linger (linger.py), and the
+        # bytes read and dropped meanwhile.
+        self._linger: asyncio.TimerHandle | None = None
+        self._drained = 0
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -150,6 +158,11 @@ class MqttConnection(asyncio.Protocol):
         self.server.keepalive.add(self, self.last_rx + timeout)
 
     def data_received(self, data: bytes) -> None:
+        if self.closed:  # lingering after our last answer (linger.py): read and drop
+            self._drained += len(data)
+            if self._drained > LINGER_BYTES:
+                self.transport.close()
+            return
         self.server.counters["bytes_received"] += len(data)
         try:
             packets = self.codec.receive_data(data)
@@ -181,7 +194,7 @@ class MqttConnection(asyncio.Protocol):
         rate = self.rate
         kind = chunk_kind(packets)
         if kind is _Publish:
-            if rate is None and not self.closed:
+            if not self.closed and (rate is None or rate.take_all(packets, self._loop.time())):
                 # A chunk of PUBLISHes only (fan-in): one call for all of them.
                 handlers.handle_publishes(self, packets)  # type: ignore[arg-type]
                 return True
@@ -197,7 +210,7 @@ class MqttConnection(asyncio.Protocol):
             if self.closed:
                 return published
             if type(p) is _Publish:
-                if rate is not None and not rate.take(self._loop.time()):
+                if rate is not None and not rate.take(len(p.payload), self._loop.time()):
                     self._rate_block(packets[i:])
                     return published
                 if on_publish(self, p):  # waits for the auth hook: it and the rest after it
@@ -212,13 +225,15 @@ class MqttConnection(asyncio.Protocol):
                     return published
         return published
 
-    # -- max_publish_rate ---------------------------------------------------------------------
+    # -- max_publish_rate, max_publish_bytes_rate ----------------------------------------------
     def _rate_block(self, rest: list[Packet]) -> None:
         """Out of publish tokens: stop reading the socket (TCP pushes back on the client), keep
         the packets already read and handle them as tokens come back. What was read beyond one
         second's worth (`burst`) cannot wait honestly in memory: _over_quota answers it."""
         self._blocked = True
         self._held = self._over_quota(rest) + self._held
+        if self.closed:
+            return
         self.transport.pause_reading()
         self.server.counters["publish_rate_pauses"] += 1
         self._arm_rate_timer()
@@ -226,8 +241,9 @@ class MqttConnection(asyncio.Protocol):
     def _arm_rate_timer(self) -> None:
         rate = self.rate
         assert rate is not None
-        n = sum(1 for p in self._held if type(p) is Publish)
-        wait = rate.wait_for(max(1, n), self._loop.time())
+        held = [p for p in self._held if type(p) is Publish]
+        size = sum([len(p.payload) for p in held])  # type: ignore[attr-defined]
+        wait = rate.wait_for(max(1, len(held)), size, self._loop.time())
         self._rate_timer = self._loop.call_later(wait, self._rate_refilled)
 
     def _rate_refilled(self) -> None:
@@ -236,25 +252,35 @@ class MqttConnection(asyncio.Protocol):
         self.unblock()
 
     def _over_quota(self, packets: list[Packet]) -> list[Packet]:
-        """Keep at most `burst` held PUBLISH; past that a v5 QoS 1/2 gets PUBACK/PUBREC 0x97
-        Quota exceeded (not stored), a QoS 0 is dropped and counted, and a 3.1.1 QoS 1/2 stays
-        held (3.1.1 has no refusal but closing; memory stays bounded by the read that brought
-        it, since reading is paused)."""
+        """Hold at most one second's worth of PUBLISH (messages and bytes); past that a v5
+        QoS 1/2 gets PUBACK/PUBREC 0x97 Quota exceeded (not stored; the spec allows 0x96 in
+        DISCONNECT only), a v5 QoS 0 ends the connection with DISCONNECT 0x96 Message rate too
+        high (it has no ack to refuse, so this is how the client learns), a 3.1.1 QoS 0 is
+        dropped and counted, and a 3.1.1 QoS 1/2 stays held (3.1.1 has no refusal but closing;
+        memory stays bounded by the read that brought it, since reading is paused)."""
         rate = self.rate
         assert rate is not None
-        room = int(rate.burst) - sum(1 for p in self._held if type(p) is Publish)
+        held = [p for p in self._held if type(p) is Publish]
+        n, size = len(held), sum([len(p.payload) for p in held])  # type: ignore[attr-defined]
         out: list[Packet] = []
         counters = self.server.counters
+        too_fast = False
         for p in packets:
             if type(p) is not Publish:
                 out.append(p)
-            elif room > 0 or (p.qos and not self.v5):
-                room -= 1
+            elif rate.holds(n + 1, size + len(p.payload)) or (p.qos and not self.v5):
+                n, size = n + 1, size + len(p.payload)
                 out.append(p)
             else:
                 counters["publish_quota_exceeded"] += 1
                 if p.qos:
                     self.send((Puback if p.qos == 1 else Pubrec)(p.packet_id, 0x97))
+                elif self.v5:
+                    too_fast = True
+        if too_fast:
+            counters["publish_rate_disconnects"] += 1
+            self.disconnect_reason = "message rate too high (max_publish_rate)"
+            self.close_with(0x96)
         return out
 
     def block(self) -> None:
@@ -299,6 +325,9 @@ class MqttConnection(asyncio.Protocol):
         if self._rate_timer is not None:
             self._rate_timer.cancel()
             self._rate_timer = None
+        if self._linger is not None:
+            self._linger.cancel()
+            self._linger = None
         self.closed = True
         self.writable = False
         if self.connected:
@@ -330,7 +359,7 @@ class MqttConnection(asyncio.Protocol):
             self.disconnect_reason = what
             if not self.connected:  # never said a word of MQTT: a bad connection (scanner)
                 self._bad(what)  # (a connected one: the conn log's `closed` line says why)
-            self.close_with(0x8D)  # MQTT 5 §3.1.2.10: v5 clients learn why
+            self.close_with(0x8D, linger=False)  # MQTT 5 §3.1.2.10: v5 clients learn why
             return
         self.server.keepalive.add(self, deadline)
 
@@ -400,8 +429,11 @@ class MqttConnection(asyncio.Protocol):
         return acks(ptype, pids)
 
     # -- closing -------------------------------------------------------------------------------
-    def close_with(self, reason: int, send_disconnect: bool = True) -> None:
-        """Close; a v5 client first gets a DISCONNECT with `reason` (codec.error_bytes)."""
+    def close_with(self, reason: int, send_disconnect: bool = True, linger: bool = True) -> None:
+        """Close; a v5 client first gets a DISCONNECT with `reason` (codec.error_bytes).
+        `linger`: half-close and drain first so that the answer is read (linger.py); not after
+        the client's own DISCONNECT, nor for a client silent past its keep alive: neither has
+        anything in flight to read."""
         if self.closed:
             return
         self.closed = True
@@ -410,7 +442,18 @@ class MqttConnection(asyncio.Protocol):
             data = self.codec.error_bytes(reason)
             if data:
                 self.transport.write(data)
-        self.transport.close()
+        if linger:
+            self._linger_close()
+        else:
+            self.transport.close()
+
+    def _linger_close(self) -> None:
+        """Close after the client has read our answer (linger.py); the session ends now, not
+        when the socket does (up to LINGER_S later): its will, its takeover, its count."""
+        self._linger = linger_close(self.transport, self._loop)
+        if self.connected:
+            self.connected = False
+            self.server.sessions.disconnected(self, self.disconnect_reason or "closed")
 
     def protocol_error(self, err: RemoteProtocolError | int, detail: str) -> None:
         """Bad input: log once, CONNACK/DISCONNECT with the reason where the spec allows, close."""
@@ -425,7 +468,7 @@ class MqttConnection(asyncio.Protocol):
         self.writable = False
         if data:
             self.transport.write(data)
-        self.transport.close()
+        self._linger_close()
 
     def _bad(self, reason: str) -> None:
         listener = "websocket" if self.transport.get_extra_info("websocket") else "mqtt"
@@ -464,9 +507,8 @@ class MqttConnection(asyncio.Protocol):
         """Another connection took this client id (v5 0x8E); the session stays."""
         self.disconnect_reason = "session taken over"
         self.server.counters["takeovers"] += 1
-        was = self.connected
         self.close_with(0x8E)
-        if was:
+        if self.connected:  # closed already (without linger) but not yet lost: detach now
             self.connected = False
             self.server.sessions.disconnected(self, "session taken over")
 
@@ -512,9 +554,10 @@ class MqttConnection(asyncio.Protocol):
         self.connected = True
         self.session_overlap = session.overlapping
         self.start_keepalive(keepalive)
-        r = self.server.settings.max_publish_rate
-        if r > 0:
-            self.rate = TokenBucket(r, r, self._loop.time())
+        s = self.server.settings
+        if s.max_publish_rate > 0 or s.max_publish_bytes_rate > 0:
+            now = self._loop.time()
+            self.rate = PublishLimit(s.max_publish_rate, s.max_publish_bytes_rate, now)
 
 
 if TYPE_CHECKING:

@@ -365,7 +365,7 @@ def handle_disconnect(conn: MqttConnection, p: Disconnect) -> None:
     # MQTT 5 §3.1.2.5: only reason 0x00 discards the will (0x04 and errors publish it).
     conn.will_on_close = reason != 0
     conn.disconnect_reason = "disconnect" if reason in (0, 4) else f"client reason 0x{reason:02x}"
-    conn.close_with(0, send_disconnect=False)
+    conn.close_with(0, send_disconnect=False, linger=False)  # nothing of ours to read
 
 
 def _on_pingreq(conn: MqttConnection, p: Pingreq) -> None:

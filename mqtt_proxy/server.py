@@ -50,6 +50,7 @@ from mqtt_proxy.sys_topics import SysPublisher
 from mqtt_proxy.websocket import WebSocketProtocol
 from store.auth import Security
 from store.auth.http_hook import PUBLISH, SUBSCRIBE, HttpAuth
+from store.bans import BanList
 from store.connlog import ConnLog
 from store.latency import LatencyHistogram
 from store.mapping import MqttMessage, MqttProperties
@@ -79,6 +80,7 @@ class MqttServer:
         proxy_id: str = "mqtt-0",
         remote: bool = False,
         security: Security | None = None,
+        bans: BanList | None = None,
     ) -> None:
         """Construct inside the running event loop: the server binds to it. `remote`: store and
         queues are a `RemoteStore` / `RemoteLightQueues` and the notifier a `LinkNotifier`
@@ -110,6 +112,13 @@ class MqttServer:
         self.topic_hook: HttpAuth | None = (
             http if http is not None and http.settings.acl_url else None
         )
+        # Banned client ids and addresses (store/bans.py): the core's list in one process, a
+        # mirror the core keeps current when this proxy has its own process. A disconnect is
+        # reported for flapping detection to the list itself, or (own process) to the core.
+        self.bans = bans if bans is not None else BanList()
+        self.report_disconnect: Callable[[str, str], object] | None = (
+            self.bans.disconnected if self.settings.flapping_max_disconnects > 0 else None
+        )
         self.counters: dict[str, int] = dict.fromkeys(
             (
                 "connects",
@@ -130,6 +139,8 @@ class MqttServer:
                 "connect_rate_exceeded",
                 "publish_rate_pauses",
                 "publish_quota_exceeded",
+                "publish_rate_disconnects",
+                "connect_banned",
                 "slow_consumers_closed",
                 "tokens_expired",
                 "wills_refused",
@@ -204,6 +215,10 @@ class MqttServer:
             if s.sys_interval_s > 0 and now >= next_sys:
                 next_sys = now + s.sys_interval_s
                 self.sys.publish()
+
+    @property
+    def closing(self) -> bool:
+        return self._closing
 
     # -- limits (docs/security.md "Limits") ---------------------------------------------------
     def connection_allowed(self, peer: object) -> bool:

@@ -300,6 +300,9 @@ class SessionManager:
             del server.conns[cid]
         server.counters["disconnects"] += 1
         server.events.disconnect(cid, reason, conn.remote)
+        report = server.report_disconnect
+        if report is not None and not server.closing:  # flapping detection (store/bans.py)
+            report(cid, conn.remote.rpartition(":")[0])
         server.conn_log.event("closed", conn.conn_id, "client %r: %s", cid, reason or "closed")
         if session.conn is not conn:
             return  # already taken over by a newer connection

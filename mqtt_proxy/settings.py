@@ -29,6 +29,10 @@ class ProxySettings:
     max_connections: int = 0  # connected MQTT clients (all MQTT listeners); beyond: 0x89 / 0x03
     max_connection_rate: int = 0  # new connections per second per source IP; 0x9F / 0x03
     max_publish_rate: int = 0  # PUBLISH per second per client: reading pauses, then 0x97
+    max_publish_bytes_rate: int = 0  # PUBLISH payload bytes per second per client, likewise
+    # Flapping detection (store/bans.py) is the core's; a proxy only needs to know whether to
+    # report its disconnects.
+    flapping_max_disconnects: int = 0
     slow_consumer_timeout_s: int = 60  # a socket full this long is closed (0 = never)
     conn_log_per_s: int = 20  # connection lifecycle lines per second (connlog.py)
     # Server-assigned topic aliases on outbound PUBLISH to v5 clients that accept them

@@ -30,6 +30,8 @@ from wsproto.events import (
 )
 from wsproto.utilities import RemoteProtocolError
 
+from mqtt_proxy.linger import LINGER_S
+
 log = logging.getLogger("lightgate.mqtt.ws")
 SUBPROTOCOLS = ("mqtt", "mqttv3.1")
 MAX_HEAD = 8192  # bytes of HTTP request head before the upgrade is refused (431)
@@ -277,11 +279,21 @@ class WebSocketProtocol(asyncio.Protocol):
             log.warning("websocket bad connection from %s: %s", self._peer(), reason)
 
     def close_ws(self, code: int) -> None:
+        """Send a Close frame and wait (at most LINGER_S) for the client's Close before closing
+        the socket, reading and dropping what comes meanwhile: closing at once with input
+        unread would reset the connection and could swallow the MQTT answer before the Close
+        (linger.py). Again once closing: close the socket now."""
         if self._ws.state is ConnectionState.OPEN:
             try:
                 self.transport.write(self._ws.send(CloseConnection(code=code)))
             except Exception:  # pragma: no cover - a state wsproto refuses: just drop the socket
                 pass
+            else:
+                if self._timer is not None:
+                    self._timer.cancel()
+                self._timer = asyncio.get_running_loop().call_later(LINGER_S, self.transport.close)
+                self.transport.resume_reading()
+                return
         self.transport.close()
 
     def _peer(self) -> str:

@@ -118,3 +118,23 @@ def parse_connack_props(connack: bytes) -> dict[int, int]:
         else:  # a string (assigned client id, reason string, ...)
             i += 2 + int.from_bytes(connack[i : i + 2], "big")
     return out
+
+
+def read_until_packet(s: socket.socket, first: int, timeout: float = 10.0) -> list[bytes]:
+    """Packets until one whose first byte is `first` (then return at once: a TLS client closes
+    itself after reading its answer), or the end of the stream. A reset fails the test: that
+    is exactly what a careful close prevents."""
+    deadline = time.monotonic() + timeout
+    buf = b""
+    got: list[bytes] = []
+    while True:
+        left = deadline - time.monotonic()
+        assert left > 0, f"no answer in {timeout} s: {got}"
+        s.settimeout(left)
+        chunk = s.recv(65536)  # ConnectionResetError here is the bug
+        if not chunk:
+            return got
+        pkts, buf = split_packets(buf + chunk)
+        got += pkts
+        if any(p[0] == first for p in pkts):
+            return got

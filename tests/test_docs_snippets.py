@@ -50,6 +50,9 @@ SKIP = {
     "kcat -b gateway.example": "as above, tests/test_tls.py",
     ".venv/bin/lightgate proxy --core gateway.example:7070": "needs a core on another host; "
     "the same proxy over core_tls is tests/test_core_secret.py",
+    ".venv/bin/lightgate ban ": "needs a gateway running with an admin token file; the same "
+    "commands (list, add with and without the token, remove, restart) run in "
+    "tests/test_mqtt_bans.py",
 }
 
 PORTS = ("MQTT", "MQTTS", "WS", "WSS", "KAFKA", "KAFKA_TLS", "HTTP")

@@ -129,7 +129,7 @@ class Broker:
         self.counters = {"requests": 0, "produce_bytes": 0, "produce_records": 0,
                          "fetch_bytes": 0, "fetch_records": 0, "protocol_errors": 0,
                          "auth_failures": 0, "authorization_failures": 0,
-                         "produce_throttled": 0}  # fmt: skip
+                         "produce_throttled": 0, "connections_refused": 0}  # fmt: skip
         # (api key, error code) -> responses, and Produce request → response latency: /metrics
         self.responses: dict[tuple[int, int], int] = {}
         self.produce_latency = LatencyHistogram()

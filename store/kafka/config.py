@@ -40,6 +40,9 @@ class KafkaConfig:
     # Produce quota per connection, bytes a second; 0: none [quota producer_byte_rate, which
     # Kafka keys by user / client id]. Over it: throttle_time_ms and a muted channel (quota.py).
     produce_byte_rate: int = 0
+    # Open Kafka connections, both listeners together; one more is closed at once, unanswered
+    # [max.connections, which makes the acceptor wait instead]; 0: no limit.
+    max_connections: int = 0
     # How often the idempotent-producer snapshot is rewritten when it changed.
     producer_snapshot_interval_s: float = 30.0
     # Connection lifecycle log lines per second (store/connlog.py); 0 logs none.

@@ -75,7 +75,20 @@ class KafkaConnection(asyncio.Protocol):
         peer = transport.get_extra_info("peername") or ("", 0)
         local = transport.get_extra_info("sockname") or ("", 0)
         self._info = ConnInfo(str(peer[0]), str(local[0]), int(local[1]))
-        self._server._connections.add(self)
+        server = self._server
+        limit = server.config.max_connections
+        if 0 < limit <= len(server._connections):
+            # Kafka has no "server busy" answer: the client sees a closed connection and
+            # retries after its reconnect backoff, as with a broker at `max.connections`.
+            self._closing = True
+            server.broker.counters["connections_refused"] += 1
+            server.conn_log.event(
+                "refused", "-", "from %s:%s: kafka_max_connections (%d)",
+                peer[0], peer[1], limit,
+            )  # fmt: skip
+            self._transport.close()
+            return
+        server._connections.add(self)
         identify = self._server.certificate_user
         cert = transport.get_extra_info("peercert") if identify is not None else None
         if identify is not None and cert:
@@ -87,6 +100,8 @@ class KafkaConnection(asyncio.Protocol):
         self._server.conn_log.event("connected", self._cid, "from %s:%s", peer[0], peer[1])
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if not self._cid:
+            return  # refused in connection_made (kafka_max_connections)
         self._server._connections.discard(self)
         if self._expiry is not None:
             self._expiry.cancel()
