@@ -14,6 +14,7 @@ from mqtt_proxy.codec import EMPTY_PROPERTIES, Connect, Properties, ReasonCode
 from mqtt_proxy.session import Will
 from mqtt_proxy.topic_aliases import OutAliases
 from store.auth import ConnectVerdict
+from store.mapping import is_internal_client
 
 if TYPE_CHECKING:
     from mqtt_proxy.connection import MqttConnection
@@ -26,6 +27,16 @@ NOT_AUTHORIZED = ReasonCode.NOT_AUTHORIZED
 BAD_AUTH_METHOD = ReasonCode.BAD_AUTHENTICATION_METHOD
 SERVER_BUSY = ReasonCode.SERVER_BUSY
 CONNECTION_RATE_EXCEEDED = ReasonCode.CONNECTION_RATE_EXCEEDED
+# Refused CONNECTs by cause, for `lightgate_mqtt_connect_refused_total{reason}`: the two
+# authentication failures apart, as an alert on them watches for password guessing.
+REFUSAL_LABELS: dict[int, str] = {
+    BAD_CREDENTIALS: "bad_credentials",
+    NOT_AUTHORIZED: "not_authorized",
+    BAD_AUTH_METHOD: "bad_auth_method",
+    BAD_CLIENT_ID: "bad_client_id",
+    SERVER_BUSY: "server_busy",
+    CONNECTION_RATE_EXCEEDED: "rate_exceeded",
+}
 
 
 class Refuse(Exception):
@@ -71,7 +82,6 @@ def handle_connect(conn: MqttConnection, c: Connect) -> None:
     try:
         # Overload is answered (v5 0x9F / 0x89, 3.1.1 0x03 Server unavailable), never fatal.
         if conn.over_conn_rate:
-            server.counters["connect_rate_exceeded"] += 1
             raise Refuse(CONNECTION_RATE_EXCEEDED, "max_connection_rate from this address")
         if c.properties.authentication_method is not None:
             raise Refuse(
@@ -103,9 +113,17 @@ def handle_connect(conn: MqttConnection, c: Connect) -> None:
     _connect_checked(conn, c, client_id, assigned, verdict, False)
 
 
+def refusal_label(reason: int) -> str:
+    """The `reason` label of a refused CONNECT in the figures."""
+    return REFUSAL_LABELS.get(reason, "other")
+
+
 def _refuse(conn: MqttConnection, c: Connect, r: Refuse) -> None:
     server = conn.server
     server.counters["connect_refused"] += 1
+    refused = server.refused
+    label = refusal_label(r.reason)
+    refused[label] = refused.get(label, 0) + 1
     server.conn_log.event(
         "refused", conn.conn_id, "client %r from %s: 0x%02x %s",
         c.client_id, conn.remote, r.reason, r,
@@ -142,10 +160,12 @@ def _connect_checked(
                 "authentication failed",
             )
         if server.server_busy(client_id):  # here, not earlier: no check in flight overtakes it
-            server.counters["connect_server_busy"] += 1
             raise Refuse(SERVER_BUSY, f"max_connections ({s.max_connections})")
         conn.username = username
         conn.client_id = client_id
+        if is_internal_client(client_id):  # a probe: its traffic is counted apart from users'
+            conn.counters = server.internal_counters
+            server.internal_ids.add(client_id)
         conn.refresh_acl()
         keepalive = c.keep_alive
         server_keepalive = None
@@ -235,7 +255,7 @@ def _connect_open(
             else None,
         )
     conn.send_connack(present, SUCCESS, props)
-    server.counters["connects"] += 1
+    conn.counters["connects"] += 1
     server.events.connect(client_id, conn.remote)
     server.conn_log.event(
         "connected", conn.conn_id, "client %r from %s MQTT %s keepalive=%d session_present=%d",

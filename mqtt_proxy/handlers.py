@@ -69,7 +69,7 @@ def handle_publish(conn: MqttConnection, p: Publish) -> None:
             # A resend of a QoS 2 message already stored: not stored twice [MQTT-4.3.3-10].
             conn.ack_durable(pid, 5)
             return
-    counters = server.counters
+    counters = conn.counters
     counters["messages_received"] += 1
     if topic[0] == "$" or not server.may_publish(conn, topic):
         # `$` topics are never stored as device data; a refused topic is acked and dropped.
@@ -115,7 +115,7 @@ def handle_publishes(conn: MqttConnection, packets: list[Publish]) -> None:
         msgs, pids, i = _publish_messages(packets, i, cid, now_ms, EMPTY_PROPERTIES, MqttMessage)
         if msgs:
             untrack_messages(msgs)
-            server.counters["messages_received"] += len(msgs)
+            conn.counters["messages_received"] += len(msgs)
             inbound.add_many(msgs, conn, pids)
         if i < n:  # QoS 2, retained, properties or `$`: the general path, in its place
             if conn.closed:
