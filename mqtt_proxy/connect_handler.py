@@ -120,10 +120,13 @@ def refusal_label(reason: int) -> str:
 
 def _refuse(conn: MqttConnection, c: Connect, r: Refuse) -> None:
     server = conn.server
-    server.counters["connect_refused"] += 1
-    refused = server.refused
-    label = refusal_label(r.reason)
-    refused[label] = refused.get(label, 0) + 1
+    if is_internal_client(c.client_id):  # a probe refused (no anonymous access): not a user's
+        server.internal_counters["connect_refused"] += 1
+    else:
+        server.counters["connect_refused"] += 1
+        refused = server.refused
+        label = refusal_label(r.reason)
+        refused[label] = refused.get(label, 0) + 1
     server.conn_log.event(
         "refused", conn.conn_id, "client %r from %s: 0x%02x %s",
         c.client_id, conn.remote, r.reason, r,

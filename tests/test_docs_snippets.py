@@ -50,6 +50,9 @@ SKIP = {
     "kcat -b gateway.example": "as above, tests/test_tls.py",
     ".venv/bin/lightgate proxy --core gateway.example:7070": "needs a core on another host; "
     "the same proxy over core_tls is tests/test_core_secret.py",
+    "promtool check rules docs/prometheus/": "reads the repository's rules, not a fresh "
+    "directory's; the same command runs in tests/test_ops_prometheus.py",
+    "(cd docs/prometheus && promtool test rules": "as above, tests/test_ops_prometheus.py",
 }
 
 PORTS = ("MQTT", "MQTTS", "WS", "WSS", "KAFKA", "KAFKA_TLS", "HTTP")

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from gateway_process import ROOT, GatewayProcess, parse_ready_line
 from mqtt_helpers import V311, Client
+from ops_helpers import scrape
 
 from store import segment_reader as sr
 
@@ -86,9 +87,9 @@ def test_proxy_process_killed_is_restarted_and_loses_nothing_acknowledged(
         want = [f"before-{i}" for i in range(30)] + [f"after-{i}" for i in range(30)]
         assert got == want  # the persistent session resumed from the core, in order
         # The restarted proxy's counters reach /metrics through the core, in its own series.
-        metrics = urllib.request.urlopen(f"http://127.0.0.1:{gw.port('http')}/metrics").read()
-        line = b'lightgate_messages_total{protocol="mqtt",direction="in",process="mqtt-1"} 30.0'
-        assert line in metrics, metrics
+        m = scrape(gw.port("http"))
+        key = (("direction", "in"), ("process", "mqtt-1"), ("protocol", "mqtt"))
+        assert m[("lightgate_messages_total", key)] == 30, m
         assert "exited with" in gw.log_text()
     finally:
         gw.stop()

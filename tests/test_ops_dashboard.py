@@ -64,7 +64,7 @@ def test_dashboard_in_chromium(
     sent = [0]
 
     # A long topic name and wide numbers in the per-topic table: it must still fit 1280 px.
-    long_topic = "factory-floor-7.building-b.assembly-line-42.press-station.sensors/t"
+    long_topic = "factory_floor_7.building_b.assembly_line_42.press_station.sensors_t/t"
     sub.subscribe(long_topic, qos=1)
 
     def load() -> None:
@@ -124,3 +124,27 @@ def test_dashboard_in_chromium(
     assert shown["health.status"] == "ok"
     sub.disconnect()
     pub.disconnect()
+
+
+def test_dashboard_counts_clients_not_the_probe(
+    gateway_factory: Callable[..., GatewayProcess],
+) -> None:
+    """Probes every 100 ms and three clients: the page says three connections, sessions and
+    subscriptions (the probe is one more of each inside the gateway), as /metrics does."""
+    gw = gateway_factory(None, "--set", "probe_interval_ms=100")
+    http = gw.port("http")
+    wait_for(lambda: sample(scrape(http), "lightgate_probe_delivered_total") >= 3, what="probes")
+    clients = [Client(gw.port("mqtt"), f"dev-{i}").connect() for i in range(3)]
+    for i, c in enumerate(clients):
+        c.subscribe(f"dev/{i}/cmd", qos=1)
+    shown = _figures(f"http://127.0.0.1:{http}/", "--window-size=1280,1000")
+    assert shown["connections.mqtt.total"] == "3"
+    assert shown["sessions.live"] == "3"
+    assert shown["subscriptions"] == "3"
+    assert shown["messages_in.mqtt"] == "0"
+    assert shown["clipped"] == ""
+    m = scrape(http)
+    assert total(m, "lightgate_connections", protocol="mqtt") == 3
+    assert total(m, "lightgate_internal_connections") == 1
+    for c in clients:
+        c.disconnect()

@@ -10,6 +10,7 @@ import re
 import shutil
 import socket
 import subprocess
+import sys
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator
@@ -186,6 +187,39 @@ def test_several_proxies_label_their_figures(
     assert "processes" not in st
     for c in clients:
         c.disconnect()
+
+
+def test_refused_connects_are_counted_by_reason(
+    gateway_factory: Callable[..., GatewayProcess], tmp_path: Path
+) -> None:
+    """Wrong passwords and anonymous clients are `bad_credentials` and `not_authorized` in
+    `lightgate_mqtt_connect_refused_total{reason}` (the authentication-failure alert's family);
+    the probe, refused too without a user name, is not counted there."""
+    users = tmp_path / "passwords"
+    made = subprocess.run(
+        [sys.executable, "-m", "lightgate", "passwd", "-c", "-b", str(users), "alice", "pw"],
+        cwd=ROOT, capture_output=True, timeout=60,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    gw = gateway_factory(None, "--set", f"password_file={users}", "--set", "probe_interval_ms=100")
+    port, http = gw.port("mqtt"), gw.port("http")
+    for i, (name, pw) in enumerate([("alice", "wrong"), ("mallory", "pw"), (None, None)]):
+        c = Client(port, f"refused-{i}", V311)
+        c.connect(username=name, password=pw, expect_ok=False)
+        c.paho.loop_stop()
+    ok = Client(port, "ok", V5).connect(username="alice", password="pw")
+    wait_for(
+        lambda: total(scrape(http), "lightgate_mqtt_connect_refused_total") >= 3,
+        what="the refusals counted",
+    )
+    time.sleep(0.5)  # the probe keeps trying meanwhile
+    m = scrape(http)
+    assert total(m, "lightgate_mqtt_connect_refused_total", reason="bad_credentials") == 2
+    assert total(m, "lightgate_mqtt_connect_refused_total", reason="not_authorized") == 1
+    assert total(m, "lightgate_mqtt_connect_refused_total") == 3
+    assert total(m, "lightgate_mqtt_connects_total") == 1
+    assert total(m, "lightgate_connections", protocol="mqtt") == 1
+    ok.disconnect()
 
 
 @pytest.mark.skipif(PROMTOOL is None, reason=NEEDS_PROMETHEUS)
