@@ -161,9 +161,12 @@ def test_promtool_passes_a_real_scrape_and_clients_are_counted_right(
 def test_several_proxies_label_their_figures(
     gateway_factory: Callable[..., GatewayProcess], tmp_path: Path
 ) -> None:
-    """`mqtt_processes = 2`: each proxy's figures carry its id, their sum is every client, and
+    """`mqtt_processes = 2` with probes on: each proxy's figures carry its id, their sum is
+    every client (the probe, on one of the proxies, only in the internal families), and
     /api/stats shows the sum."""
-    gw = gateway_factory(tmp_path / "two", "--set", "mqtt_processes=2")
+    gw = gateway_factory(
+        tmp_path / "two", "--set", "mqtt_processes=2", "--set", "probe_interval_ms=100"
+    )
     http = gw.port("http")
     clients = _clients(gw.port("mqtt"), N_CLIENTS)
     for i, c in enumerate(clients):
@@ -181,6 +184,8 @@ def test_several_proxies_label_their_figures(
     assert set(per_process) <= {"mqtt-1", "mqtt-2"} and sum(per_process.values()) == N_CLIENTS
     assert total(m, "lightgate_connections", protocol="mqtt") == N_CLIENTS
     assert sample(m, "lightgate_core_link_proxies") == 2
+    wait_for(lambda: total(scrape(http), "lightgate_internal_connections") == 1, what="probe")
+    assert total(scrape(http), "lightgate_connections", protocol="mqtt") == N_CLIENTS
     st = stats(http)
     assert sum(st["connections"]["mqtt"].values()) == N_CLIENTS
     assert st["messages_in"]["mqtt"] == N_CLIENTS
