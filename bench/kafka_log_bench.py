@@ -176,11 +176,14 @@ def drain_count(s: socket.socket, n: int, timeout: float) -> tuple[int, float]:
 
 
 def metric(http: int, name: str) -> float:
+    """A family's value summed over its series (labels), -1 when /metrics has none."""
+    total, seen = 0.0, False
     with urllib.request.urlopen(f"http://127.0.0.1:{http}/metrics", timeout=10) as r:
         for line in r.read().decode().splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[1])
-    return -1.0
+            if line.startswith((name + " ", name + "{")):
+                total += float(line.rsplit(" ", 1)[1])
+                seen = True
+    return total if seen else -1.0
 
 
 def drain(bootstrap: str | None, n: int, tmp: Path, label: str, cold: bool) -> None:
@@ -205,18 +208,15 @@ def drain(bootstrap: str | None, n: int, tmp: Path, label: str, cold: bool) -> N
             pass
         pub_s = time.perf_counter() - t0
         deadline = time.monotonic() + 120
-        while (
-            metric(http, "lightgate_lightqueue_dispatch_lag_records") > 0
-            and time.monotonic() < deadline
-        ):
+        while metric(http, "lightgate_dispatch_lag_records") > 0 and time.monotonic() < deadline:
             time.sleep(0.2)
         if cold:
             stop(proc)
             proc, port, http = serve(data, bootstrap)
-        f0 = metric(http, "lightgate_kafka_log_fetches")
+        f0 = metric(http, "lightgate_kafka_log_fetches_total")
         s = connect(port, "drainer", clean=False)
         got, secs = drain_count(s, n + 1, 300)
-        f1 = metric(http, "lightgate_kafka_log_fetches")
+        f1 = metric(http, "lightgate_kafka_log_fetches_total")
         out({"bench": "drain", "log": label, "cold": cold, "messages": n + 1, "received": got,
              "drain_s": round(secs, 2), "drain_msgs_per_s": round(got / secs),
              "publish_s": round(pub_s, 2),

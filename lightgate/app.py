@@ -73,7 +73,6 @@ class Gateway:
         self.endpoints: dict[str, tuple[str, int]] = {}
         self.bans = BanList()  # the data dir's, once `start` has it (open_bans)
         self._closers: list[_Closer] = []
-        self._stats_sources: list[tuple[str, object]] = []  # (metric prefix, source with stats())
         # Users and rights, shared by the MQTT and Kafka servers, reloaded in place on SIGHUP.
         self.security: Security = build_security(cfg)
         self.certificates = TlsReloader(cfg)  # the TLS listeners' contexts, reloaded on SIGHUP
@@ -90,7 +89,6 @@ class Gateway:
         else:
             self.store = await Store.open(cfg.data_path, StoreConfig.from_object(cfg))
         self._closers.append(self.store)
-        self._stats_sources.append(("", self.store))
         self.figures.seed(self.store)
         self.bans = open_bans(cfg)
         await self._start_queues_and_mqtt()
@@ -142,7 +140,6 @@ class Gateway:
             await catch_up(queues)
         notifier.start()
         self._closers.append(notifier)
-        self._stats_sources.append(("", queues))
         if not has_mqtt_listeners(cfg):
             if cfg.core_listen:  # a core for `lightgate proxy` elsewhere, no MQTT of its own
                 await self._start_core_link(queues, notifier)
@@ -156,7 +153,6 @@ class Gateway:
         )  # fmt: skip
         await mqtt.start()
         self._closers.append(mqtt)
-        self._stats_sources.append(("mqtt_", mqtt))
         if cfg.mqtt_port != -1:
             self.endpoints["mqtt"] = await mqtt.start_tcp(cfg.host, cfg.mqtt_port)
         if cfg.tls_cert and cfg.mqtts_port != -1:
@@ -189,7 +185,6 @@ class Gateway:
         queues.set_sink(sink)
         address = await link.start(core_address(self.cfg))
         self._closers.append(link)
-        self._stats_sources.append(("mqtt_", link))  # the proxies' counters, asked over the link
         if self.cfg.core_listen and not address.startswith("unix:"):
             host, _, port = address.rpartition(":")
             self.endpoints["core"] = (host, int(port))
@@ -235,7 +230,6 @@ class Gateway:
             kafka.certificate_user = certificate_cn
         await kafka.start()
         self._closers.append(kafka)
-        self._stats_sources.append(("", kafka))
         if cfg.kafka_port != -1:
             self.endpoints["kafka"] = (cfg.host, kafka.port)
         if kafka.tls_port != -1:
@@ -261,39 +255,14 @@ class Gateway:
         ]
         return "lightgate ready " + " ".join(parts)
 
-    async def mqtt_figures(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        """(MqttServer.stats(), MqttServer.metrics()) of this process's proxy or, split, of the
-        proxy over the core link."""
+    async def mqtt_processes(self) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
+        """Process -> (MqttServer.stats(), MqttServer.metrics()): this process's proxy as
+        "core" or, split, each proxy over the core link by its id."""
         if self.mqtt is not None:
-            return self.mqtt.stats(), self.mqtt.metrics()
+            return {"core": (self.mqtt.stats(), self.mqtt.metrics())}
         if self.link is not None:
-            result: tuple[dict[str, Any], dict[str, Any]] = await self.link.figures()
-            return result
-        return {}, {}
-
-    async def flat_metrics(
-        self, mqtt_stats: dict[str, Any] | None = None
-    ) -> dict[str, float | int]:
-        """The flat figures /metrics always had (`lightgate_mqtt_*`, `lightgate_kafka_*`, ...)."""
-        out: dict[str, float | int] = {"uptime_seconds": round(time.time() - self.started_at, 1)}
-        for prefix, source in self._stats_sources:
-            if prefix == "mqtt_" and mqtt_stats is not None:
-                values = mqtt_stats
-            else:
-                stats = getattr(source, "stats", None)
-                if stats is None:
-                    continue
-                values = stats()
-                if asyncio.iscoroutine(values):
-                    values = await values
-            for key, value in values.items():
-                # Prometheus carries numbers only; labels such as a version string go to /health.
-                if isinstance(value, (int, float)) and not key.startswith("uptime"):
-                    out[prefix + key] = value
-        return out
-
-    async def metrics(self) -> dict[str, float | int]:
-        return await self.flat_metrics()
+            return await self.link.figures()
+        return {}
 
     def health(self) -> dict[str, Any]:
         """200 `ok` or 503 with the reasons: starting, dispatcher stopped or stuck, probes lost."""

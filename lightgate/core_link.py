@@ -14,6 +14,7 @@ import logging
 import ssl
 from typing import TYPE_CHECKING, Any
 
+from lightgate.figure_sums import summed_stats
 from lightgate.link_registry import HELLO, STATS, MethodRegistry
 from lightgate.link_services import LightQueueService, NotifyService, StoreService
 from lightgate.owners import ClientRegistry
@@ -135,16 +136,20 @@ class CoreLink:
 
     async def stats(self) -> dict[str, Any]:
         """The MQTT counters of every connected proxy, summed (numbers only)."""
-        return (await self.figures(with_metrics=False))[0]
+        per_proxy = await self.figures(with_metrics=False)
+        return summed_stats([st for st, _m in per_proxy.values()])
 
-    async def figures(self, with_metrics: bool = True) -> tuple[dict[str, Any], dict[str, Any]]:
-        """(counters summed over the proxies, the `MqttServer.metrics()` of the first one that
-        answers): what the one-process gateway reads from its own MqttServer. Several proxies:
-        every figure is summed, labelled ones and histograms too (same buckets everywhere). A proxy
-        that does not answer is logged once until it answers again."""
-        out: dict[str, Any] = {}
-        metrics: dict[str, Any] = {}
-        for peer in list(self.proxies.values()):
+    async def figures(
+        self, with_metrics: bool = True
+    ) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
+        """Proxy id -> (its `MqttServer.stats()`, its `MqttServer.metrics()` or {}): what the
+        one-process gateway reads from its own MqttServer, once per proxy, so that /metrics
+        labels each process's figures (a restarted proxy's counters start again at zero, which
+        Prometheus's rate() understands per series, not in a sum). The counters of proxies
+        that went away (wills published, sessions expired by the core) come as proxy "core".
+        A proxy that does not answer is logged once until it answers again."""
+        out: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
+        for pid, peer in list(self.proxies.items()):
             try:
                 body = b"m" if with_metrics else b""
                 stats = json.loads(await asyncio.wait_for(peer.call(STATS, body), 2.0))
@@ -154,30 +159,14 @@ class CoreLink:
                 peer.state["stats_failing"] = True
                 continue
             peer.state["stats_failing"] = False
-            metrics = _summed(metrics, stats.pop("metrics", None) or {})
-            for k, v in stats.items():
-                if isinstance(v, (int, float)) and not isinstance(v, bool):
-                    out[k] = out.get(k, 0) + v
-                elif k != "metrics":
-                    out.setdefault(k, v)
-        for k in ("wills_published", "sessions_expired"):  # of the proxies that went away
-            if self.clients.counters[k]:
-                out[k] = out.get(k, 0) + self.clients.counters[k]
-        return out, metrics
+            metrics = stats.pop("metrics", None) or {}
+            out[str(pid)] = (stats, metrics)
+        gone = {k: self.clients.counters[k] for k in ("wills_published", "sessions_expired")}
+        if any(gone.values()):
+            out["core"] = (gone, {})
+        return out
 
     async def close(self) -> None:
         if self._tick is not None:
             self._tick.cancel()
         await self.server.close()
-
-
-def _summed(a: Any, b: Any) -> Any:
-    """Two proxies' `MqttServer.metrics()` added: numbers summed, dicts key by key, a
-    histogram's bucket counts element by element."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        return {k: _summed(a[k], b[k]) if k in a and k in b else a.get(k, b.get(k)) for k in a | b}
-    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
-        return [_summed(x, y) for x, y in zip(a, b, strict=True)]
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
-        return a + b
-    return a

@@ -6,7 +6,7 @@ state and so need the admin bearer token (`http_admin_token_file`; without one c
 are refused 403, with a missing or wrong token 401). Small limits (request line and each header
 at most 8 KiB, 32 headers, bodies at most 1 KiB), idle connections closed after 10 s and every
 handler bounded by 10 s: an operator endpoint, not a web server. `/metrics` is the Prometheus text exposition of the
-gateway's own `CollectorRegistry` (lightgate/metrics.py), refreshed from one snapshot per scrape.
+gateway's own `CollectorRegistry` (lightgate/metric_families.py), refreshed from one snapshot per scrape.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from lightgate.metrics import GatewayCollector
+from lightgate.metric_families import GatewayCollector
 from store.bans import KINDS, BanList
 
 log = logging.getLogger("lightgate.http")
@@ -39,6 +39,9 @@ MAX_BODY = 1024  # GET requests carry none; a ban's JSON is well under it
 IDLE_TIMEOUT_S = 10.0
 HANDLER_TIMEOUT_S = 10.0
 DASHBOARD = Path(__file__).with_name("dashboard.html")
+# Snapshot keys for /metrics only: per-process raw figures and component counters (/api/stats
+# carries the whole gateway's sums of them).
+SCRAPE_ONLY = ("processes", "lightqueue", "kafka", "kafka_log")
 
 
 class HttpServer:
@@ -115,7 +118,7 @@ class HttpServer:
 
     async def _on_stats(self, request: web.Request) -> web.Response:
         snap = await asyncio.wait_for(self._snapshot(), HANDLER_TIMEOUT_S)
-        snap = {k: v for k, v in snap.items() if k != "flat"}
+        snap = {k: v for k, v in snap.items() if k not in SCRAPE_ONLY}
         return web.json_response(snap, headers={"Cache-Control": "no-store"})
 
     async def _on_dashboard(self, request: web.Request) -> web.Response:

@@ -2,27 +2,26 @@
 
 Nothing here runs per message. The components keep plain counters and `store.latency`
 histograms; `Figures.snapshot()` reads them when someone asks (a scrape, the dashboard, the 1 s
-sampler), and `GatewayCollector` turns the snapshot into `prometheus_client` metric families in
-the gateway's own `CollectorRegistry` (never the process-global default registry: tests run
-several gateways in one process). In the split shape the MQTT proxy's figures come over the core
-link (STATS), so every metric has the same name in both shapes. docs/operations.md lists them.
+sampler), and `lightgate.metric_families` turns the snapshot into `prometheus_client` metric
+families in the gateway's own `CollectorRegistry` (never the process-global default registry:
+tests run several gateways in one process).
+
+MQTT figures are kept per process (`processes`: "core" for the proxy inside `serve`, else each
+proxy's id, over the core link), so /metrics labels them and Prometheus's `sum()` and `rate()`
+stay right when one proxy restarts; `/api/stats` shows their sums, the whole gateway. Internal
+clients (latency probes) and internal topics (device events, probes) are never in users'
+figures: they have their own keys here and their own families there.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections import deque
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-)
-from prometheus_client.registry import Collector
-
+from lightgate.figure_sums import summed, summed_stats
 from store.latency import BOUNDS, LatencyHistogram
 from store.mapping import is_system_topic
 
@@ -31,31 +30,6 @@ if TYPE_CHECKING:
     from store import Store
     from store.kafka_log import KafkaLog
 
-# snapshot key -> (Prometheus name, help)
-HISTOGRAMS: dict[str, tuple[str, str]] = {
-    "puback": (
-        "lightgate_puback_latency_seconds",
-        "MQTT QoS 1/2 PUBLISH parsed to PUBACK/PUBREC sent (durable), per message",
-    ),
-    "fsync": ("lightgate_fsync_latency_seconds", "One partition fsync of the group commit"),
-    "dispatch_batch": (
-        "lightgate_dispatch_batch_latency_seconds",
-        "One dispatch round (read the log, index into light queues, one LevelDB write)",
-    ),
-    "publish_deliver": (
-        "lightgate_publish_deliver_latency_seconds",
-        "Broker receive to PUBLISH written to a subscriber, per delivered copy (ms resolution)",
-    ),
-    "gc_pause": (
-        "lightgate_gc_pause_seconds",
-        "One CPython garbage collection of the gateway process (its event loop stopped)",
-    ),
-    "kafka_produce": (
-        "lightgate_kafka_produce_latency_seconds",
-        "Kafka Produce request received to response ready (durable under acks>=1)",
-    ),
-}
-PROBE_HOPS = ("durable", "indexed", "delivered", "end_to_end")
 RETAINED_EVERY_S = 30.0  # the retained count is a LevelDB key scan: at most this often
 RATE_WINDOW_S = 5.0
 
@@ -103,7 +77,11 @@ class Figures:
 
     async def snapshot(self) -> dict[str, Any]:
         gw = self.gw
-        mstats, mmetrics = await gw.mqtt_figures()
+        processes = await gw.mqtt_processes()
+        mstats = summed_stats([st for st, _m in processes.values()])
+        mmetrics: dict[str, Any] = {}
+        for _st, m in processes.values():
+            mmetrics = summed(mmetrics, m)
         kstats: dict[str, Any] = gw.kafka.stats() if gw.kafka is not None else {}
         kmetrics: dict[str, Any] = gw.kafka.metrics() if gw.kafka is not None else {}
         store, queues = gw.store, gw.queues
@@ -117,21 +95,25 @@ class Figures:
         if gw.gc_pauses is not None:
             hists["gc_pause"] = gw.gc_pauses.histogram
         topics: dict[str, dict[str, int]] = {}
+        internal_topics: dict[str, dict[str, int]] = {}
         if store is not None:
             for t, (nbytes, nrec) in store.disk_usage().items():
-                topics[t] = {"disk_bytes": nbytes, "records": nrec, "lag": 0}
+                into = internal_topics if is_system_topic(t) else topics
+                into[t] = {"disk_bytes": nbytes, "records": nrec, "lag": 0}
         lag_total = 0
         if queues is not None:
             d = queues.dispatcher
             hists["dispatch_batch"] = d.round_latency
             for t, n in d.behind_by_topic().items():
-                topics.setdefault(t, {"disk_bytes": 0, "records": 0, "lag": 0})["lag"] = n
+                into = internal_topics if is_system_topic(t) else topics
+                into.setdefault(t, {"disk_bytes": 0, "records": 0, "lag": 0})["lag"] = n
                 lag_total += n
         routed, handed = gw.notifier.routes.counts() if gw.notifier is not None else (0, 0)
-        probe = gw.probe.histograms() if gw.probe is not None else {}
+        probe = gw.probe
         snap: dict[str, Any] = {
             "version": gw.version,
             "time": round(time.time(), 3),
+            "started_at": round(gw.started_at, 3),
             "uptime_s": round(time.time() - gw.started_at, 1),
             "health": gw.health(),
             "connections": {
@@ -146,17 +128,36 @@ class Figures:
             "kafka_responses": kmetrics.get("responses", []),
             "consumer_groups": kstats.get("kafka_groups", 0),
             "topics": topics,
+            "internal_topics": internal_topics,
             "dispatch_lag": lag_total,
-            "disk_bytes": sum(t["disk_bytes"] for t in topics.values()),
+            "disk_bytes": sum(
+                t["disk_bytes"] for t in (*topics.values(), *internal_topics.values())
+            ),
+            "data_dir": _data_dir(gw.cfg.data_path),
             "notify": {"events": routed, "coalesced": max(0, routed - handed)},
             "cache": {
                 "hits": mmetrics.get("cache_hits", 0),
                 "misses": mmetrics.get("cache_misses", 0),
             },
             "latency": {k: hist_summary(h) for k, h in hists.items()},
-            "probe": {hop: hist_summary(h) for hop, h in probe.items()},
+            "probe": {hop: hist_summary(h) for hop, h in probe.histograms().items()}
+            if probe is not None
+            else {},
+            "probe_counts": {
+                "sent": probe.sent,
+                "delivered": probe.delivered,
+                "connected": int(probe.connected),
+            }
+            if probe is not None
+            else None,
+            "internal": mmetrics.get("internal", {}),
             "bounds": list(BOUNDS),
-            "flat": await gw.flat_metrics(mstats),
+            # Below: for /metrics only (`/api/stats` leaves them out).
+            "processes": processes,
+            "lightqueue": queues.stats() if queues is not None else {},
+            "kafka": kstats,
+            "kafka_log": store.stats() if isinstance(store, _HasStats) else {},
+            "core_link_proxies": len(gw.link.proxies) if gw.link is not None else None,
         }
         snap["rates"] = self._rates(snap)
         return snap
@@ -168,7 +169,7 @@ class Figures:
         if gw.mqtt is not None:
             mstats = gw.mqtt.stats()
         elif gw.link is not None:
-            mstats = (await gw.link.figures(with_metrics=False))[0]
+            mstats = await gw.link.stats()
         else:
             mstats = {}
         kstats = gw.kafka.stats() if gw.kafka is not None else {}
@@ -232,114 +233,17 @@ def _traffic(mstats: dict[str, Any], kstats: dict[str, Any]) -> dict[str, dict[s
     }
 
 
-def _buckets(d: dict[str, Any]) -> list[tuple[str, float]]:
-    out, acc = [], 0
-    for bound, c in zip(list(BOUNDS) + [float("inf")], d["counts"], strict=True):
-        acc += c
-        out.append(("+Inf" if bound == float("inf") else repr(bound), acc))
-    return out
+def _data_dir(path: Path) -> dict[str, int]:
+    """The data directory's file system: free bytes (for unprivileged users) and its size."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return {"free_bytes": 0, "size_bytes": 0}
+    return {"free_bytes": st.f_bavail * st.f_frsize, "size_bytes": st.f_blocks * st.f_frsize}
 
 
-class GatewayCollector(Collector):
-    """prometheus_client collector over the last snapshot (`/metrics` refreshes it first)."""
+@runtime_checkable
+class _HasStats(Protocol):
+    """A log with figures of its own (`store.kafka_log.KafkaLog`, with log = "kafka")."""
 
-    def __init__(self) -> None:
-        self.snap: dict[str, Any] = {}
-
-    def collect(self) -> Iterator[Metric]:
-        s = self.snap
-        if not s:
-            return
-        yield from _legacy(s["flat"])
-        g = GaugeMetricFamily(
-            "lightgate_connections", "Open client connections", labels=["protocol", "version"]
-        )
-        for version, n in sorted(s["connections"]["mqtt"].items()):
-            g.add_metric(["mqtt", version], n)
-        g.add_metric(["kafka", ""], s["connections"]["kafka"])
-        yield g
-        g = GaugeMetricFamily("lightgate_sessions", "MQTT sessions", labels=["state"])
-        for state, n in sorted(s["sessions"].items()):
-            g.add_metric([state], n)
-        yield g
-        yield GaugeMetricFamily(
-            "lightgate_subscriptions", "MQTT subscriptions", value=s["subscriptions"]
-        )
-        yield GaugeMetricFamily(
-            "lightgate_wildcard_queues", "Light queues of wildcard filters", s["wildcard_queues"]
-        )
-        for kind, doc in (
-            ("messages_in", "Messages received (MQTT PUBLISH, Kafka produced records)"),
-            ("messages_out", "Messages sent (MQTT PUBLISH, Kafka fetched records)"),
-            ("bytes_in", "Bytes received"),
-            ("bytes_out", "Bytes sent"),
-        ):
-            c = CounterMetricFamily(f"lightgate_{kind}", doc, labels=["protocol"])
-            for proto, n in sorted(s[kind].items()):
-                c.add_metric([proto], n)
-            yield c
-        yield GaugeMetricFamily("lightgate_retained_messages", "Retained topics", s["retained"])
-        c = CounterMetricFamily(
-            "lightgate_kafka_responses", "Kafka responses", labels=["api", "error_code"]
-        )
-        for r in s["kafka_responses"]:
-            c.add_metric([r["api"], str(r["error_code"])], r["count"])
-        yield c
-        yield GaugeMetricFamily(
-            "lightgate_kafka_consumer_groups", "Kafka consumer groups", s["consumer_groups"]
-        )
-        disk = GaugeMetricFamily("lightgate_disk_bytes", "Segment bytes", labels=["topic"])
-        recs = GaugeMetricFamily("lightgate_log_records", "Records in the log", labels=["topic"])
-        lag = GaugeMetricFamily(
-            "lightgate_dispatch_lag_records",
-            "Log end minus dispatcher checkpoint",
-            labels=["topic"],
-        )
-        for t, f in sorted(s["topics"].items()):
-            disk.add_metric([t], f["disk_bytes"])
-            recs.add_metric([t], f["records"])
-            lag.add_metric([t], f["lag"])
-        yield from (disk, recs, lag)
-        yield CounterMetricFamily(
-            "lightgate_notify_events", "Notify events routed to proxies", s["notify"]["events"]
-        )
-        yield CounterMetricFamily(
-            "lightgate_notify_events_coalesced",
-            "Notify events merged into a pending one",
-            s["notify"]["coalesced"],
-        )
-        yield CounterMetricFamily(
-            "lightgate_cache_hits",
-            "Entries resolved from the recent-append cache",
-            s["cache"]["hits"],
-        )
-        yield CounterMetricFamily(
-            "lightgate_cache_misses", "Entries read from the store", s["cache"]["misses"]
-        )
-        for key, (name, doc) in HISTOGRAMS.items():
-            d = s["latency"].get(key)
-            h = HistogramMetricFamily(name, doc)
-            if d is not None:
-                h.add_metric([], _buckets(d), d["sum"])
-            yield h
-        h = HistogramMetricFamily(
-            "lightgate_probe_latency_seconds",
-            "Latency probes: publish to durable, indexed (dispatched and notified), delivered",
-            labels=["hop"],
-        )
-        for hop, d in s["probe"].items():
-            h.add_metric([hop], _buckets(d), d["sum"])
-        yield h
-        yield GaugeMetricFamily(
-            "lightgate_up", "1 when /health says ok", int(s["health"]["status"] == "ok")
-        )
-
-
-def _legacy(flat: dict[str, float | int]) -> Iterator[Metric]:
-    """The figures /metrics had before (`lightgate_mqtt_*`, `lightgate_kafka_*_total`, ...)."""
-    for key in sorted(flat):
-        name = key if key.startswith("lightgate_") else f"lightgate_{key}"
-        if name.endswith("_total"):
-            yield CounterMetricFamily(name, name, value=flat[key])
-        else:
-            yield GaugeMetricFamily(name, name, value=flat[key])
+    def stats(self) -> dict[str, int]: ...

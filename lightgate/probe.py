@@ -84,6 +84,10 @@ class Probe:
     def histograms(self) -> dict[str, LatencyHistogram]:
         return self.hist
 
+    @property
+    def connected(self) -> bool:
+        return self._connected_at is not None
+
     def problem(self) -> str | None:
         """Why probes say the pipeline is unhealthy, or None."""
         now = asyncio.get_running_loop().time()

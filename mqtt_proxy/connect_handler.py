@@ -19,6 +19,7 @@ from mqtt_proxy.topic_aliases import OutAliases
 from store.auth import ConnectVerdict
 from store.auth.jwt_auth import Grant, looks_like_jwt
 from store.bans import Ban
+from store.mapping import is_internal_client
 
 if TYPE_CHECKING:
     from mqtt_proxy.connection import MqttConnection
@@ -34,6 +35,18 @@ CONNECTION_RATE_EXCEEDED = ReasonCode.CONNECTION_RATE_EXCEEDED
 BANNED = ReasonCode.BANNED
 
 log = logging.getLogger("lightgate.mqtt.bans")
+
+# Refused CONNECTs by cause, for `lightgate_mqtt_connect_refused_total{reason}`: the two
+# authentication failures apart, as an alert on them watches for password guessing.
+REFUSAL_LABELS: dict[int, str] = {
+    BAD_CREDENTIALS: "bad_credentials",
+    NOT_AUTHORIZED: "not_authorized",
+    BAD_AUTH_METHOD: "bad_auth_method",
+    BAD_CLIENT_ID: "bad_client_id",
+    SERVER_BUSY: "server_busy",
+    CONNECTION_RATE_EXCEEDED: "rate_exceeded",
+    BANNED: "banned",
+}
 
 
 class Refuse(Exception):
@@ -80,7 +93,6 @@ def handle_connect(conn: MqttConnection, c: Connect) -> None:
     try:
         # Overload is answered (v5 0x9F / 0x89, 3.1.1 0x03 Server unavailable), never fatal.
         if conn.over_conn_rate:
-            server.counters["connect_rate_exceeded"] += 1
             raise Refuse(CONNECTION_RATE_EXCEEDED, "max_connection_rate from this address")
         if c.properties.authentication_method is not None:
             raise Refuse(
@@ -168,7 +180,6 @@ def _banned(conn: MqttConnection, client_id: str, ban: Ban) -> Refuse:
     """The refusal of a banned client (0x8A Banned, 0x05 in 3.1.1); logs the first refusal of
     each ban only: a banned device typically retries every few seconds while the ban lasts."""
     server = conn.server
-    server.counters["connect_banned"] += 1
     detail = f"banned {ban.kind} {ban.value!r} ({ban.reason or 'no reason given'})"
     if server.bans.first_refusal(ban):
         until = "until removed" if not ban.until else f"until {ban.until:.0f} (Unix time)"
@@ -177,9 +188,20 @@ def _banned(conn: MqttConnection, client_id: str, ban: Ban) -> Refuse:
     return Refuse(BANNED, detail, logged=True)
 
 
+def refusal_label(reason: int) -> str:
+    """The `reason` label of a refused CONNECT in the figures."""
+    return REFUSAL_LABELS.get(reason, "other")
+
+
 def _refuse(conn: MqttConnection, c: Connect, r: Refuse) -> None:
     server = conn.server
-    server.counters["connect_refused"] += 1
+    if is_internal_client(c.client_id):  # a probe refused (no anonymous access): not a user's
+        server.internal_counters["connect_refused"] += 1
+    else:
+        server.counters["connect_refused"] += 1
+        refused = server.refused
+        label = refusal_label(r.reason)
+        refused[label] = refused.get(label, 0) + 1
     if not r.logged:
         server.conn_log.event(
             "refused", conn.conn_id, "client %r from %s: 0x%02x %s",
@@ -221,7 +243,6 @@ def _connect_checked(
                 "authentication failed",
             )
         if server.server_busy(client_id):  # here, not earlier: no check in flight overtakes it
-            server.counters["connect_server_busy"] += 1
             raise Refuse(SERVER_BUSY, f"max_connections ({s.max_connections})")
         conn.username = username
         conn.client_id = client_id
@@ -229,6 +250,9 @@ def _connect_checked(
             conn.token_acl = grant.acl
             if grant.expires_at is not None:
                 conn.expire_at(grant.expires_at - time.time())
+        if is_internal_client(client_id):  # a probe: its traffic is counted apart from users'
+            conn.counters = server.internal_counters
+            server.internal_ids.add(client_id)
         conn.refresh_acl()
         keepalive = c.keep_alive
         server_keepalive = None
@@ -325,7 +349,7 @@ def _connect_open(
             else None,
         )
     conn.send_connack(present, SUCCESS, props)
-    server.counters["connects"] += 1
+    conn.counters["connects"] += 1
     server.events.connect(client_id, conn.remote)
     server.conn_log.event(
         "connected", conn.conn_id, "client %r from %s MQTT %s keepalive=%d session_present=%d",

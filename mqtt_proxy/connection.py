@@ -92,6 +92,7 @@ class MqttConnection(asyncio.Protocol):
         "out_aliases",
         "_linger",
         "_drained",
+        "counters",
     )
 
     def __init__(self, server: MqttServer) -> None:
@@ -143,6 +144,10 @@ class MqttConnection(asyncio.Protocol):
         # bytes read and dropped meanwhile.
         self._linger: asyncio.TimerHandle | None = None
         self._drained = 0
+        # The counters this connection's traffic goes to: the server's, or its `internal_counters`
+        # once CONNECT names an internal client (a probe), so that users' figures never count it
+        # and the hot paths pay nothing for the choice.
+        self.counters: dict[str, int] = server.counters
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -163,7 +168,8 @@ class MqttConnection(asyncio.Protocol):
             if self._drained > LINGER_BYTES:
                 self.transport.close()
             return
-        self.server.counters["bytes_received"] += len(data)
+        # The bytes are counted after the chunk is handled: a CONNECT's chunk goes to the
+        # counters that CONNECT chose (an internal client's bytes never reach users' figures).
         try:
             packets = self.codec.receive_data(data)
             if packets:
@@ -176,14 +182,18 @@ class MqttConnection(asyncio.Protocol):
                 self._held += exc.packets
             else:
                 self._handle(exc.packets)
+            self.counters["bytes_received"] += len(data)
             self.protocol_error(exc, str(exc))
             return
         if self._blocked:
+            self.counters["bytes_received"] += len(data)
             if self._rate_timer is not None:
                 packets = self._over_quota(packets)
             self._held += packets
             return
-        if self._handle(packets) and self.server.inbound.throttled and not self.closed:
+        published = self._handle(packets)
+        self.counters["bytes_received"] += len(data)
+        if published and self.server.inbound.throttled and not self.closed:
             # Only publishers are held back: a subscriber's PUBACKs are what frees delivery.
             self.server.inbound.throttle(self)
 
@@ -235,7 +245,7 @@ class MqttConnection(asyncio.Protocol):
         if self.closed:
             return
         self.transport.pause_reading()
-        self.server.counters["publish_rate_pauses"] += 1
+        self.counters["publish_rate_pauses"] += 1
         self._arm_rate_timer()
 
     def _arm_rate_timer(self) -> None:
@@ -263,7 +273,7 @@ class MqttConnection(asyncio.Protocol):
         held = [p for p in self._held if type(p) is Publish]
         n, size = len(held), sum([len(p.payload) for p in held])  # type: ignore[attr-defined]
         out: list[Packet] = []
-        counters = self.server.counters
+        counters = self.counters
         too_fast = False
         for p in packets:
             if type(p) is not Publish:
@@ -309,7 +319,7 @@ class MqttConnection(asyncio.Protocol):
     def pause_writing(self) -> None:
         self.writable = False
         self.paused_since = self._loop.time()
-        self.server.counters["write_pauses"] += 1
+        self.counters["write_pauses"] += 1
 
     def resume_writing(self) -> None:
         self.writable = True
@@ -366,12 +376,12 @@ class MqttConnection(asyncio.Protocol):
     # -- writing -------------------------------------------------------------------------------
     def write(self, data: bytes) -> None:
         if not self.closed:
-            self.server.counters["bytes_sent"] += len(data)
+            self.counters["bytes_sent"] += len(data)
             self.transport.write(data)
 
     def write_delivery(self, data: bytes, n: int, nbytes: int) -> None:
         """Delivery's write: `n` PUBLISH packets, `nbytes` long, already joined."""
-        c = self.server.counters
+        c = self.counters
         c["messages_sent"] += n
         c["bytes_sent"] += nbytes
         self.transport.write(data)
@@ -460,7 +470,7 @@ class MqttConnection(asyncio.Protocol):
         if self.closed:
             return
         code = err if isinstance(err, int) else err.reason_code
-        self.server.counters["protocol_errors"] += 1
+        self.counters["protocol_errors"] += 1
         self.disconnect_reason = f"protocol error 0x{code:02x}: {detail}"
         self._bad(self.disconnect_reason)
         data = self.codec.error_bytes(err)
@@ -490,7 +500,7 @@ class MqttConnection(asyncio.Protocol):
         the light queues; what was not acked is sent again when it reconnects."""
         if self.closed:
             return
-        self.server.counters["slow_consumers_closed"] += 1
+        self.counters["slow_consumers_closed"] += 1
         self.disconnect_reason = f"slow consumer (socket full for {stuck_s:.0f} s)"
         log.info("client %r (%s): %s", self.client_id, self.remote, self.disconnect_reason)
         self.closed = True
@@ -506,7 +516,7 @@ class MqttConnection(asyncio.Protocol):
     def taken_over(self) -> None:
         """Another connection took this client id (v5 0x8E); the session stays."""
         self.disconnect_reason = "session taken over"
-        self.server.counters["takeovers"] += 1
+        self.counters["takeovers"] += 1
         self.close_with(0x8E)
         if self.connected:  # closed already (without linger) but not yet lost: detach now
             self.connected = False

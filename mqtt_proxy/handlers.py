@@ -77,7 +77,7 @@ def handle_publish(conn: MqttConnection, p: Publish) -> bool:
         if verdict is None:
             return True  # the hook is asked: this PUBLISH is handled again with its answer
         allowed = verdict
-    counters = server.counters
+    counters = conn.counters
     counters["messages_received"] += 1
     if not allowed:
         # `$` topics are never stored as device data; a refused topic is acked and dropped.
@@ -126,7 +126,7 @@ def handle_publishes(conn: MqttConnection, packets: list[Publish]) -> None:
         msgs, pids, i = _publish_messages(packets, i, cid, now_ms, EMPTY_PROPERTIES, MqttMessage)
         if msgs:
             untrack_messages(msgs)
-            server.counters["messages_received"] += len(msgs)
+            conn.counters["messages_received"] += len(msgs)
             inbound.add_many(msgs, conn, pids)
         if i < n:  # QoS 2, retained, properties or `$`: the general path, in its place
             if conn.closed:

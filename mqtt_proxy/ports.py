@@ -157,6 +157,7 @@ class PeerPort(Protocol):
 
     session_overlap: bool  # the session has overlapping subscriptions (set by the sessions)
     out_aliases: OutAliases | None  # server-assigned topic aliases (v5 clients that take them)
+    counters: dict[str, int]  # the server's counters, or its internal ones (a probe's connection)
 
     @property
     def writable(self) -> bool: ...

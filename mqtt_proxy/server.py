@@ -67,6 +67,31 @@ AuthHook = Callable[[str, str | None, bytes | None], bool]
 AclHook = Callable[[str, str], bool]
 
 
+# The proxy's monotonic counters (`stats()`), kept twice: users' and internal clients'.
+COUNTERS = (
+    "connects",
+    "connect_refused",
+    "disconnects",
+    "protocol_errors",
+    "takeovers",
+    "messages_received",
+    "messages_sent",
+    "bytes_received",
+    "bytes_sent",
+    "publish_dropped",
+    "subscriptions",
+    "wills_published",
+    "sessions_expired",
+    "write_pauses",
+    "publish_rate_pauses",
+    "publish_quota_exceeded",
+    "publish_rate_disconnects",
+    "slow_consumers_closed",
+    "tokens_expired",
+    "wills_refused",
+)
+
+
 class MqttServer:
     """One MQTT proxy: every listener of this process shares its sessions and delivery."""
 
@@ -119,34 +144,12 @@ class MqttServer:
         self.report_disconnect: Callable[[str, str], object] | None = (
             self.bans.disconnected if self.settings.flapping_max_disconnects > 0 else None
         )
-        self.counters: dict[str, int] = dict.fromkeys(
-            (
-                "connects",
-                "connect_refused",
-                "disconnects",
-                "protocol_errors",
-                "takeovers",
-                "messages_received",
-                "messages_sent",
-                "bytes_received",
-                "bytes_sent",
-                "publish_dropped",
-                "subscriptions",
-                "wills_published",
-                "sessions_expired",
-                "write_pauses",
-                "connect_server_busy",
-                "connect_rate_exceeded",
-                "publish_rate_pauses",
-                "publish_quota_exceeded",
-                "publish_rate_disconnects",
-                "connect_banned",
-                "slow_consumers_closed",
-                "tokens_expired",
-                "wills_refused",
-            ),
-            0,
-        )
+        self.counters: dict[str, int] = dict.fromkeys(COUNTERS, 0)
+        # The same counters for internal clients (the gateway's latency probes): a connection
+        # counts into one or the other (MqttConnection.counters), users' figures never see them.
+        self.internal_counters: dict[str, int] = dict.fromkeys(COUNTERS, 0)
+        self.internal_ids: set[str] = set()  # client ids of connected internal clients
+        self.refused: dict[str, int] = {}  # refused CONNECTs by cause (connect_handler)
         self.started_at = time.time()
         # Latency histograms (store/latency.py), read at scrape time: receive → PUBACK/PUBREC
         # sent (per fsync batch), and broker receive → PUBLISH written (per pump, ms resolution).
@@ -459,10 +462,12 @@ class MqttServer:
 
     # -- stats -----------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
-        """Counters for /metrics and $SYS (monotonic totals plus a few gauges)."""
+        """Counters for /metrics and $SYS (monotonic totals plus a few gauges), internal
+        clients (probes) left out."""
         out: dict[str, Any] = dict(self.counters)
-        out["clients_connected"] = len(self.conns)
-        out["sessions"] = len(self.sessions.sessions)
+        internal = sum(1 for cid in self.internal_ids if cid in self.conns)
+        out["clients_connected"] = len(self.conns) - internal
+        out["sessions"] = len(self.sessions.sessions) - internal
         out["queues_active"] = len(self.delivery.queues)
         out["recent_cache_messages"] = self.backend.recent_count
         out["recent_cache_bytes"] = self.backend.recent_bytes
@@ -479,12 +484,19 @@ class MqttServer:
         """What /metrics adds to `stats()`: labelled gauges and histograms (JSON-able, so the
         split shape ships them over the core link and the core sums them)."""
         versions: dict[str, int] = {}
+        internal_conns = 0
         for conn in self.conns.values():
+            if conn.counters is self.internal_counters:
+                internal_conns += 1
+                continue
             v = "5" if conn.version == 5 else "3.1.1" if conn.version == 4 else "3.1"
             versions[v] = versions.get(v, 0) + 1
         live = persistent = offline = 0
         subs = 0
+        internal_ids = self.internal_ids
         for s in self.sessions.sessions.values():
+            if s.client_id in internal_ids:
+                continue
             subs += len(s.subs)
             if s.conn is not None:
                 live += 1
@@ -497,6 +509,8 @@ class MqttServer:
             "connections": versions,
             "sessions": {"live": live, "persistent": persistent, "offline": offline},
             "subscriptions": subs,
+            "refused": dict(self.refused),
+            "internal": {**self.internal_counters, "connections": internal_conns},
             "cache_hits": b.cache_hits,
             "cache_misses": b.cache_misses,
             "histograms": {

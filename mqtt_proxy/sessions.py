@@ -298,7 +298,9 @@ class SessionManager:
         cid = session.client_id
         if server.conns.get(cid) is conn:
             del server.conns[cid]
-        server.counters["disconnects"] += 1
+            if conn.counters is server.internal_counters:
+                server.internal_ids.discard(cid)
+        conn.counters["disconnects"] += 1
         server.events.disconnect(cid, reason, conn.remote)
         report = server.report_disconnect
         if report is not None and not server.closing:  # flapping detection (store/bans.py)
@@ -452,7 +454,8 @@ class SessionManager:
                 group = server.delivery.group(spec.share_group, sub.queue)
                 sub.pos = group.pos if group is not None else start
             session.subs[spec.raw] = sub
-            server.counters["subscriptions"] += 1
+            owner = session.conn
+            (server.counters if owner is None else owner.counters)["subscriptions"] += 1
         # A replay's history already holds the retained messages it covers: sending them again
         # would deliver them twice (docs/replay.md).
         initial = (

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the system tools the test-suite talks to (mosquitto and its clients, kcat, Java for Spark,
-# headless Chromium for the dashboard) when missing.
+# headless Chromium for the dashboard, Prometheus and promtool for the metrics, rules and scrape
+# tests) when missing.
 # Where apt is unavailable, the tests that need them skip with a clear reason.
 set -u
 need=()
@@ -10,6 +11,8 @@ command -v java >/dev/null 2>&1 || need+=(openjdk-17-jre-headless)
 command -v kcat >/dev/null 2>&1 || need+=(kcat)
 command -v openssl >/dev/null 2>&1 || need+=(openssl)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)  # the dashboard test (headless)
+# promtool (check metrics, test rules) and a Prometheus server that scrapes a gateway
+{ command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1; } || need+=(prometheus)
 if [ ${#need[@]} -eq 0 ]; then exit 0; fi
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   echo "system-deps: installing ${need[*]}"

@@ -86,6 +86,11 @@ PROBE_TOPIC = "__lightgate_probe"  # latency probes publish on PROBE_TOPIC/<id> 
 PROBE_CLIENT_PREFIX = "__lightgate_probe"  # the probes' MQTT client ids: not devices
 
 
+def is_internal_client(client_id: str) -> bool:
+    """An MQTT client of the gateway itself (a latency probe): counted apart from users'."""
+    return client_id.startswith(PROBE_CLIENT_PREFIX)
+
+
 def is_system_topic(log_topic: str) -> bool:
     """A log topic the gateway writes for itself (device events, latency probes)."""
     return log_topic.startswith(SYSTEM_TOPIC_PREFIX)

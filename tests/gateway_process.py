@@ -52,7 +52,8 @@ class GatewayProcess:
             *self.extra_args,
         ]
         # Latency probes off unless a test asks (`--set probe_interval_ms=...` wins over the
-        # env): their one message a second would count in the figures other tests check.
+        # env): users' figures leave them out, but their one message a second would add to the
+        # latency histograms, log records and notify events other tests count.
         env = {
             **os.environ,
             "LIGHTGATE_LOG_FORMAT": "text",

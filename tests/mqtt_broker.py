@@ -167,16 +167,28 @@ class ProcessBroker:
         self.gw.stop()
 
     def stats(self) -> dict[str, float]:
-        """The MQTT proxy's counters, scraped from /metrics (`lightgate_mqtt_*`)."""
+        """The MQTT proxies' counters, scraped from /metrics and summed over processes:
+        `lightgate_mqtt_X_total` as X, MQTT traffic as messages_/bytes_ received/sent."""
         import urllib.request
+
+        from prometheus_client.parser import text_string_to_metric_families
 
         url = f"http://127.0.0.1:{self.gw.port('http')}/metrics"
         text = urllib.request.urlopen(url, timeout=10).read().decode()
-        out = {}
-        for line in text.splitlines():
-            if line.startswith("lightgate_mqtt_"):
-                name, value = line.split()
-                out[name.removeprefix("lightgate_mqtt_")] = float(value)
+        out: dict[str, float] = {}
+        for fam in text_string_to_metric_families(text):
+            for s in fam.samples:
+                if s.name.startswith("lightgate_mqtt_") and s.name.endswith("_total"):
+                    key = s.name.removeprefix("lightgate_mqtt_").removesuffix("_total")
+                elif s.name in ("lightgate_messages_total", "lightgate_bytes_total"):
+                    if s.labels.get("protocol") != "mqtt":
+                        continue
+                    kind = s.name.removeprefix("lightgate_").removesuffix("_total")
+                    way = "received" if s.labels["direction"] == "in" else "sent"
+                    key = f"{kind}_{way}"
+                else:
+                    continue
+                out[key] = out.get(key, 0.0) + s.value
         return out
 
     def restart(self) -> None:

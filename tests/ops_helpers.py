@@ -36,7 +36,15 @@ def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 
 def sample(m: dict[Any, float], name: str, **labels: str) -> float:
+    """The one series with exactly these labels (0 when absent)."""
     return m.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def total(m: dict[Any, float], name: str, **labels: str) -> float:
+    """Every series of `name` that has these labels, summed (as PromQL's `sum()` would, over
+    `process` and any other label not given)."""
+    want = set(labels.items())
+    return sum(v for (n, ls), v in m.items() if n == name and want <= set(ls))
 
 
 def stats(port: int) -> dict[str, Any]:

@@ -53,6 +53,9 @@ SKIP = {
     ".venv/bin/lightgate ban ": "needs a gateway running with an admin token file; the same "
     "commands (list, add with and without the token, remove, restart) run in "
     "tests/test_mqtt_bans.py",
+    "promtool check rules docs/prometheus/": "reads the repository's rules, not a fresh "
+    "directory's; the same command runs in tests/test_ops_prometheus.py",
+    "(cd docs/prometheus && promtool test rules": "as above, tests/test_ops_prometheus.py",
 }
 
 PORTS = ("MQTT", "MQTTS", "WS", "WSS", "KAFKA", "KAFKA_TLS", "HTTP")

@@ -43,7 +43,7 @@ def test_health_and_metrics(gateway: GatewayProcess) -> None:
     assert health["listeners"]["kafka"].endswith(str(gateway.port("kafka")))
     status, body = _get(gateway.port("http"), "/metrics")
     assert status == 200
-    assert b"lightgate_uptime_seconds" in body
+    assert b"lightgate_start_time_seconds" in body
     assert _get(gateway.port("http"), "/nope")[0] == 404
 
 

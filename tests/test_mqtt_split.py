@@ -17,6 +17,7 @@ from pathlib import Path
 
 from gateway_process import ROOT, GatewayProcess, parse_ready_line
 from mqtt_helpers import V311, Client
+from ops_helpers import scrape
 
 from store import segment_reader as sr
 
@@ -85,9 +86,10 @@ def test_proxy_process_killed_is_restarted_and_loses_nothing_acknowledged(
         got = [m.payload.decode() for m in sub.expect(60, timeout=20)]
         want = [f"before-{i}" for i in range(30)] + [f"after-{i}" for i in range(30)]
         assert got == want  # the persistent session resumed from the core, in order
-        # The restarted proxy's counters reach /metrics through the core.
-        metrics = urllib.request.urlopen(f"http://127.0.0.1:{gw.port('http')}/metrics").read()
-        assert b"lightgate_mqtt_messages_received 30" in metrics
+        # The restarted proxy's counters reach /metrics through the core, in its own series.
+        m = scrape(gw.port("http"))
+        key = (("direction", "in"), ("process", "mqtt-1"), ("protocol", "mqtt"))
+        assert m[("lightgate_messages_total", key)] == 30, m
         assert "exited with" in gw.log_text()
     finally:
         gw.stop()
@@ -178,9 +180,9 @@ def test_a_subscribe_cut_off_by_its_connection_holds_nothing(tmp_path: Path) -> 
         def filters() -> float:
             url = f"http://127.0.0.1:{gw.port('http')}/metrics"
             for line in urllib.request.urlopen(url).read().decode().splitlines():
-                if line.startswith("lightgate_lightqueue_filters "):
+                if line.startswith("lightgate_wildcard_queues "):
                     return float(line.split()[1])
-            raise AssertionError("no lightqueue_filters metric")
+            raise AssertionError("no lightgate_wildcard_queues metric")
 
         connect = bytes([0x10, 16, 0, 4]) + b"MQTT" + bytes([4, 2, 0, 60, 0, 4]) + b"gone"
         subscribe = bytes([0x82, 10, 0, 1, 0, 5]) + b"cut/#" + bytes([0])

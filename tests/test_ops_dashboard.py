@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from gateway_process import GatewayProcess
 from mqtt_helpers import Client
-from ops_helpers import get, sample, scrape, stats, wait_for
+from ops_helpers import get, sample, scrape, stats, total, wait_for
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(
@@ -34,13 +34,16 @@ def _chromium(url: str, *args: str) -> str:
     return proc.stdout
 
 
-def _figures(url: str) -> dict[str, str]:
-    """The figures of the page's first rendered /api/stats answer. Chromium's virtual time can
-    run out before a slow answer arrives on a loaded machine: then try again."""
+def _figures(url: str, *args: str) -> dict[str, str]:
+    """The figures of the page's first rendered /api/stats answer (and, as `clipped`, what it
+    found cut at the window's edge). Chromium's virtual time can run out before a slow answer
+    arrives on a loaded machine: then try again."""
     for _ in range(3):
-        dom = _chromium(url, "--dump-dom")
+        dom = _chromium(url, *args, "--dump-dom")
         if 'data-ready="1"' in dom:
-            return dict(re.findall(r'data-k="([^"]+)"[^>]*>([^<]*)<', dom))
+            out = dict(re.findall(r'data-k="([^"]+)"[^>]*>([^<]*)<', dom))
+            out["clipped"] = re.findall(r'data-clipped="([^"]*)"', dom)[0]
+            return out
     raise AssertionError("the page never rendered a /api/stats answer")
 
 
@@ -60,9 +63,13 @@ def test_dashboard_in_chromium(
     stop = threading.Event()
     sent = [0]
 
+    # A long topic name and wide numbers in the per-topic table: it must still fit 1280 px.
+    long_topic = "factory_floor_7.building_b.assembly_line_42.press_station.sensors_t/t"
+    sub.subscribe(long_topic, qos=1)
+
     def load() -> None:
         while not stop.is_set():
-            pub.publish(f"load/{'ab'[sent[0] % 2]}", b"x" * 32, qos=1)
+            pub.publish(long_topic if sent[0] % 4 == 3 else "load/a", b"x" * 32, qos=1)
             sent[0] += 1
             stop.wait(0.005)
 
@@ -70,7 +77,7 @@ def test_dashboard_in_chromium(
     loader.start()
     try:
         wait_for(lambda: stats(http)["rates"]["messages_in"]["mqtt"] > 0, 30, what="load")
-        busy = _figures(url)
+        busy = _figures(url, "--window-size=1280,1000")
         png = tmp_path / "dashboard.png"
         _chromium(url, "--window-size=1280,1000", f"--screenshot={png}")
     finally:
@@ -80,6 +87,8 @@ def test_dashboard_in_chromium(
     assert float(busy["rates.messages_in.mqtt"]) > 0
     assert float(busy["rates.messages_out.mqtt"]) > 0
     assert float(busy["top.load"]) > 0  # the top-topics table
+    assert float(busy[f"top.{long_topic.split('/')[0]}"]) > 0
+    assert busy["clipped"] == "", f"cut at the edge of 1280 px: {busy['clipped']}"
 
     # Quiet: everything delivered; then the page and /api/stats and /metrics agree.
     wait_for(
@@ -91,9 +100,9 @@ def test_dashboard_in_chromium(
     n = sent[0]
     assert shown["messages_in.mqtt"] == str(n) == str(st["messages_in"]["mqtt"])
     assert shown["messages_out.mqtt"] == str(n)
-    assert sample(m, "lightgate_messages_in_total", protocol="mqtt") == n
+    assert total(m, "lightgate_messages_total", protocol="mqtt", direction="in") == n
     assert shown["connections.mqtt.total"] == "2"
-    assert sample(m, "lightgate_connections", protocol="mqtt", version="3.1.1") == 2
+    assert total(m, "lightgate_connections", protocol="mqtt", version="3.1.1") == 2
     assert shown["connections.kafka"] == "0"
     for key in ("sessions.live", "subscriptions", "wildcard_queues", "dispatch_lag"):
         value = st
@@ -101,7 +110,8 @@ def test_dashboard_in_chromium(
             value = value[part]
         assert shown[key] == str(value), key
     assert shown["topics.load.disk_bytes"] == str(st["topics"]["load"]["disk_bytes"])
-    assert float(shown["topics.load.disk_bytes"]) == sample(m, "lightgate_disk_bytes", topic="load")
+    disk = sample(m, "lightgate_topic_disk_bytes", topic="load")
+    assert float(shown["topics.load.disk_bytes"]) == disk
     for hop in ("puback", "publish_deliver"):
         d = st["latency"][hop]
         assert shown[f"latency.{hop}.count"] == str(d["count"]) == str(n)
@@ -110,7 +120,31 @@ def test_dashboard_in_chromium(
             # to even; both are the API's value to the hundredth
             got = shown[f"latency.{hop}.{q}"]
             assert abs(float(got) - d[q] * 1000) <= 0.005 + 1e-9, (hop, q, got, d[q])
-    assert sample(m, "lightgate_puback_latency_seconds_count") == n
+    assert total(m, "lightgate_puback_latency_seconds_count") == n
     assert shown["health.status"] == "ok"
     sub.disconnect()
     pub.disconnect()
+
+
+def test_dashboard_counts_clients_not_the_probe(
+    gateway_factory: Callable[..., GatewayProcess],
+) -> None:
+    """Probes every 100 ms and three clients: the page says three connections, sessions and
+    subscriptions (the probe is one more of each inside the gateway), as /metrics does."""
+    gw = gateway_factory(None, "--set", "probe_interval_ms=100")
+    http = gw.port("http")
+    wait_for(lambda: sample(scrape(http), "lightgate_probe_delivered_total") >= 3, what="probes")
+    clients = [Client(gw.port("mqtt"), f"dev-{i}").connect() for i in range(3)]
+    for i, c in enumerate(clients):
+        c.subscribe(f"dev/{i}/cmd", qos=1)
+    shown = _figures(f"http://127.0.0.1:{http}/", "--window-size=1280,1000")
+    assert shown["connections.mqtt.total"] == "3"
+    assert shown["sessions.live"] == "3"
+    assert shown["subscriptions"] == "3"
+    assert shown["messages_in.mqtt"] == "0"
+    assert shown["clipped"] == ""
+    m = scrape(http)
+    assert total(m, "lightgate_connections", protocol="mqtt") == 3
+    assert total(m, "lightgate_internal_connections") == 1
+    for c in clients:
+        c.disconnect()

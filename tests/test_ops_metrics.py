@@ -13,7 +13,7 @@ from pathlib import Path
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from gateway_process import GatewayProcess
 from mqtt_helpers import V5, V311, Client
-from ops_helpers import get, sample, scrape, stats, wait_for
+from ops_helpers import get, sample, scrape, stats, total, wait_for
 
 N_MQTT = 40
 N_KAFKA = 15
@@ -51,7 +51,7 @@ def test_metrics_move_with_real_clients(gateway_factory: Callable[..., GatewayPr
     gw = gateway_factory(None, "--set", "probe_interval_ms=0")
     http = gw.port("http")
     before = scrape(http)
-    assert sample(before, "lightgate_puback_latency_seconds_count") == 0
+    assert total(before, "lightgate_puback_latency_seconds_count") == 0
     sub = Client(gw.port("mqtt"), "ops-sub", version=V5).connect()
     sub.subscribe("plant/#", qos=1)
     pub = Client(gw.port("mqtt"), "ops-pub", version=V311).connect()
@@ -62,40 +62,39 @@ def test_metrics_move_with_real_clients(gateway_factory: Callable[..., GatewayPr
 
     def delivered() -> bool:
         m = scrape(http)
-        return sample(m, "lightgate_publish_deliver_latency_seconds_count") >= N_MQTT
+        return total(m, "lightgate_publish_deliver_latency_seconds_count") >= N_MQTT
 
     wait_for(delivered, what="delivery histogram")
     m = scrape(http)
     # Histogram counts equal the messages sent.
-    assert sample(m, "lightgate_puback_latency_seconds_count") == N_MQTT
-    assert sample(m, "lightgate_publish_deliver_latency_seconds_count") == N_MQTT
+    assert total(m, "lightgate_puback_latency_seconds_count") == N_MQTT
+    assert total(m, "lightgate_publish_deliver_latency_seconds_count") == N_MQTT
     assert sample(m, "lightgate_kafka_produce_latency_seconds_count") == N_KAFKA
-    assert sample(m, "lightgate_puback_latency_seconds_bucket", le="+Inf") == N_MQTT
+    assert total(m, "lightgate_puback_latency_seconds_bucket", le="+Inf") == N_MQTT
     assert sample(m, "lightgate_fsync_latency_seconds_count") > 0
     assert sample(m, "lightgate_dispatch_batch_latency_seconds_count") > 0
     # The gateway's own garbage collections are timed (it collected while starting at least).
     assert sample(m, "lightgate_gc_pause_seconds_count") > 0
     # Counters by protocol, connections by protocol and version, sessions, subscriptions.
-    assert sample(m, "lightgate_messages_in_total", protocol="mqtt") == N_MQTT
-    assert sample(m, "lightgate_messages_out_total", protocol="mqtt") == N_MQTT
-    assert sample(m, "lightgate_messages_in_total", protocol="kafka") == N_KAFKA
-    assert sample(m, "lightgate_messages_out_total", protocol="kafka") >= N_KAFKA
-    assert sample(m, "lightgate_bytes_in_total", protocol="kafka") > 0
-    assert sample(m, "lightgate_connections", protocol="mqtt", version="5") == 1
-    assert sample(m, "lightgate_connections", protocol="mqtt", version="3.1.1") == 1
-    assert sample(m, "lightgate_sessions", state="live") == 2
-    assert sample(m, "lightgate_subscriptions") == 1
+    assert total(m, "lightgate_messages_total", protocol="mqtt", direction="in") == N_MQTT
+    assert total(m, "lightgate_messages_total", protocol="mqtt", direction="out") == N_MQTT
+    assert total(m, "lightgate_messages_total", protocol="kafka", direction="in") == N_KAFKA
+    assert total(m, "lightgate_messages_total", protocol="kafka", direction="out") >= N_KAFKA
+    assert total(m, "lightgate_bytes_total", protocol="kafka", direction="in") > 0
+    assert total(m, "lightgate_connections", protocol="mqtt", version="5") == 1
+    assert total(m, "lightgate_connections", protocol="mqtt", version="3.1.1") == 1
+    assert total(m, "lightgate_sessions", state="live") == 2
+    assert total(m, "lightgate_subscriptions") == 1
     assert sample(m, "lightgate_wildcard_queues") == 1
     assert sample(m, "lightgate_kafka_responses_total", api="Produce", error_code="0") == N_KAFKA
     assert sample(m, "lightgate_kafka_consumer_groups") == 1
-    assert sample(m, "lightgate_disk_bytes", topic="plant") > 0
-    assert sample(m, "lightgate_log_records", topic="kt") == N_KAFKA
+    assert sample(m, "lightgate_topic_disk_bytes", topic="plant") > 0
+    assert sample(m, "lightgate_topic_records", topic="kt") == N_KAFKA
     assert sample(m, "lightgate_dispatch_lag_records", topic="plant") == 0
     assert sample(m, "lightgate_notify_events_total") > 0
-    assert sample(m, "lightgate_cache_hits_total") > 0
+    assert total(m, "lightgate_mqtt_cache_lookups_total", result="hit") > 0
     assert sample(m, "lightgate_up") == 1
-    # The flat figures /metrics had before are still there.
-    assert sample(m, "lightgate_mqtt_messages_received") == N_MQTT
+    assert total(m, "lightgate_mqtt_connects_total") == 2
     # /api/stats reads the same snapshot as JSON.
     s = stats(http)
     assert s["messages_in"] == {"mqtt": N_MQTT, "kafka": N_KAFKA}
@@ -112,7 +111,7 @@ def test_metrics_move_with_real_clients(gateway_factory: Callable[..., GatewayPr
     sub.disconnect()
     pub.disconnect()
     wait_for(
-        lambda: sample(scrape(http), "lightgate_connections", protocol="mqtt", version="5") == 0
+        lambda: total(scrape(http), "lightgate_connections", protocol="mqtt", version="5") == 0
     )
 
 
@@ -130,18 +129,18 @@ def test_split_shape_exports_the_same_names(
         pub.publish("line/a", f"{i}", qos=1)
     assert len(sub.expect(N_MQTT)) == N_MQTT
     wait_for(
-        lambda: sample(scrape(http), "lightgate_publish_deliver_latency_seconds_count") >= N_MQTT,
+        lambda: total(scrape(http), "lightgate_publish_deliver_latency_seconds_count") >= N_MQTT,
         what="delivery histogram over the core link",
     )
     m = scrape(http)
-    assert sample(m, "lightgate_puback_latency_seconds_count") == N_MQTT
-    assert sample(m, "lightgate_publish_deliver_latency_seconds_count") == N_MQTT
-    assert sample(m, "lightgate_messages_in_total", protocol="mqtt") == N_MQTT
-    assert sample(m, "lightgate_connections", protocol="mqtt", version="5") == 1
-    assert sample(m, "lightgate_connections", protocol="mqtt", version="3.1.1") == 1
-    assert sample(m, "lightgate_subscriptions") == 1
+    assert total(m, "lightgate_puback_latency_seconds_count") == N_MQTT
+    assert total(m, "lightgate_publish_deliver_latency_seconds_count") == N_MQTT
+    assert total(m, "lightgate_messages_total", protocol="mqtt", direction="in") == N_MQTT
+    assert total(m, "lightgate_connections", protocol="mqtt", version="5") == 1
+    assert total(m, "lightgate_connections", protocol="mqtt", version="3.1.1") == 1
+    assert total(m, "lightgate_subscriptions") == 1
     assert sample(m, "lightgate_wildcard_queues") == 1
     assert sample(m, "lightgate_fsync_latency_seconds_count") > 0
-    assert sample(m, "lightgate_disk_bytes", topic="line") > 0
+    assert sample(m, "lightgate_topic_disk_bytes", topic="line") > 0
     sub.disconnect()
     pub.disconnect()
