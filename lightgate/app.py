@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import signal
 import socket
 import sys
@@ -72,6 +73,9 @@ class Gateway:
         self.probe: Probe | None = None
         self.endpoints: dict[str, tuple[str, int]] = {}
         self.bans = BanList()  # the data dir's, once `start` has it (open_bans)
+        # Proves this gateway's latency probes to its MQTT listeners (store.mapping): made anew
+        # at each start, never written anywhere, handed to proxy children in their environment.
+        self.internal_secret = secrets.token_bytes(32)
         self._closers: list[_Closer] = []
         # Users and rights, shared by the MQTT and Kafka servers, reloaded in place on SIGHUP.
         self.security: Security = build_security(cfg)
@@ -112,7 +116,7 @@ class Gateway:
         from lightgate.probe import Probe
 
         host, port = self.endpoints["mqtt"]
-        self.probe = Probe(self.cfg, host, port, self.notifier)
+        self.probe = Probe(self.cfg, host, port, self.notifier, self.internal_secret)
         await self.probe.start()
         self._closers.append(self.probe)
 
@@ -147,10 +151,11 @@ class Gateway:
         if proxy_count(cfg) > 0:
             await self._start_proxy_process(queues, notifier)
             return
+        settings = ProxySettings.from_config(cfg)
+        settings.internal_secret = self.internal_secret
         mqtt = self.mqtt = MqttServer(
-            self.store, queues, notifier, ProxySettings.from_config(cfg), security=self.security,
-            bans=self.bans,
-        )  # fmt: skip
+            self.store, queues, notifier, settings, security=self.security, bans=self.bans
+        )
         await mqtt.start()
         self._closers.append(mqtt)
         if cfg.mqtt_port != -1:
@@ -199,7 +204,9 @@ class Gateway:
         for wildcard, loopback in (("0.0.0.0:", "127.0.0.1:"), (":::", "::1:")):
             if address.startswith(wildcard):  # the child is local; with core_tls the core's
                 address = loopback + address[len(wildcard) :]  # certificate must name this
-        supervisor = ProxySupervisor(self.cfg, address, proxy_count(self.cfg))
+        supervisor = ProxySupervisor(
+            self.cfg, address, proxy_count(self.cfg), internal_secret=self.internal_secret
+        )
         self._proxy = supervisor
         self._closers.append(supervisor)
         self.endpoints.update(await supervisor.start())

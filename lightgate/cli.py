@@ -20,6 +20,7 @@ from lightgate.config_load import (
     unknown_key_error,
 )
 from lightgate.logs import setup_logging
+from lightgate.split import INTERNAL_SECRET_ENV
 
 log = logging.getLogger("lightgate")
 
@@ -236,6 +237,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 lambda: build_security(cfg),
                 reload=reload,
                 tls_ctx=lambda: certificates.add(tls_context(cfg)),
+                # serve's probes (lightgate/supervisor.py); absent for a proxy started by hand
+                internal_secret=bytes.fromhex(os.environ.get(INTERNAL_SECRET_ENV, "")),
             )
         )
     if ns.command == "status":

@@ -30,7 +30,7 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from store.latency import LatencyHistogram
-from store.mapping import PROBE_CLIENT_PREFIX, PROBE_TOPIC
+from store.mapping import PROBE_CLIENT_PREFIX, PROBE_TOPIC, internal_password
 
 if TYPE_CHECKING:
     from lightgate.config import GatewayConfig
@@ -61,12 +61,18 @@ class Probe:
     """The probe client plus its notify mailbox. Event-loop-only."""
 
     def __init__(
-        self, cfg: GatewayConfig, host: str, port: int, notifier: InProcessNotifier | None
+        self,
+        cfg: GatewayConfig,
+        host: str,
+        port: int,
+        notifier: InProcessNotifier | None,
+        secret: bytes,
     ) -> None:
         self.interval = cfg.probe_interval_ms / 1000
         self.timeout = cfg.probe_timeout_ms / 1000
         self.host, self.port = host, port
         self.notifier = notifier
+        self.secret = secret  # proves the probe to the listener (store.mapping.internal_password)
         self.topic = f"{PROBE_TOPIC}/{os.getpid()}-{id(self) & 0xFFFF:x}"
         self.hist = {hop: LatencyHistogram() for hop in HOPS}
         self.sent = self.delivered = 0
@@ -153,8 +159,11 @@ class Probe:
         reader, writer = await asyncio.open_connection(self.host, self.port)
         self._writer = writer
         cid = f"{PROBE_CLIENT_PREFIX}-{os.getpid()}"
-        # CONNECT 3.1.1, clean session, keep alive 60 s; SUBSCRIBE the probe topic at QoS 0.
-        writer.write(_packet(0x10, _str("MQTT") + bytes([4, 2, 0, 60]) + _str(cid)))
+        # CONNECT 3.1.1, user name + password + clean session, keep alive 60 s, the password
+        # proving an internal client; then SUBSCRIBE the probe topic at QoS 0.
+        password = internal_password(self.secret, cid)
+        body = _str("MQTT") + bytes([4, 0xC2, 0, 60]) + _str(cid) + _str(cid)
+        writer.write(_packet(0x10, body + len(password).to_bytes(2, "big") + password))
         writer.write(_packet(0x82, (1).to_bytes(2, "big") + _str(self.topic) + b"\x00"))
         await writer.drain()
         sender = asyncio.get_running_loop().create_task(self._send_loop(writer))

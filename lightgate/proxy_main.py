@@ -51,6 +51,7 @@ async def run_proxy(
     *,
     reload: Callable[[Security], object],
     tls_ctx: Callable[[], ssl.SSLContext] | None = None,
+    internal_secret: bytes = b"",
 ) -> int:
     """`lightgate proxy`: MQTT listeners over a remote core until SIGTERM or the link drops.
 
@@ -103,11 +104,13 @@ async def run_proxy(
         return 2
     # Each process reads the files itself: `serve` forwards its SIGHUP here (ProxySupervisor).
     asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, reload, users)
+    settings = ProxySettings.from_config(cfg)
+    settings.internal_secret = internal_secret
     server = MqttServer(
         rs,
         rq,
         notifier,
-        ProxySettings.from_config(cfg),
+        settings,
         proxy_id=proxy_id,
         remote=True,
         security=users,

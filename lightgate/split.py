@@ -42,6 +42,8 @@ from lightgate.config import ConfigError, GatewayConfig
 
 READY_PREFIX = "lightgate proxy ready"
 SECRET_ENV = "LIGHTGATE_CORE_SECRET"  # how `serve` hands the secret to its proxy child
+# How `serve` hands its proxy children the secret that proves its latency probes (hex).
+INTERNAL_SECRET_ENV = "LIGHTGATE_INTERNAL_SECRET"
 
 
 def core_address(cfg: GatewayConfig) -> str:

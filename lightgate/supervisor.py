@@ -14,7 +14,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from lightgate.config import GatewayConfig
-from lightgate.split import READY_PREFIX, SECRET_ENV, core_secret
+from lightgate.split import INTERNAL_SECRET_ENV, READY_PREFIX, SECRET_ENV, core_secret
 
 log = logging.getLogger("lightgate.split")
 
@@ -26,8 +26,11 @@ class ProxySupervisor:
     restarted child, bind the ports the first one reported, with SO_REUSEPORT, so clients
     keep one address whichever proxy the kernel hands their connection to."""
 
-    def __init__(self, cfg: GatewayConfig, core: str, count: int = 1) -> None:
+    def __init__(
+        self, cfg: GatewayConfig, core: str, count: int = 1, internal_secret: bytes = b""
+    ) -> None:
         self.cfg = cfg
+        self.internal_secret = internal_secret  # proves serve's probes to the children
         self.core = core
         self.count = max(1, count)
         self.endpoints: dict[str, tuple[str, int]] = {}
@@ -75,6 +78,7 @@ class ProxySupervisor:
         env.pop(SECRET_ENV, None)
         if secret is not None:
             env[SECRET_ENV] = secret.decode()
+        env[INTERNAL_SECRET_ENV] = self.internal_secret.hex()
         proc = await asyncio.create_subprocess_exec(
             *self._args(index),
             stdout=asyncio.subprocess.PIPE,

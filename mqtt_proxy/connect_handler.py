@@ -8,6 +8,7 @@ with several proxies, the core's claim of the client id, then the session and th
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 import secrets
 import time
@@ -19,7 +20,7 @@ from mqtt_proxy.topic_aliases import OutAliases
 from store.auth import ConnectVerdict
 from store.auth.jwt_auth import Grant, looks_like_jwt
 from store.bans import Ban
-from store.mapping import is_internal_client
+from store.mapping import internal_password, is_internal_client
 
 if TYPE_CHECKING:
     from mqtt_proxy.connection import MqttConnection
@@ -104,7 +105,12 @@ def handle_connect(conn: MqttConnection, c: Connect) -> None:
             if not conn.v5 and not c.clean_start:
                 raise Refuse(BAD_CLIENT_ID, "empty client id needs clean session [MQTT-3.1.3-8]")
             client_id = assigned = "lg-" + secrets.token_hex(8)
-        ban = server.bans.banned(client_id, conn.remote.rpartition(":")[0])
+        internal = is_internal_client(client_id)
+        if internal and not hmac.compare_digest(
+            c.password or b"", internal_password(server.settings.internal_secret, client_id)
+        ):
+            raise Refuse(NOT_AUTHORIZED, "an internal client id without the gateway's credential")
+        ban = None if internal else server.bans.banned(client_id, conn.remote.rpartition(":")[0])
         if ban is not None:
             raise _banned(conn, client_id, ban)
         s = server.settings
@@ -114,6 +120,9 @@ def handle_connect(conn: MqttConnection, c: Connect) -> None:
         return
     if identity is not None:  # tls_identity_as_username: the verified CN is the user, no password
         _connect_checked(conn, c, client_id, assigned, ConnectVerdict.OK, False, identity)
+        return
+    if internal:  # proven above: the gateway's own probe, past users' credentials and rights
+        _connect_checked(conn, c, client_id, assigned, ConnectVerdict.OK, False, c.username or "")
         return
     security = server.security
     jwt_auth = security.jwt
@@ -251,6 +260,7 @@ def _connect_checked(
             if grant.expires_at is not None:
                 conn.expire_at(grant.expires_at - time.time())
         if is_internal_client(client_id):  # a probe: its traffic is counted apart from users'
+            conn.internal = True
             conn.counters = server.internal_counters
             server.internal_ids.add(client_id)
         conn.refresh_acl()

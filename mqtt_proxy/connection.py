@@ -93,6 +93,7 @@ class MqttConnection(asyncio.Protocol):
         "_linger",
         "_drained",
         "counters",
+        "internal",
     )
 
     def __init__(self, server: MqttServer) -> None:
@@ -148,6 +149,7 @@ class MqttConnection(asyncio.Protocol):
         # once CONNECT names an internal client (a probe), so that users' figures never count it
         # and the hot paths pay nothing for the choice.
         self.counters: dict[str, int] = server.counters
+        self.internal = False  # a proven internal client (a probe): no ACL, no auth hook
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -548,7 +550,7 @@ class MqttConnection(asyncio.Protocol):
     def refresh_acl(self) -> None:
         """Take the current rules of `server.security` for this user and client id (the rights of
         its token instead when the token carried some)."""
-        if self.token_acl is not None:
+        if self.token_acl is not None or self.internal:
             self.acl = self.token_acl
             return
         security = self.server.security

@@ -262,7 +262,8 @@ def handle_subscribe(conn: MqttConnection, p: Subscribe) -> None:
     server = conn.server
     session = conn.session
     assert session is not None
-    if server.topic_hook is not None and server.subscribe_pending(conn, p, handle_subscribe):
+    hooked = server.topic_hook is not None and not conn.internal
+    if hooked and server.subscribe_pending(conn, p, handle_subscribe):
         return
     v5 = conn.v5
     props = p.properties

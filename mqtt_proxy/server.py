@@ -379,7 +379,11 @@ class MqttServer:
         if acl is not None and not acl.can_subscribe(filt):
             return False
         web = self.topic_hook
-        if web is not None and not web.cached(conn.username, conn.client_id, filt, SUBSCRIBE):
+        if (
+            web is not None
+            and not conn.internal
+            and not web.cached(conn.username, conn.client_id, filt, SUBSCRIBE)
+        ):
             return False  # refused, or its answer aged out since subscribe_pending: fail closed
         hook = self.authorize_subscribe
         return True if hook is None else bool(hook(conn.client_id, filt))
@@ -389,7 +393,11 @@ class MqttServer:
         if acl is not None and not acl.can_write(topic):
             return False
         web = self.topic_hook
-        if web is not None and web.cached(conn.username, conn.client_id, topic, PUBLISH) is False:
+        if (
+            web is not None
+            and not conn.internal
+            and web.cached(conn.username, conn.client_id, topic, PUBLISH) is False
+        ):
             return False  # not asked yet (a will at CONNECT) is decided when it is published
         hook = self.authorize_publish
         return True if hook is None else bool(hook(conn.client_id, topic))
@@ -402,6 +410,8 @@ class MqttServer:
         assert web is not None
         if topic[:1] == "$" or (conn.acl is not None and not conn.acl.can_write(topic)):
             return False  # refused without asking
+        if conn.internal:
+            return True
         answer = web.cached(conn.username, conn.client_id, topic, PUBLISH)
         if answer is None:
             conn.block()

@@ -49,6 +49,9 @@ class ProxySettings:
     # How long a new connection may take to send CONNECT (TCP, TLS) or to finish the WebSocket
     # upgrade (then CONNECT gets the same time again); then it is closed and logged.
     connect_timeout_s: float = 10.0
+    # Not config: the embedder's secret that proves its own internal clients (latency probes;
+    # store.mapping.internal_password). Empty: every internal client id is refused.
+    internal_secret: bytes = b""
 
     @classmethod
     def from_config(cls, cfg: object) -> ProxySettings:

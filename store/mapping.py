@@ -14,6 +14,7 @@ Rules (outside contract in docs/interfaces.md, escaping in docs/topic-mapping.md
 from __future__ import annotations
 
 import hashlib
+import hmac
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -84,6 +85,14 @@ SYSTEM_TOPIC_PREFIX = "__lightgate"
 DEVICE_EVENTS_TOPIC = "__lightgate_device_events"  # connect/disconnect events (device_events.py)
 PROBE_TOPIC = "__lightgate_probe"  # latency probes publish on PROBE_TOPIC/<id> (lightgate/probe.py)
 PROBE_CLIENT_PREFIX = "__lightgate_probe"  # the probes' MQTT client ids: not devices
+
+
+def internal_password(secret: bytes, client_id: str) -> bytes:
+    """The password that proves an internal client (a latency probe) to the MQTT listener: an
+    HMAC of its client id under a secret the gateway makes at start and hands only to its own
+    processes. Without it an internal client id is refused, so no device can hide its traffic
+    from users' figures or pass the ACL by taking the probe's name."""
+    return hmac.new(secret, client_id.encode(), hashlib.sha256).hexdigest().encode()
 
 
 def is_internal_client(client_id: str) -> bool:

@@ -8,13 +8,16 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from aiokafka import AIOKafkaClient
 from gateway_process import GatewayProcess
-from mqtt_helpers import Client
+from mqtt_helpers import V5, Client
 from ops_helpers import health, sample, scrape, wait_for
 
 PROBE = ("--set", "probe_interval_ms=100", "--set", "probe_timeout_ms=1500")
@@ -102,3 +105,46 @@ def test_missing_probes_make_health_503_once(
     text = gw.log_text()
     assert text.count("unhealthy: latency probe") == 1, text
     wait_for(lambda: "healthy again" in gw.log_text(), timeout=5, what="recovery line")
+
+
+def _secured(tmp: Path) -> tuple[str, ...]:
+    """A password file with one user and an ACL that gives it one subtree: no anonymous access,
+    and nothing of the probe's topics allowed to anyone."""
+    pw, acl = tmp / "passwd", tmp / "acl"
+    done = subprocess.run(
+        [sys.executable, "-m", "lightgate", "passwd", "-c", "-b", str(pw), "alice", "alicepw"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    acl.write_text("user alice\ntopic readwrite dev/alice/#\n")
+    return ("--set", f"password_file={pw}", "--set", f"acl_file={acl}")
+
+
+@pytest.mark.parametrize("shape", ["one process", "split"])
+def test_probes_pass_users_and_acl_and_no_device_can_pose_as_one(
+    gateway_factory: Callable[..., GatewayProcess], tmp_path: Path, shape: str
+) -> None:
+    """With users and an ACL the probe still gets through (its credential is the gateway's own,
+    never a user's), so /health stays 200; a device naming itself like a probe is refused, with
+    or without a user's password, so it can neither hide from users' figures nor skip the ACL."""
+    split = ("--set", "mqtt_processes=1") if shape == "split" else ()
+    gw = gateway_factory(tmp_path / "data", *split, *PROBE, *_secured(tmp_path))
+    http = gw.port("http")
+    wait_for(
+        lambda: (
+            sample(scrape(http), "lightgate_probe_latency_seconds_count", hop="end_to_end") >= 3
+        ),
+        what="probes delivered through a gateway with users and an ACL",
+    )
+    time.sleep(2)  # past probe_timeout_ms: a refused probe would have made /health 503 by now
+    status, body = health(http)
+    assert status == 200, body
+    for user, password in ((None, None), ("alice", "alicepw")):
+        poser = Client(gw.port("mqtt"), "__lightgate_probe-fake", V5)
+        poser.connect(username=user, password=password, expect_ok=False)
+        assert int(getattr(poser.connack, "value", poser.connack)) == 0x87, (user, poser.connack)
+        poser.paho.loop_stop()
+    alice = Client(gw.port("mqtt"), "alice-1").connect(username="alice", password="alicepw")
+    alice.disconnect()
