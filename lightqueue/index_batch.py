@@ -13,7 +13,13 @@ from typing import Any
 from lightqueue.db import Queue
 from lightqueue.keys import BLOCK_MAX, pack_u64, put_blocks_py
 from store.mapping import H_RETAIN
-from store.record_batch import COMPRESSION_MASK, HEADER, InvalidRecordError, iter_records
+from store.record_batch import (
+    BH_ATTRIBUTES,
+    COMPRESSION_MASK,
+    HEADER,
+    InvalidRecordError,
+    iter_records,
+)
 from store.speedups import load
 
 try:  # the Cython reader behind store.record_batch; 0.25 us/record vs ~3 for pure Python
@@ -25,7 +31,7 @@ except ImportError:  # pragma: no cover
 def records_of(data: Any, pos: int, size: int) -> Iterable[Any]:
     """(offset, key) carriers of one batch: Cython records or store Records (both have both)."""
     h = HEADER.unpack_from(data, pos)
-    if not (h[5] & COMPRESSION_MASK) and _CReader is not None:
+    if not (h[BH_ATTRIBUTES] & COMPRESSION_MASK) and _CReader is not None:
         return _CReader(bytes(data[pos : pos + size]))  # type: ignore[no-any-return]
     return iter_records(memoryview(data)[pos : pos + size])
 

@@ -24,10 +24,14 @@ from store import OffsetOutOfRangeError, UnknownTopicOrPartitionError
 from store.backend import FetchPending, LogBackend
 from store.mapping import H_CLIENT_ID, H_QOS, mqtt_view
 from store.record_batch import (
+    BH_ATTRIBUTES,
+    BH_BASE_OFFSET,
+    BH_LAST_OFFSET_DELTA,
+    BH_MAX_TIMESTAMP,
     COMPRESSION_MASK,
-    CONTROL_MASK,
     HEADER,
     TIMESTAMP_TYPE_MASK,
+    BatchWalk,
     iter_batches,
     iter_records,
 )
@@ -189,14 +193,9 @@ def _records_of(data: bytes, lo: int = -1, hi: int = _NO_END) -> list[RecordTupl
     """The records of the batches in `data` with offsets in [lo, hi], in offset order (control
     batches skipped)."""
     out: list[RecordTuple] = []
-    for pos, size in iter_batches(data):
-        h = HEADER.unpack_from(data, pos)
-        attrs = h[5]
-        if attrs & CONTROL_MASK or h[0] + h[6] < lo:
-            continue
-        if h[0] > hi:
-            break
-        lat = h[8] if attrs & TIMESTAMP_TYPE_MASK else -1  # LogAppendTime: max timestamp
+    for h, pos, size in BatchWalk(data, lo, hi + 1, skip_control=True):
+        attrs = h[BH_ATTRIBUTES]
+        lat = h[BH_MAX_TIMESTAMP] if attrs & TIMESTAMP_TYPE_MASK else -1  # LogAppendTime
         if attrs & COMPRESSION_MASK:
             out += _decode_records_py(data, pos, size, lat, lo, hi)
         else:
@@ -210,8 +209,8 @@ def _span(data: bytes) -> int:
     for pos, _ in iter_batches(data):
         h = HEADER.unpack_from(data, pos)
         if first < 0:
-            first = h[0]
-        last = h[0] + h[6]
+            first = h[BH_BASE_OFFSET]
+        last = h[BH_BASE_OFFSET] + h[BH_LAST_OFFSET_DELTA]
     return max(1, last - first + 1)
 
 
