@@ -58,7 +58,7 @@ def main() -> None:
     chunks = [stream[i : i + 65536] for i in range(0, len(stream), 65536)]
 
     def parse(walk: Any) -> None:
-        parser._cwalk = walk
+        parser._walk = walk
         p = Parser(version=4)
         for c in chunks:
             p.feed(c)
@@ -78,7 +78,7 @@ def main() -> None:
            1, [], None, "t", 0)  # fmt: skip
 
     rows = [
-        ("parse (Parser.feed, 64 KiB chunks)", lambda: parse(None), lambda: parse(cp.walk)),
+        ("parse (Parser.feed, 64 KiB chunks)", lambda: parse(Parser._walk), lambda: parse(cp.walk)),
         ("record building (one batch)", lambda: build(mqtt_batches._build_records_py),
          lambda: build(sp.build_records)),
         ("dispatch (one batch, 2 queues)", lambda: index(dispatcher._index_batch_py),

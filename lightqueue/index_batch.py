@@ -20,7 +20,7 @@ from store.record_batch import (
     InvalidRecordError,
     iter_records,
 )
-from store.speedups import load
+from store.twins import twin
 
 try:  # the Cython reader behind store.record_batch; 0.25 us/record vs ~3 for pure Python
     from aiokafka.record._crecords import DefaultRecordBatch as _CReader
@@ -104,10 +104,18 @@ def _index_batch_py(
     return -1, n
 
 
-_c = load("store._speedups")
-_index_batch = _index_batch_py if _c is None else _c.index_batch
-_cb = load("lightqueue._cblocks")
-_put_blocks = put_blocks_py if _cb is None else _cb.put_blocks
+_index_batch = twin(
+    _index_batch_py,
+    "store._speedups",
+    "index_batch",
+    what="the dispatcher's per-record loop (entries into each queue's round buffer; a run of records with one key goes to its queues at once)",
+)
+_put_blocks = twin(
+    put_blocks_py,
+    "lightqueue._cblocks",
+    "put_blocks",
+    what="a round's entries as one LevelDB key (block) per queue",
+)
 
 
 def put_blocks(queues: list[Queue], wb: Any) -> None:

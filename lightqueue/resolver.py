@@ -35,7 +35,7 @@ from store.record_batch import (
     iter_batches,
     iter_records,
 )
-from store.speedups import load
+from store.twins import twin
 
 try:  # see dispatcher.py: the Cython reader, without the per-record NamedTuple re-wrap
     from aiokafka.record._crecords import DefaultRecordBatch as _CReader
@@ -246,8 +246,12 @@ def _decode_records_py(
     return out
 
 
-_c = load("store._speedups")
-_decode_records = _decode_records_py if _c is None else _c.decode_records
+_decode_records = twin(
+    _decode_records_py,
+    "store._speedups",
+    "decode_records",
+    what="a batch's records, a plain PUBLISH's headers read in place",
+)
 
 
 def resolve_cached_py(
@@ -339,9 +343,30 @@ def resolve_records_py(
     return out
 
 
-_cr = load("lightqueue._cresolve")
-_resolve_cached = resolve_cached_py if _cr is None else _cr.resolve_cached
-_cache_records = cache_records_py if _cr is None else _cr.cache_records
-_evict = evict_py if _cr is None else _cr.evict
-_group_offsets = group_offsets_py if _cr is None else _cr.group_offsets
-_resolve_records = resolve_records_py if _cr is None else _cr.resolve_records
+_resolve_cached = twin(
+    resolve_cached_py,
+    "lightqueue._cresolve",
+    "resolve_cached",
+    what="entries -> messages from the decoded-record cache, a plain PUBLISH's `StoredMessage` filled in place",
+)
+_cache_records = twin(
+    cache_records_py,
+    "lightqueue._cresolve",
+    "cache_records",
+    what="a decoded batch's records into that cache",
+)
+_evict = twin(
+    evict_py, "lightqueue._cresolve", "evict", what="the decoded-record cache held to its size"
+)
+_group_offsets = twin(
+    group_offsets_py,
+    "lightqueue._cresolve",
+    "group_offsets",
+    what="a cold read: the offsets to read per partition",
+)
+_resolve_records = twin(
+    resolve_records_py,
+    "lightqueue._cresolve",
+    "resolve_records",
+    what="a cold read: entries -> messages straight from the records read, by a cursor per partition",
+)

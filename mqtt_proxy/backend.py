@@ -47,7 +47,7 @@ from mqtt_proxy.ports import (
 from mqtt_proxy.subscriptions import FilterSpec
 from store.append_result import Run
 from store.mapping import MqttMessage
-from store.speedups import load
+from store.twins import twin
 
 if TYPE_CHECKING:
     from lightqueue.queues import LightQueues
@@ -435,5 +435,9 @@ def from_recent_py(
     return missing
 
 
-_cdelivery = load("mqtt_proxy._cdelivery")
-_from_recent_runs = from_recent_py if _cdelivery is None else _cdelivery.from_recent
+_from_recent_runs = twin(
+    from_recent_py,
+    "mqtt_proxy._cdelivery",
+    "from_recent",
+    what="entries -> the messages this proxy appended lately (its recent runs)",
+)

@@ -15,7 +15,7 @@ from mqtt_proxy.queue_cache import PUMP_BATCHES, Cached, CachedMsg, QueueState, 
 from mqtt_proxy.session import Subscription
 from mqtt_proxy.topic_aliases import AliasBook, OutAliases
 from store.latency import LatencyHistogram
-from store.speedups import load
+from store.twins import twin
 
 ReadRange = Callable[[QueueState, int], tuple[int, int]]
 
@@ -228,5 +228,9 @@ def qos0_run_py(
     return b"".join(chunks), len(chunks)
 
 
-_cdelivery = load("mqtt_proxy._cdelivery")
-qos0_run = qos0_run_py if _cdelivery is None else _cdelivery.qos0_run
+qos0_run = twin(
+    qos0_run_py,
+    "mqtt_proxy._cdelivery",
+    "qos0_run",
+    what="a QoS 0 cohort's PUBLISH run in one buffer",
+)

@@ -12,7 +12,7 @@ from struct import pack
 
 from mqtt_proxy.codec import EMPTY_PROPERTIES, Properties
 from store.mapping import MqttProperties
-from store.speedups import load
+from store.twins import twin
 
 
 def delivery_properties(
@@ -43,5 +43,9 @@ def acks_py(ptype: int, pids: list[int]) -> bytes:
     return pack(f">{len(pids)}I", *[head | pid for pid in pids])
 
 
-_cd = load("mqtt_proxy._cdelivery")
-acks = acks_py if _cd is None else _cd.acks
+acks = twin(
+    acks_py,
+    "mqtt_proxy._cdelivery",
+    "acks",
+    what="a connection's PUBACKs/PUBRECs of one fsync in one buffer",
+)

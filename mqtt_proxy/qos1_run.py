@@ -12,7 +12,7 @@ from typing import Any
 from mqtt_proxy.codec import publish_v3_qos1
 from mqtt_proxy.queue_cache import CachedMsg
 from mqtt_proxy.session import Inflight, free_pid
-from store.speedups import load
+from store.twins import twin
 
 
 def qos1_run_py(
@@ -80,5 +80,9 @@ def qos1_run_py(
     return seq, pid, nbytes, blocked
 
 
-_cdelivery = load("mqtt_proxy._cdelivery")
-qos1_run = qos1_run_py if _cdelivery is None else _cdelivery.qos1_run
+qos1_run = twin(
+    qos1_run_py,
+    "mqtt_proxy._cdelivery",
+    "qos1_run",
+    what="a 3.1.1 QoS 1 reader's PUBLISH run, packet ids and `Inflight` records",
+)

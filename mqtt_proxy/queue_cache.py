@@ -16,7 +16,7 @@ from mqtt_proxy.outbound import delivery_properties
 from mqtt_proxy.ports import Entries, Message
 from mqtt_proxy.session import Subscription
 from store.mapping import MqttMessage, MqttProperties
-from store.speedups import load
+from store.twins import twin
 
 if TYPE_CHECKING:
     from mqtt_proxy.shared_groups import SharedGroup
@@ -65,12 +65,17 @@ class _CachedFields:
         self.alias0: tuple[int, bytes] | None = None  # QoS 0, v5, aliased, no topic: cached
 
 
-# The compiled fields and loops (_cdelivery.pyx), unless absent or disabled.
-_cdelivery = load("mqtt_proxy._cdelivery")
-if TYPE_CHECKING or _cdelivery is None:
+# The compiled fields and loops (_cdelivery.pyx), unless absent or disabled. The base is chosen
+# once, at import: switching the twins later leaves CachedMsg's base as it is.
+if TYPE_CHECKING:
     _Base = _CachedFields
 else:
-    _Base = _cdelivery.CachedBase
+    _Base = twin(
+        _CachedFields,
+        "mqtt_proxy._cdelivery",
+        "CachedBase",
+        what="a cached message's fields (read from its slots)",
+    )
 
 
 # A message without properties of these types is cached as it is (`fill_cache`): the QoS 0 and
@@ -188,7 +193,9 @@ def cached_get(cache: dict[int, Cached], seq: int) -> CachedMsg | None:
     return cached(cache, seq) if seq in cache else None
 
 
-fill_cache = fill_cache_py if _cdelivery is None else _cdelivery.fill_cache
+fill_cache = twin(
+    fill_cache_py, "mqtt_proxy._cdelivery", "fill_cache", what="a queue's cached messages"
+)
 
 
 def cached_end_py(cache: dict[int, Cached], pos: int, limit: int) -> int:
@@ -199,7 +206,9 @@ def cached_end_py(cache: dict[int, Cached], pos: int, limit: int) -> int:
     return pos
 
 
-cached_end = cached_end_py if _cdelivery is None else _cdelivery.cached_end
+cached_end = twin(
+    cached_end_py, "mqtt_proxy._cdelivery", "cached_end", what="where a queue's cached run ends"
+)
 
 
 def evict_oldest_py(cache: dict[int, Cached], over: int, start: int) -> None:
@@ -211,7 +220,12 @@ def evict_oldest_py(cache: dict[int, Cached], over: int, start: int) -> None:
             del cache[k]
 
 
-evict_oldest = evict_oldest_py if _cdelivery is None else _cdelivery.evict_oldest
+evict_oldest = twin(
+    evict_oldest_py,
+    "mqtt_proxy._cdelivery",
+    "evict_oldest",
+    what="a queue's cache held to its size",
+)
 
 
 class QueueState:

@@ -18,7 +18,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from store.speedups import load as _load_speedups
+from store.twins import twin
 
 ESCAPE_PREFIX = "_x."  # marks an escaped first level (a valid Kafka name itself)
 HASHED_PREFIX = "_h."  # an escaped level too long for 249 bytes: not reversible (documented)
@@ -312,9 +312,10 @@ def mqtt_view(
     return MqttView(topic, qos, client_id, retain, props)
 
 
-# Last: store._speedups imports this module (headers_for), so it is loaded once all is defined.
-_c = _load_speedups("store._speedups")
-murmur2: Callable[[bytes], int] = murmur2_py if _c is None else _c.murmur2
+# Last: store._speedups imports this module (headers_for), so `twin` loads it once all is defined.
+murmur2: Callable[[bytes], int] = twin(
+    murmur2_py, "store._speedups", "murmur2", what="Kafka's key hash"
+)
 _murmur2 = murmur2
 
 
@@ -327,4 +328,9 @@ def _keep_tracked(msgs: list[MqttMessage]) -> None:
 # messages of the last `recent_cache_bytes` alive for delivery, and the collector walked each
 # of them in every young and middle collection until it died: ~10 % of the broker's CPU in a
 # fan-in run, about half of it middle collections over surviving messages (bench/RESULTS.md).
-untrack_messages: Callable[[list[MqttMessage]], None] = _keep_tracked if _c is None else _c.untrack
+untrack_messages: Callable[[list[MqttMessage]], None] = twin(
+    _keep_tracked,
+    "store._speedups",
+    "untrack",
+    what="fan-in's messages out of the cyclic GC's reach (they can hold no cycle)",
+)

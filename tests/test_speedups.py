@@ -18,12 +18,14 @@ from hypothesis import strategies as st
 
 import lightqueue.dispatcher as dispatcher
 import store.mqtt_batches as mqtt_batches
+from lightgate.twins_docs import import_all
 from lightqueue.db import Queue
 from lightqueue.keys import entry_head
 from lightqueue.model import StoredMessage
 from mqtt_proxy.codec import EMPTY_PROPERTIES, Parser, Properties, Publish, RemoteProtocolError
 from store.mapping import MqttMessage, MqttProperties, headers_for
 from store.record_batch import build_batch, check_batch, check_records
+from store.speedups import MODULES
 
 ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
@@ -66,7 +68,7 @@ def test_extensions_built_and_in_use() -> None:
     assert dispatcher._index_batch is sp.index_batch
     import mqtt_proxy.codec.parser as parser
 
-    assert parser._cwalk is cp.walk
+    assert parser._walk is cp.walk
     import store.mapping as mapping
 
     assert mapping.murmur2 is sp.murmur2
@@ -110,40 +112,55 @@ def test_extensions_built_and_in_use() -> None:
 
 
 def test_env_var_forces_pure_python() -> None:
+    """LIGHTGATE_NO_EXTENSIONS=1: no compiled module loads and every registered site holds its
+    pure twin (a class keeps the pure base it was built on)."""
     code = (
-        "import store.speedups as s, store.mqtt_batches as b, lightqueue.dispatcher as d, "
-        "mqtt_proxy.codec.parser as p, store.commit as sc; "
-        "import store.mapping as m, lightqueue.resolver as r, lightqueue.queues as lq; "
-        "import mqtt_proxy.cohorts as c, mqtt_proxy.queue_cache as q, mqtt_proxy.handlers as h; "
-        "print(s.status(), b._build_records, d._index_batch is d._index_batch_py, p._cwalk, "
-        "m.murmur2 is m.murmur2_py, r._decode_records is r._decode_records_py, "
-        "c.qos0_run is c.qos0_run_py, q.fill_cache is q.fill_cache_py, "
-        "q.CachedMsg.__base__ is q._CachedFields, lq._read_entries is lq.read_entries_py, "
-        "h._publish_messages is h.publish_messages_py, sc._fsync); "
-        "import lightqueue.index_batch as ib, lightqueue.keys as k; "
-        "import mqtt_proxy.qos1_run as qr; "
-        "print(ib._put_blocks is k.put_blocks_py, r._resolve_cached is r.resolve_cached_py, "
-        "r._cache_records is r.cache_records_py, qr.qos1_run is qr.qos1_run_py, "
-        "r._evict is r.evict_py)"
-        "; import mqtt_proxy.backend as mb; print(mb._from_recent_runs is mb.from_recent_py, "
-        "r._group_offsets is r.group_offsets_py, r._resolve_records is r.resolve_records_py)"
-        "; import lightqueue.db as db; print(db._encode_block is k.encode_block_py, "
-        "b._group_by_slot, q.cached_end is q.cached_end_py, q.evict_oldest is q.evict_oldest_py)"
-        "; import mqtt_proxy.outbound as o, mqtt_proxy.connection as mc; "
-        "print(o.acks is o.acks_py, mc.acks is o.acks_py)"
+        "import store.speedups as s; from lightgate.twins_docs import import_all; "
+        "twins = import_all(); print(s.status()); "
+        "print(len(twins), all(t.compiled is None for t in twins)); "
+        "import mqtt_proxy.queue_cache as q, mqtt_proxy.outbound as o, mqtt_proxy.connection as mc, "
+        "mqtt_proxy.codec.parser as p, store.commit as sc, lightqueue.dispatcher as d; "
+        "print(q.CachedMsg.__base__ is q._CachedFields, mc.acks is o.acks_py, "
+        "p._walk is p.Parser._walk, sc._FsyncPool, d._index_batch is d._index_batch_py)"
     )
     env = {**os.environ, "LIGHTGATE_NO_EXTENSIONS": "1", "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == [
-        "{'store._speedups':", "False,", "'store._fsync':", "False,",
-        "'mqtt_proxy.codec._cparser':", "False,",
-        "'mqtt_proxy._cdelivery':", "False,", "'lightqueue._cblocks':", "False,",
-        "'lightqueue._cresolve':", "False}",
-        "None", "True", "None", "True", "True", "True", "True", "True", "True", "True", "None",
-        "True", "True", "True", "True", "True", "True", "True", "True", "True", "None", "True",
-        "True", "True", "True",
-    ]  # fmt: skip
+    status, pairs, sites = out.stdout.splitlines()
+    assert "True" not in status and status.count("False") == len(MODULES)
+    n, all_pure = pairs.split()
+    assert int(n) >= 20 and all_pure == "True"
+    assert sites.split() == ["True", "True", "True", "None", "True"]
+
+
+def test_every_twin_is_in_use() -> None:
+    """Where the compiled modules are built, every registered site chose the compiled one."""
+    compiled()
+    twins = import_all()
+    assert twins and [t.key for t in twins if t.compiled is None] == []
+    for t in twins:
+        assert sys.modules[t.module].__file__.endswith(".so"), t.module
+
+
+def test_every_twin_has_an_equivalence_test() -> None:
+    """Each registered pair is named by `@pytest.mark.twin(...)` on a test of this file that
+    runs both implementations (a new compiled function needs its test before it can ship)."""
+    marked: set[str] = set()
+    for obj in list(globals().values()):
+        for mark in getattr(obj, "pytestmark", []):
+            if mark.name == "twin":
+                marked.update(mark.args)
+    registered = {t.key for t in import_all()}
+    assert registered - marked == set(), "compiled twins without an equivalence test"
+    assert marked - registered == set(), "marked twins that are not registered"
+
+
+def test_twins_table_in_docs_is_generated() -> None:
+    """docs/architecture.md lists exactly the registered pairs (`python -m lightgate.twins_docs`)."""
+    from lightgate.twins_docs import DOCS, docs_text
+
+    have = DOCS.read_text()
+    assert have == docs_text(have, import_all()), "run: python -m lightgate.twins_docs"
 
 
 _header = st.one_of(
@@ -163,6 +180,7 @@ _record = st.tuples(
 )
 
 
+@pytest.mark.twin("store._speedups.decode_records")
 @SETTINGS
 @given(
     st.lists(_record, min_size=1, max_size=30),
@@ -215,6 +233,7 @@ _entry = st.one_of(
 )
 
 
+@pytest.mark.twin("lightqueue._cblocks.read_entries")
 @SETTINGS
 @given(
     st.lists(st.tuples(st.integers(0, 3), _entry), max_size=40),
@@ -276,6 +295,7 @@ def test_read_entries_same_as_twin(
     assert got == read_entries_py(iter(pairs), start, end, names) == want
 
 
+@pytest.mark.twin("lightqueue._cblocks.put_blocks")
 @SETTINGS
 @given(
     st.lists(st.tuples(st.integers(0, 40), st.integers(0, 2**40)), max_size=6),
@@ -321,6 +341,7 @@ _block_entry = st.one_of(
 )
 
 
+@pytest.mark.twin("lightqueue._cblocks.encode_block")
 @SETTINGS
 @given(
     st.lists(_block_entry, max_size=80), st.lists(st.tuples(st.integers(0), st.integers(0, 255)))
@@ -370,6 +391,11 @@ def test_block_codec_same_as_twin(ents: list[Any], damage: list[tuple[int, int]]
         assert outs[0] == outs[1]
 
 
+@pytest.mark.twin(
+    "lightqueue._cresolve.resolve_cached",
+    "lightqueue._cresolve.cache_records",
+    "lightqueue._cresolve.evict",
+)
 @SETTINGS
 @given(
     st.lists(_record, min_size=1, max_size=30),
@@ -440,6 +466,7 @@ def test_resolve_cached_same_as_twin(
     assert list(c1) == [k for k in d1 if k in c1]
 
 
+@pytest.mark.twin("lightqueue._cresolve.group_offsets", "lightqueue._cresolve.resolve_records")
 @SETTINGS
 @given(
     st.lists(_record, min_size=1, max_size=30),
@@ -495,6 +522,7 @@ def test_resolve_records_same_as_twin(
     assert outs[0] == outs[1]
 
 
+@pytest.mark.twin("store._speedups.murmur2")
 @SETTINGS
 @given(st.binary(max_size=80))
 def test_murmur2_same_hash(key: bytes) -> None:
@@ -537,6 +565,7 @@ class _AttrMessage:
         self.timestamp_ms = m.timestamp_ms
 
 
+@pytest.mark.twin("store._speedups.build_records")
 @SETTINGS
 @given(st.lists(message, min_size=1, max_size=40), st.sampled_from([1, 200, 1 << 20]))
 def test_build_records_same_bytes(msgs: list[MqttMessage], max_bytes: int) -> None:
@@ -557,6 +586,7 @@ def test_build_records_same_bytes(msgs: list[MqttMessage], max_bytes: int) -> No
         j0 = ja
 
 
+@pytest.mark.twin("store._speedups.group_by_slot")
 @SETTINGS
 @given(
     st.lists(st.sampled_from(["a", "a/b", "b/c", "bad", "x" * 300]), max_size=40),
@@ -598,6 +628,7 @@ def test_group_by_slot_same_as_twin(topics: list[str], nslots: int, as_tuple: bo
         assert keys == [m.topic.encode() for m in msgs]
 
 
+@pytest.mark.twin("mqtt_proxy._cdelivery.cached_end")
 @SETTINGS
 @given(st.sets(st.integers(0, 80)), st.integers(-5, 90), st.integers(0, 40))
 def test_cached_end_same_as_twin(held: set[int], pos: int, n: int) -> None:
@@ -626,6 +657,7 @@ def test_trim_below_same_as_twin(keys: list[int], low: int) -> None:
     assert list(a.items()) == list(b.items()) == [(k, str(k)) for k in keys if k >= low]
 
 
+@pytest.mark.twin("mqtt_proxy._cdelivery.evict_oldest")
 @SETTINGS
 @given(st.lists(st.integers(0, 60), unique=True), st.integers(0, 70), st.integers(-5, 70))
 def test_evict_oldest_same_as_twin(keys: list[int], over: int, start: int) -> None:
@@ -672,6 +704,7 @@ def _index_both(data: bytes, base: int, c: int, end: int, budget: int, gated: bo
     return results
 
 
+@pytest.mark.twin("store._speedups.index_batch")
 @SETTINGS
 @given(
     st.lists(message, min_size=1, max_size=30),
@@ -741,6 +774,7 @@ def test_index_batch_garbled(cut: int, junk: bytes) -> None:
     assert py[0] == cy[0] == "error" and py[1] == cy[1] == []
 
 
+@pytest.mark.twin("mqtt_proxy.codec._cparser.walk")
 @SETTINGS
 @given(
     st.sampled_from([None, 3, 4, 5]),
@@ -756,9 +790,9 @@ def test_parser_walk_same_packets_and_errors(
 
     stream = b"".join([bytes([0x30, len(p) + 4, 0, 2]) + b"t/" + p[:120] for p in pieces]) + tail
     out: list[Any] = []
-    for walk in (None, cp.walk):
-        old = parser._cwalk
-        parser._cwalk = walk
+    for walk in (Parser._walk, cp.walk):
+        old = parser._walk
+        parser._walk = walk
         try:
             p = Parser(version=version)
             got: list[Any] = []
@@ -770,7 +804,7 @@ def test_parser_walk_same_packets_and_errors(
                 got += e.packets
                 got.append(("error", str(e), e.reason_code))
         finally:
-            parser._cwalk = old
+            parser._walk = old
         out.append(got)
     assert out[0] == out[1]
 
@@ -786,6 +820,7 @@ def test_clean_removes_built_modules() -> None:
     assert "*.so" in ignored and "lightqueue/_cresolve.c" in ignored
 
 
+@pytest.mark.twin("store._speedups.untrack")
 def test_hot_objects_are_not_tracked_by_the_gc() -> None:
     """What fan-in makes per message holds no object that could close a reference cycle, so the
     compiled paths take it off the cyclic GC's lists (before: ~10 % of a fan-in run's CPU in
@@ -801,6 +836,11 @@ def test_hot_objects_are_not_tracked_by_the_gc() -> None:
     assert all(gc.is_tracked(m) for m in msgs)
     untrack_messages(msgs)
     assert not any(gc.is_tracked(m) for m in msgs)
+    from store.mapping import _keep_tracked  # the pure twin: same messages, left to the GC
+
+    kept = [MqttMessage("a/b", b"xy", 0, "c"), MqttMessage("a/b", b"z", 1, "c")]
+    _keep_tracked(kept)
+    assert kept == msgs and all(gc.is_tracked(m) for m in kept)
     # The pushed entries: (topic, partition, offset) tuples appended to a watched queue.
     q = Queue("f", 1, 1, 0, 0)
     q.watch = []
@@ -841,6 +881,7 @@ _cached = st.one_of(  # as the proxy appended it (MqttMessage) or as read back (
 )  # fmt: skip
 
 
+@pytest.mark.twin("mqtt_proxy._cdelivery.fill_cache", "mqtt_proxy._cdelivery.qos0_run")
 @SETTINGS
 @example(  # found by this test: a message stamped after `now` kept its whole expiry, and more
     [MqttMessage("a", b"", 0, "", False, MqttProperties(message_expiry=3_195_455_668), 2**40)],
@@ -910,6 +951,65 @@ def test_delivery_cache_and_qos0_run_same_as_twins(
         assert len(got) == n
 
 
+@pytest.mark.twin("mqtt_proxy._cdelivery.CachedBase")
+@SETTINGS
+@given(st.builds(MqttMessage, **_mfields))
+def test_cached_base_same_fields_as_twin(m: MqttMessage) -> None:
+    """The compiled base of CachedMsg starts with the fields of its pure twin (the expiry too)."""
+    from mqtt_proxy.queue_cache import _CachedFields
+
+    cd = compiled_delivery()
+    args = (m.topic, m.payload, m.qos, m.retain, m.client_id, m.properties, m.timestamp_ms)
+    a, b = _CachedFields(*args), cd.CachedBase(*args)
+    assert [getattr(a, f) for f in _CachedFields.__slots__] == [
+        getattr(b, f) for f in _CachedFields.__slots__
+    ]
+
+
+@pytest.mark.twin("store._fsync.FsyncPool")
+def test_fsync_pool_same_as_python_threads(tmp_path: Path) -> None:
+    """SyncWorkers on the compiled pool and on its Python threads: a file and its directory
+    synced (done(None)), an fd that cannot be synced (a pipe) failing with the same errno."""
+    require_extensions()
+    import asyncio
+
+    import store.commit as commit
+    from store.twins import use_pure
+
+    async def run(workers: Any) -> list[int | None]:
+        loop = asyncio.get_running_loop()
+        r, w = os.pipe()
+        path = tmp_path / "f"
+        path.write_bytes(b"x")
+        fd = os.open(path, os.O_RDWR)
+        try:
+            out: list[int | None] = []
+            for fds, directory in (([fd], tmp_path), ([r], None)):
+                fut = loop.create_future()
+                workers.submit(loop, fds, directory, fut.set_result)
+                err = await asyncio.wait_for(fut, 10)
+                out.append(None if err is None else err.errno)
+            return out
+        finally:
+            os.close(fd)
+            os.close(r)
+            os.close(w)
+
+    got = []
+    for pure in (False, True):
+        with pytest.MonkeyPatch.context() as mp:
+            if pure:
+                use_pure(mp.setattr, ["store._fsync.FsyncPool"])
+            workers = commit.SyncWorkers(2, "twin-test")
+            assert (workers._pool is None) is pure
+            try:
+                got.append(asyncio.run(run(workers)))
+            finally:
+                workers.shutdown()
+    assert got[0] == got[1] and got[0][0] is None and got[0][1] is not None
+
+
+@pytest.mark.twin("mqtt_proxy._cdelivery.qos1_run")
 @SETTINGS
 @given(
     st.lists(_cached, max_size=30),
@@ -993,6 +1093,7 @@ _publish = st.builds(
 )
 
 
+@pytest.mark.twin("mqtt_proxy._cdelivery.acks")
 @SETTINGS
 @given(st.sampled_from([4, 5]), st.lists(st.integers(1, 0xFFFF), max_size=300))
 @example(4, [1, 0xFF, 0x100, 0xFFFF])
@@ -1013,6 +1114,7 @@ def test_acks_same_as_twin(ptype: int, pids: list[int]) -> None:
             cd.acks(ptype, [*pids, bad])
 
 
+@pytest.mark.twin("mqtt_proxy._cdelivery.publish_messages")
 @SETTINGS
 @given(st.lists(_publish, max_size=30), st.integers(0, 30), st.integers(0, 2**41))
 def test_publish_messages_same_as_twin(packets: list[Any], i: int, now_ms: int) -> None:
@@ -1040,6 +1142,7 @@ def test_publish_messages_same_as_twin(packets: list[Any], i: int, now_ms: int) 
         assert hash(m) == hash(w) and dataclasses.replace(m, qos=0) == dataclasses.replace(w, qos=0)
 
 
+@pytest.mark.twin("mqtt_proxy._cdelivery.from_recent")
 @SETTINGS
 @given(
     st.dictionaries(
