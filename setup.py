@@ -20,6 +20,7 @@ SOURCES = {
     "mqtt_proxy.codec._cparser": "mqtt_proxy/codec/_cparser.pyx",
     "mqtt_proxy._cdelivery": "mqtt_proxy/_cdelivery.pyx",
     "lightqueue._cblocks": "lightqueue/_cblocks.pyx",
+    "lightqueue._cindex": "lightqueue/_cindex.pyx",
     "lightqueue._cresolve": "lightqueue/_cresolve.pyx",
 }
 

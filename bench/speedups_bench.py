@@ -6,7 +6,7 @@ Fan-in's shape: 64-byte QoS 0 PUBLISHes from 10 clients on 10 topics, MQTT 3.1.1
 parse (`Parser.feed` on 64 KiB chunks: `_walk` vs `_cparser.walk`), record building (one batch:
 `_build_records_py`, i.e. aiokafka's Cython builder, vs `_speedups.build_records`), dispatch
 (one batch into an exact and a filter queue: `_index_batch_py`, i.e. aiokafka's Cython reader +
-the Python loop, vs `_speedups.index_batch`). Best of `--repeat`.
+the Python loop, vs `lightqueue/_cindex.index_batch`). Best of `--repeat`.
 """
 
 from __future__ import annotations
@@ -44,7 +44,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=15)
     a = ap.parse_args()
     sp, cp = load("store._speedups"), load("mqtt_proxy.codec._cparser")
-    if sp is None or cp is None:
+    ci = load("lightqueue._cindex")
+    if sp is None or cp is None or ci is None:
         sys.exit("compiled modules not built (pip install -e . / setup.py build_ext --inplace)")
     n = a.n
     msgs = [
@@ -82,7 +83,7 @@ def main() -> None:
         ("record building (one batch)", lambda: build(mqtt_batches._build_records_py),
          lambda: build(sp.build_records)),
         ("dispatch (one batch, 2 queues)", lambda: index(dispatcher._index_batch_py),
-         lambda: index(sp.index_batch)),
+         lambda: index(ci.index_batch)),
     ]  # fmt: skip
     print(f"n={n}, best of {a.repeat}, µs per message")
     print("| stage | pure-Python twin | compiled | ratio |")

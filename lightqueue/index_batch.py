@@ -106,7 +106,7 @@ def _index_batch_py(
 
 _index_batch = twin(
     _index_batch_py,
-    "store._speedups",
+    "lightqueue._cindex",
     "index_batch",
     what="the dispatcher's per-record loop (entries into each queue's round buffer; a run of records with one key goes to its queues at once)",
 )

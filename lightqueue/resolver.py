@@ -248,7 +248,7 @@ def _decode_records_py(
 
 _decode_records = twin(
     _decode_records_py,
-    "store._speedups",
+    "lightqueue._cresolve",
     "decode_records",
     what="a batch's records, a plain PUBLISH's headers read in place",
 )

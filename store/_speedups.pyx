@@ -2,20 +2,19 @@
 """Compiled hot loops of the store side of MQTT fan-in (the pure-Python twins are the reference).
 
 Built at install time (setup.py, optional: a machine without a C compiler gets the pure-Python
-path); `LIGHTGATE_NO_EXTENSIONS=1` makes `store.speedups.load` ignore it. Each function here has
-a pure-Python twin with the same signature and results, and the tests run both:
+path); `LIGHTGATE_NO_EXTENSIONS=1` makes `store.twins.twin` choose the twins. Each function here
+has a pure-Python twin with the same signature and results, and the tests run both:
 
 * `build_records` - `store.mqtt_batches._build_records_py`: one uncompressed RecordBatch v2 of
   MQTT messages (the bytes aiokafka's builder and `record_batch.build_batch` write);
-* `index_batch` - `lightqueue.dispatcher._index_batch_py`: the dispatcher's per-record loop over
-  one uncompressed batch (offset and key only; values and headers are skipped, not decoded),
-  appending each entry to its queue's round buffer (`lightqueue/_cblocks.pyx` writes and reads
-  the blocks);
+* `group_by_slot` - `store.mqtt_batches.group_by_slot_py`: an append's partition groups;
 * `murmur2` - `store.mapping.murmur2_py`: Kafka's key hash (a device event per connect and
   disconnect is partitioned by client id);
-* `decode_records` - `lightqueue.resolver._decode_records_py`: the records of one uncompressed
-  batch, the two headers of a plain MQTT PUBLISH read in place;
-* `untrack` - no twin (Python cannot untrack an object; the collector just does more work).
+* `untrack` - `store.mapping._keep_tracked` (Python cannot untrack an object; the collector
+  just does more work).
+
+The record readers of lightqueue are beside it (`lightqueue/_cindex.pyx`, `_cresolve.pyx`);
+the helpers all of them share are inline in `store/_records.pxd`.
 """
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
@@ -32,11 +31,13 @@ from libc.string cimport memcmp, memcpy
 
 from cpython.object cimport PyObject
 
+from store._records cimport ATTRIBUTES_OFFSET, HEADER_SIZE, _be
 from store._slots cimport message_slots
 
 cdef extern from "Python.h":
     void PyObject_GC_UnTrack(void* op)
     bint PyObject_GC_IsTracked(object op)
+
 
 import crc32c as _crc32c
 
@@ -46,9 +47,6 @@ cdef object _crc = _crc32c.crc32c
 cdef object _QOS_B = (b"0", b"1", b"2")
 cdef bytes _H_QOS = b"mqtt.qos"
 cdef bytes _H_CID = b"mqtt.client_id"
-
-DEF HEADER_SIZE = 61
-DEF ATTRIBUTES_OFFSET = 21
 
 
 # --- varints (zig-zag, as Kafka's records) ----------------------------------------------------
@@ -70,36 +68,6 @@ cdef inline uint8_t* _vput(uint8_t* p, int64_t value) noexcept:
         v >>= 7
     p[0] = <uint8_t>v
     return p + 1
-
-
-cdef inline uint64_t _uvget(const uint8_t* b, Py_ssize_t* pos, Py_ssize_t end) except? 0xFFFFFFFFFFFFFFFF:
-    """An unsigned LEB128 varint (a light-queue entry's topic id and partition)."""
-    cdef uint64_t v = 0
-    cdef int shift = 0
-    cdef uint8_t x
-    while True:
-        if pos[0] >= end or shift > 63:
-            raise ValueError("truncated or overlong varint")
-        x = b[pos[0]]
-        pos[0] += 1
-        v |= <uint64_t>(x & 0x7F) << shift
-        if not (x & 0x80):
-            return v
-        shift += 7
-
-
-cdef inline int64_t _vget(const uint8_t* b, Py_ssize_t* pos, Py_ssize_t end) except? -1:
-    """A zigzag varint (Kafka's record fields)."""
-    cdef uint64_t v = _uvget(b, pos, end)
-    return <int64_t>(v >> 1) ^ -(<int64_t>(v & 1))
-
-
-cdef inline uint8_t* _be(uint8_t* p, uint64_t v, int n) noexcept:
-    cdef int i
-    for i in range(n - 1, -1, -1):
-        p[i] = <uint8_t>(v & 0xFF)
-        v >>= 8
-    return p + n
 
 
 # --- building -----------------------------------------------------------------------------------
@@ -294,160 +262,6 @@ def build_records(object messages, list idxs, Py_ssize_t j0, list keys, int64_t 
     return out, j, max_ts
 
 
-# --- indexing -----------------------------------------------------------------------------------
-
-cdef inline Py_ssize_t _skip_bytes(const uint8_t* b, Py_ssize_t q, Py_ssize_t end) except -1:
-    """Past one varint-length-prefixed field (-1 = null) that must end by `end`."""
-    cdef int64_t n = _vget(b, &q, end)
-    if n > end - q or n < -1:
-        raise ValueError("record field runs past its record")
-    return q + (n if n > 0 else 0)
-
-
-cdef inline int64_t _batch_count(const uint8_t* b, Py_ssize_t pos) noexcept:
-    """The record count of the batch at `pos` (its header's last field)."""
-    return (<int64_t>b[pos + 57] << 24) | (b[pos + 58] << 16) | (b[pos + 59] << 8) | b[pos + 60]
-
-
-cdef inline Py_ssize_t _record_end(const uint8_t* b, Py_ssize_t* q, Py_ssize_t bend) except -1:
-    """Past a record's length: where the record ends, which must be inside its batch."""
-    cdef int64_t length = _vget(b, q, bend)
-    if length < 1 or length > bend - q[0]:
-        raise ValueError("record runs past its batch")
-    return q[0] + length
-
-
-def index_batch(const uint8_t[::1] data, Py_ssize_t pos, Py_ssize_t size, int64_t base,
-                int64_t c, int64_t end, Py_ssize_t n, Py_ssize_t budget, dict tcache,
-                object targets_for, bytes ehead, int64_t stamp,
-                list grown, object gate_key, str t, int p):
-    """Index the records of the uncompressed batch at `data[pos:pos+size]` in [c, end): each
-    target queue's entry (`ehead` + the offset, 16 bytes) is appended to its `buf`.
-
-    Returns (offset where the budget ran out or -1, records indexed so far). Raises ValueError
-    for records that do not parse (the caller counts the batch as corrupt)."""
-    cdef const uint8_t* b = &data[0]
-    cdef Py_ssize_t bend = pos + size, q0 = pos + HEADER_SIZE, rec_end
-    cdef int64_t count, off, klen, i, nh, h
-    cdef object key, targets
-    cdef uint8_t entry[16]
-    if PyBytes_GET_SIZE(ehead) != 8:
-        raise ValueError("entry head is 8 bytes")
-    memcpy(entry, PyBytes_AS_STRING(ehead), 8)
-    if size < HEADER_SIZE or bend > data.shape[0]:
-        raise ValueError("batch runs past the buffer")
-    count = _batch_count(b, pos)
-    # First walk: every record parses (as the pure path decodes them all before indexing any).
-    for i in range(count):
-        rec_end = _record_end(b, &q0, bend)
-        q0 += 1
-        _vget(b, &q0, rec_end)
-        _vget(b, &q0, rec_end)
-        q0 = _skip_bytes(b, q0, rec_end)  # key
-        q0 = _skip_bytes(b, q0, rec_end)  # value
-        nh = _vget(b, &q0, rec_end)
-        if nh < 0:
-            raise ValueError("negative header count")
-        for h in range(nh):
-            q0 = _skip_bytes(b, q0, rec_end)
-            q0 = _skip_bytes(b, q0, rec_end)
-        if q0 != rec_end:
-            raise ValueError("record length mismatch")
-    # Second walk: a run of records with the same key (a device's messages, as appended) goes
-    # to its targets at once: one buffer resize and one `next` update per queue and run.
-    cdef int64_t* offs = <int64_t*>malloc(<size_t>(count if count > 0 else 1) * sizeof(int64_t))
-    cdef Py_ssize_t nrun = 0
-    cdef const uint8_t* rkey = NULL
-    cdef int64_t rklen = -2  # no run yet (-1 is a null key)
-    if offs == NULL:
-        raise MemoryError()
-    targets = None
-    try:
-        q0 = pos + HEADER_SIZE
-        for i in range(count):
-            rec_end = _record_end(b, &q0, bend)  # (the first walk checked them all)
-            q0 += 1  # attributes
-            _vget(b, &q0, rec_end)  # timestamp delta
-            off = base + _vget(b, &q0, rec_end)
-            klen = _vget(b, &q0, rec_end)
-            if klen > rec_end - q0:
-                raise ValueError("record key runs past its record")
-            if off < c:
-                q0 = rec_end
-                continue
-            if off >= end:
-                break
-            if n >= budget:
-                _run_to(targets, offs, nrun, entry, gate_key, t, p, stamp, grown)
-                return off, n
-            if klen != rklen or (klen > 0 and memcmp(b + q0, rkey, <size_t>klen) != 0):
-                _run_to(targets, offs, nrun, entry, gate_key, t, p, stamp, grown)
-                nrun = 0
-                key = None if klen < 0 else PyBytes_FromStringAndSize(<char*>(b + q0), klen)
-                targets = tcache.get(key)
-                if targets is None:
-                    targets = tcache[key] = targets_for(key)
-                rkey = b + q0
-                rklen = klen
-            offs[nrun] = off
-            nrun += 1
-            q0 = rec_end
-            n += 1
-        _run_to(targets, offs, nrun, entry, gate_key, t, p, stamp, grown)
-    finally:
-        free(offs)
-    return -1, n
-
-
-cdef int _run_to(object targets, const int64_t* offs, Py_ssize_t nrun, const uint8_t* head,
-                 object gate_key, str t, int p, int64_t stamp, list grown) except -1:
-    """Append one run of offsets (ascending, same targets) to each target queue: its entries
-    (`head` + offset) to `q.buf`, `(t, p, offset)` to `q.watch` if watched."""
-    cdef object q, w, gate, ent
-    cdef bytearray buf
-    cdef Py_ssize_t j, j0, blen, k
-    cdef int64_t floor
-    cdef uint8_t* dst
-    if nrun == 0:
-        return 0
-    for q in targets:
-        j0 = 0
-        if gate_key is not None:
-            gate = q.gate
-            if gate is not None:
-                floor = gate.get(gate_key, 0)
-                while j0 < nrun and offs[j0] < floor:
-                    j0 += 1
-                if j0 == nrun:
-                    continue
-        k = nrun - j0
-        buf = q.buf
-        if buf is None:
-            buf = PyByteArray_FromStringAndSize(NULL, 16 * k)
-            q.buf = buf
-            blen = 0
-        else:
-            blen = PyByteArray_GET_SIZE(buf)
-            PyByteArray_Resize(buf, blen + 16 * k)
-        dst = <uint8_t*>PyByteArray_AS_STRING(buf) + blen
-        for j in range(j0, nrun):
-            memcpy(dst, head, 8)
-            _be(dst + 8, <uint64_t>offs[j], 8)
-            dst += 16
-        w = q.watch
-        if w is not None:
-            for j in range(j0, nrun):
-                # str and ints only, never in a cycle: no work for the cyclic GC (as above)
-                ent = (t, p, offs[j])
-                PyObject_GC_UnTrack(<void*>ent)
-                w.append(ent)
-        q.next += k
-        if q.touched != stamp:
-            q.touched = stamp
-            grown.append(q)
-    return 0
-
-
 # --- Kafka's murmur2 --------------------------------------------------------------------------
 
 def murmur2(const uint8_t[::1] data):
@@ -474,99 +288,6 @@ def murmur2(const uint8_t[::1] data):
     h *= m
     h ^= h >> 15
     return <int32_t>h
-
-
-# --- reading ------------------------------------------------------------------------------------
-
-cdef bytes _H_QOS_NAME = b"mqtt.qos"
-cdef bytes _H_CID_NAME = b"mqtt.client_id"
-
-
-cdef inline object _field(const uint8_t* b, Py_ssize_t* q, Py_ssize_t end):
-    """One varint-length-prefixed field as bytes (None for -1), ending by `end`."""
-    cdef int64_t n = _vget(b, q, end)
-    cdef object out
-    if n < -1 or n > end - q[0]:
-        raise ValueError("record field runs past its record")
-    if n < 0:
-        return None
-    out = PyBytes_FromStringAndSize(<char*>(b + q[0]), n)
-    q[0] += n
-    return out
-
-
-def decode_records(const uint8_t[::1] data, Py_ssize_t pos, Py_ssize_t size, int64_t lat,
-                   int64_t lo=-1, int64_t hi=0x7FFFFFFFFFFFFFFF):
-    """The records of the uncompressed batch at `data[pos:pos+size]` with offsets in [lo, hi],
-    as tuples (offset, key, value, timestamp, qos, client id, headers): a record with exactly
-    the two headers of a plain MQTT PUBLISH (mqtt.qos "0"-"2", mqtt.client_id not null) has its
-    QoS and client id bytes and headers None; any other has qos -1, client id None and its
-    headers as [(name str, value bytes | None)]. `lat` >= 0 (LogAppendTime) is every record's
-    timestamp. Records before `lo` are stepped over by their length, none after `hi` is read: a
-    reader far behind wants a few hundred records of a batch of thousands (bench/RESULTS.md).
-    Raises ValueError for records that do not parse; nothing is returned then."""
-    cdef const uint8_t* b = &data[0]
-    cdef Py_ssize_t bend = pos + size, q0 = pos + HEADER_SIZE, rec_end, hq
-    cdef int64_t count, i, nh, h, base, first_ts, ts, off
-    cdef object key, value, cid, hname, hval
-    cdef list out = [], hl
-    cdef int qos
-    if size < HEADER_SIZE or bend > data.shape[0]:
-        raise ValueError("batch runs past the buffer")
-    base = 0
-    first_ts = 0
-    for i in range(8):
-        base = (base << 8) | b[pos + i]
-        first_ts = (first_ts << 8) | b[pos + 27 + i]
-    count = _batch_count(b, pos)
-    for i in range(count):
-        rec_end = _record_end(b, &q0, bend)
-        q0 += 1  # attributes
-        ts = _vget(b, &q0, rec_end)
-        off = base + _vget(b, &q0, rec_end)
-        if off < lo:
-            q0 = rec_end
-            continue
-        if off > hi:
-            break
-        key = _field(b, &q0, rec_end)
-        value = _field(b, &q0, rec_end)
-        nh = _vget(b, &q0, rec_end)
-        if nh < 0:
-            raise ValueError("negative header count")
-        qos = -1
-        cid = None
-        hl = None
-        if nh == 2:
-            # The common case, read in place: b"mqtt.qos" + one digit, b"mqtt.client_id" + bytes.
-            hq = q0
-            if (_vget(b, &hq, rec_end) == 8 and hq + 8 <= rec_end
-                    and memcmp(b + hq, PyBytes_AS_STRING(_H_QOS_NAME), 8) == 0):
-                hq += 8
-                if _vget(b, &hq, rec_end) == 1 and hq < rec_end and 0x30 <= b[hq] <= 0x32:
-                    qos = b[hq] - 0x30
-                    hq += 1
-                    if (_vget(b, &hq, rec_end) == 14 and hq + 14 <= rec_end
-                            and memcmp(b + hq, PyBytes_AS_STRING(_H_CID_NAME), 14) == 0):
-                        hq += 14
-                        cid = _field(b, &hq, rec_end)
-                        if cid is not None:
-                            q0 = hq
-                    if cid is None:
-                        qos = -1
-        if qos < 0:
-            hl = []
-            for h in range(nh):
-                hname = _field(b, &q0, rec_end)
-                if hname is None:
-                    raise ValueError("null header name")
-                hval = _field(b, &q0, rec_end)
-                hl.append(((<bytes>hname).decode("utf-8"), hval))
-        if q0 != rec_end:
-            raise ValueError("record length mismatch")
-        out.append((off, key, value, lat if lat >= 0 else first_ts + ts, qos, cid, hl))
-    return out
-
 
 
 # --- the cyclic garbage collector ------------------------------------------------------------------

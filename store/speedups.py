@@ -21,6 +21,7 @@ MODULES = (
     "mqtt_proxy.codec._cparser",
     "mqtt_proxy._cdelivery",
     "lightqueue._cblocks",
+    "lightqueue._cindex",
     "lightqueue._cresolve",
 )
 

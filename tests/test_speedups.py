@@ -53,6 +53,13 @@ def compiled_blocks() -> Any:
     return _cblocks
 
 
+def compiled_index() -> Any:
+    require_extensions()
+    from lightqueue import _cindex  # type: ignore[attr-defined]
+
+    return _cindex
+
+
 def compiled_resolve() -> Any:
     require_extensions()
     from lightqueue import _cresolve  # type: ignore[attr-defined]
@@ -65,7 +72,7 @@ def test_extensions_built_and_in_use() -> None:
     them (not the twins)."""
     sp, cp = compiled()
     assert mqtt_batches._build_records is sp.build_records
-    assert dispatcher._index_batch is sp.index_batch
+    assert dispatcher._index_batch is compiled_index().index_batch
     import mqtt_proxy.codec.parser as parser
 
     assert parser._walk is cp.walk
@@ -74,7 +81,7 @@ def test_extensions_built_and_in_use() -> None:
     assert mapping.murmur2 is sp.murmur2
     import lightqueue.resolver as resolver
 
-    assert resolver._decode_records is sp.decode_records
+    assert resolver._decode_records is compiled_resolve().decode_records
     import lightqueue._cblocks as cb
 
     import lightqueue.index_batch as index_batch
@@ -180,7 +187,7 @@ _record = st.tuples(
 )
 
 
-@pytest.mark.twin("store._speedups.decode_records")
+@pytest.mark.twin("lightqueue._cresolve.decode_records")
 @SETTINGS
 @given(
     st.lists(_record, min_size=1, max_size=30),
@@ -195,7 +202,7 @@ def test_decode_records_same_tuples(records: list[Any], base: int, lat: int, pad
     from lightqueue.resolver import _decode_records_py
 
     batch = pad + bytes(build_batch(records, base))
-    got = sp.decode_records(batch, len(pad), len(batch) - len(pad), lat)
+    got = compiled_resolve().decode_records(batch, len(pad), len(batch) - len(pad), lat)
     assert got == _decode_records_py(batch, len(pad), len(batch) - len(pad), lat)
     assert [r[0] for r in got] == list(range(base, base + len(records)))
     for r, (ts, key, value, hs) in zip(got, records, strict=True):
@@ -221,9 +228,9 @@ def test_decode_records_range(records: list[Any], base: int, lo: int, hi: int) -
     from lightqueue.resolver import _decode_records_py
 
     batch = bytes(build_batch(records, base))
-    whole = sp.decode_records(batch, 0, len(batch), -1)
+    whole = compiled_resolve().decode_records(batch, 0, len(batch), -1)
     want = [r for r in whole if base + lo <= r[0] <= base + hi]
-    assert sp.decode_records(batch, 0, len(batch), -1, base + lo, base + hi) == want
+    assert compiled_resolve().decode_records(batch, 0, len(batch), -1, base + lo, base + hi) == want
     assert _decode_records_py(batch, 0, len(batch), -1, base + lo, base + hi) == want
 
 
@@ -419,7 +426,7 @@ def test_resolve_cached_same_as_twin(
     sp, _ = compiled()
     cr = compiled_resolve()
     batch = bytes(build_batch(records, 0))
-    recs = sp.decode_records(batch, 0, len(batch), -1)
+    recs = compiled_resolve().decode_records(batch, 0, len(batch), -1)
     entries = [None if o is None else (("t", 0, o) if o % 7 else ("u", 1, o)) for o in wanted]
     outs = []
     for resolve, cache_records in ((resolve_cached_py, cache_records_py),
@@ -492,7 +499,7 @@ def test_resolve_records_same_as_twin(
     sp, _ = compiled()
     cr = compiled_resolve()
     batch = bytes(build_batch(records, 0))
-    recs = sp.decode_records(batch, 0, len(batch), -1)
+    recs = compiled_resolve().decode_records(batch, 0, len(batch), -1)
     recs = [r for r in recs if r[0] < 3 or r[0] >= 3 + gap]  # a hole in the records
     runs = {("t", 0): recs, ("u", 1): recs[: len(recs) // 2]}
     entries = [None if o is None else [("t", 0, o), ("u", 1, o), ("v", 2, o)][o % 3]
@@ -678,7 +685,7 @@ def _index_both(data: bytes, base: int, c: int, end: int, budget: int, gated: bo
     """Run both implementations on fresh queues; return what each did."""
     sp, _ = compiled()
     results = []
-    for fn in (dispatcher._index_batch_py, sp.index_batch):
+    for fn in (dispatcher._index_batch_py, compiled_index().index_batch):
         filt = Queue("f/#", 1, 1, 0, 0)
         qs: dict[bytes | None, Queue] = {}
         if gated:
@@ -704,7 +711,7 @@ def _index_both(data: bytes, base: int, c: int, end: int, budget: int, gated: bo
     return results
 
 
-@pytest.mark.twin("store._speedups.index_batch")
+@pytest.mark.twin("lightqueue._cindex.index_batch")
 @SETTINGS
 @given(
     st.lists(message, min_size=1, max_size=30),
@@ -816,6 +823,7 @@ def test_clean_removes_built_modules() -> None:
     assert "*.so" in clean and "_speedups.c" in clean and "_cparser.c" in clean
     assert "mqtt_proxy/*.so" in clean and "_cdelivery.c" in clean
     assert "lightqueue/*.so" in clean and "_cblocks.c" in clean and "_cresolve.c" in clean
+    assert "_cindex.c" in clean
     ignored = (ROOT / ".gitignore").read_text()
     assert "*.so" in ignored and "lightqueue/_cresolve.c" in ignored
 
@@ -845,7 +853,7 @@ def test_hot_objects_are_not_tracked_by_the_gc() -> None:
     q = Queue("f", 1, 1, 0, 0)
     q.watch = []
     data = bytes(build_batch([(1, b"k", b"v", [])] * 3, 40))
-    sp.index_batch(data, 0, len(data), 40, 0, 100, 0, 10, {}, lambda k: (q,), entry_head(1, 0),
+    compiled_index().index_batch(data, 0, len(data), 40, 0, 100, 0, 10, {}, lambda k: (q,), entry_head(1, 0),
                    1, [], None, "t", 0)  # fmt: skip
     assert q.watch == [("t", 0, 40), ("t", 0, 41), ("t", 0, 42)]
     assert not any(gc.is_tracked(e) for e in q.watch)
