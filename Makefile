@@ -59,5 +59,5 @@ bench-mqtt: $(STAMP)
 clean:
 	rm -rf $(VENV) data analytics .pytest_cache build
 	rm -f store/*.so mqtt_proxy/*.so mqtt_proxy/codec/*.so lightqueue/*.so store/_speedups.c store/_slots.c store/_fsync.c \
-		mqtt_proxy/codec/_cparser.c mqtt_proxy/_cdelivery.c lightqueue/_cblocks.c \
+		mqtt_proxy/codec/_cparser.c mqtt_proxy/_c*.c lightqueue/_cblocks.c \
 		lightqueue/_cindex.c lightqueue/_cresolve.c

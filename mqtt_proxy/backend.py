@@ -411,7 +411,7 @@ def from_recent_py(
 ) -> list[int]:
     """out[i] = the message of entries[i] found in the recent runs `parts` ((run base offsets,
     runs) per partition, bases ascending); returns the indexes of the entries not found. The
-    compiled twin is `_cdelivery.from_recent` (this loop was ~7 % of a QoS 0 fan-in)."""
+    compiled twin is `_cbackend.from_recent` (this loop was ~7 % of a QoS 0 fan-in)."""
     missing: list[int] = []
     run: list[MqttMessage] | None = None
     base = 0
@@ -437,7 +437,7 @@ def from_recent_py(
 
 _from_recent_runs = twin(
     from_recent_py,
-    "mqtt_proxy._cdelivery",
+    "mqtt_proxy._cbackend",
     "from_recent",
     what="entries -> the messages this proxy appended lately (its recent runs)",
 )

@@ -129,7 +129,7 @@ def publish_messages_py(
 ) -> tuple[list[MqttMessage], list[int], int]:
     """From `packets[i]` on, the plain PUBLISHes (QoS 0/1, not retained, no properties, topic
     not `$...`) as messages, until the first other one: (messages, the QoS 1 ones' packet ids,
-    its index or len(packets)). The pure twin of `mqtt_proxy._cdelivery.publish_messages`."""
+    its index or len(packets)). The pure twin of `mqtt_proxy._chandlers.publish_messages`."""
     msgs: list[MqttMessage] = []
     pids: list[int] = []
     n = len(packets)
@@ -146,7 +146,7 @@ def publish_messages_py(
 
 _publish_messages = twin(
     publish_messages_py,
-    "mqtt_proxy._cdelivery",
+    "mqtt_proxy._chandlers",
     "publish_messages",
     what="a read chunk's plain PUBLISHes as `MqttMessage`s",
 )

@@ -25,7 +25,7 @@ PUMP_BATCHES = 64  # reads of `read_batch` entries per reader per tick before yi
 
 
 class _CachedFields:
-    """The fields of `CachedMsg`: the pure-Python twin of `_cdelivery.CachedBase`."""
+    """The fields of `CachedMsg`: the pure-Python twin of `_cqueue_cache.CachedBase`."""
 
     __slots__ = (
         "topic",
@@ -65,14 +65,14 @@ class _CachedFields:
         self.alias0: tuple[int, bytes] | None = None  # QoS 0, v5, aliased, no topic: cached
 
 
-# The compiled fields and loops (_cdelivery.pyx), unless absent or disabled. The base is chosen
+# The compiled fields and loops (_cqueue_cache.pyx), unless absent or disabled. The base is chosen
 # once, at import: switching the twins later leaves CachedMsg's base as it is.
 if TYPE_CHECKING:
     _Base = _CachedFields
 else:
     _Base = twin(
         _CachedFields,
-        "mqtt_proxy._cdelivery",
+        "mqtt_proxy._cqueue_cache",
         "CachedBase",
         what="a cached message's fields (read from its slots)",
     )
@@ -168,7 +168,7 @@ def fill_cache_py(
 ) -> None:
     """cache[seq + i] = msgs[i] itself when its type is one of `raw_types` and it carries no
     properties, else cls(msgs[i]); None for a missing message or one on an internal topic
-    (`internal`, except the probes' `probe`). Twin of `_cdelivery.fill_cache`."""
+    (`internal`, except the probes' `probe`). Twin of `_cqueue_cache.fill_cache`."""
     for m in msgs:
         if m is None or (m.topic.startswith(internal) and not m.topic.startswith(probe)):
             cache[seq] = None
@@ -194,27 +194,27 @@ def cached_get(cache: dict[int, Cached], seq: int) -> CachedMsg | None:
 
 
 fill_cache = twin(
-    fill_cache_py, "mqtt_proxy._cdelivery", "fill_cache", what="a queue's cached messages"
+    fill_cache_py, "mqtt_proxy._cqueue_cache", "fill_cache", what="a queue's cached messages"
 )
 
 
 def cached_end_py(cache: dict[int, Cached], pos: int, limit: int) -> int:
     """The first sequence from `pos` (below `limit`) that `cache` does not hold, or `limit`.
-    Twin of `_cdelivery.cached_end`."""
+    Twin of `_cqueue_cache.cached_end`."""
     while pos < limit and pos in cache:
         pos += 1
     return pos
 
 
 cached_end = twin(
-    cached_end_py, "mqtt_proxy._cdelivery", "cached_end", what="where a queue's cached run ends"
+    cached_end_py, "mqtt_proxy._cqueue_cache", "cached_end", what="where a queue's cached run ends"
 )
 
 
 def evict_oldest_py(cache: dict[int, Cached], over: int, start: int) -> None:
     """Of the `over` oldest keys of `cache` (insertion order), delete those below `start` (a
     queue's cache held to its size, never what a reader is about to take). Twin of
-    `_cdelivery.evict_oldest`."""
+    `_cqueue_cache.evict_oldest`."""
     for k in list(islice(cache, over)):
         if k < start:
             del cache[k]
@@ -222,7 +222,7 @@ def evict_oldest_py(cache: dict[int, Cached], over: int, start: int) -> None:
 
 evict_oldest = twin(
     evict_oldest_py,
-    "mqtt_proxy._cdelivery",
+    "mqtt_proxy._cqueue_cache",
     "evict_oldest",
     what="a queue's cache held to its size",
 )

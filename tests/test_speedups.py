@@ -40,10 +40,16 @@ def compiled() -> tuple[Any, Any]:
 
 
 def compiled_delivery() -> Any:
+    """The compiled delivery loops, each from the module beside the pure one it speeds up."""
     require_extensions()
-    from mqtt_proxy import _cdelivery  # type: ignore[attr-defined]
+    import importlib
+    import types
 
-    return _cdelivery
+    names = ("_cqueue_cache", "_ccohorts", "_cqos1_run", "_chandlers", "_coutbound", "_cbackend")
+    mods = [importlib.import_module(f"mqtt_proxy.{n}") for n in names]
+    return types.SimpleNamespace(
+        **{k: getattr(m, k) for m in mods for k in dir(m) if not k.startswith("_")}
+    )
 
 
 def compiled_blocks() -> Any:
@@ -635,7 +641,7 @@ def test_group_by_slot_same_as_twin(topics: list[str], nslots: int, as_tuple: bo
         assert keys == [m.topic.encode() for m in msgs]
 
 
-@pytest.mark.twin("mqtt_proxy._cdelivery.cached_end")
+@pytest.mark.twin("mqtt_proxy._cqueue_cache.cached_end")
 @SETTINGS
 @given(st.sets(st.integers(0, 80)), st.integers(-5, 90), st.integers(0, 40))
 def test_cached_end_same_as_twin(held: set[int], pos: int, n: int) -> None:
@@ -664,7 +670,7 @@ def test_trim_below_same_as_twin(keys: list[int], low: int) -> None:
     assert list(a.items()) == list(b.items()) == [(k, str(k)) for k in keys if k >= low]
 
 
-@pytest.mark.twin("mqtt_proxy._cdelivery.evict_oldest")
+@pytest.mark.twin("mqtt_proxy._cqueue_cache.evict_oldest")
 @SETTINGS
 @given(st.lists(st.integers(0, 60), unique=True), st.integers(0, 70), st.integers(-5, 70))
 def test_evict_oldest_same_as_twin(keys: list[int], over: int, start: int) -> None:
@@ -821,7 +827,7 @@ def test_clean_removes_built_modules() -> None:
     text = (ROOT / "Makefile").read_text()
     clean = text[text.index("\nclean:") :]
     assert "*.so" in clean and "_speedups.c" in clean and "_cparser.c" in clean
-    assert "mqtt_proxy/*.so" in clean and "_cdelivery.c" in clean
+    assert "mqtt_proxy/*.so" in clean and "mqtt_proxy/_c*.c" in clean
     assert "lightqueue/*.so" in clean and "_cblocks.c" in clean and "_cresolve.c" in clean
     assert "_cindex.c" in clean
     ignored = (ROOT / ".gitignore").read_text()
@@ -889,7 +895,7 @@ _cached = st.one_of(  # as the proxy appended it (MqttMessage) or as read back (
 )  # fmt: skip
 
 
-@pytest.mark.twin("mqtt_proxy._cdelivery.fill_cache", "mqtt_proxy._cdelivery.qos0_run")
+@pytest.mark.twin("mqtt_proxy._cqueue_cache.fill_cache", "mqtt_proxy._ccohorts.qos0_run")
 @SETTINGS
 @example(  # found by this test: a message stamped after `now` kept its whole expiry, and more
     [MqttMessage("a", b"", 0, "", False, MqttProperties(message_expiry=3_195_455_668), 2**40)],
@@ -959,7 +965,7 @@ def test_delivery_cache_and_qos0_run_same_as_twins(
         assert len(got) == n
 
 
-@pytest.mark.twin("mqtt_proxy._cdelivery.CachedBase")
+@pytest.mark.twin("mqtt_proxy._cqueue_cache.CachedBase")
 @SETTINGS
 @given(st.builds(MqttMessage, **_mfields))
 def test_cached_base_same_fields_as_twin(m: MqttMessage) -> None:
@@ -1017,7 +1023,7 @@ def test_fsync_pool_same_as_python_threads(tmp_path: Path) -> None:
     assert got[0] == got[1] and got[0][0] is None and got[0][1] is not None
 
 
-@pytest.mark.twin("mqtt_proxy._cdelivery.qos1_run")
+@pytest.mark.twin("mqtt_proxy._cqos1_run.qos1_run")
 @SETTINGS
 @given(
     st.lists(_cached, max_size=30),
@@ -1101,7 +1107,7 @@ _publish = st.builds(
 )
 
 
-@pytest.mark.twin("mqtt_proxy._cdelivery.acks")
+@pytest.mark.twin("mqtt_proxy._coutbound.acks")
 @SETTINGS
 @given(st.sampled_from([4, 5]), st.lists(st.integers(1, 0xFFFF), max_size=300))
 @example(4, [1, 0xFF, 0x100, 0xFFFF])
@@ -1122,7 +1128,7 @@ def test_acks_same_as_twin(ptype: int, pids: list[int]) -> None:
             cd.acks(ptype, [*pids, bad])
 
 
-@pytest.mark.twin("mqtt_proxy._cdelivery.publish_messages")
+@pytest.mark.twin("mqtt_proxy._chandlers.publish_messages")
 @SETTINGS
 @given(st.lists(_publish, max_size=30), st.integers(0, 30), st.integers(0, 2**41))
 def test_publish_messages_same_as_twin(packets: list[Any], i: int, now_ms: int) -> None:
@@ -1150,7 +1156,7 @@ def test_publish_messages_same_as_twin(packets: list[Any], i: int, now_ms: int) 
         assert hash(m) == hash(w) and dataclasses.replace(m, qos=0) == dataclasses.replace(w, qos=0)
 
 
-@pytest.mark.twin("mqtt_proxy._cdelivery.from_recent")
+@pytest.mark.twin("mqtt_proxy._cbackend.from_recent")
 @SETTINGS
 @given(
     st.dictionaries(
