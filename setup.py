@@ -14,7 +14,8 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 SOURCES = {
-    "store._speedups": "store/_speedups.pyx",
+    "store._cmqtt_batches": "store/_cmqtt_batches.pyx",
+    "store._cmapping": "store/_cmapping.pyx",
     "store._slots": "store/_slots.pyx",
     "store._fsync": "store/_fsync.pyx",
     "mqtt_proxy.codec._cparser": "mqtt_proxy/codec/_cparser.pyx",

@@ -4,7 +4,7 @@
 
 Fan-in's shape: 64-byte QoS 0 PUBLISHes from 10 clients on 10 topics, MQTT 3.1.1. Stages:
 parse (`Parser.feed` on 64 KiB chunks: `_walk` vs `_cparser.walk`), record building (one batch:
-`_build_records_py`, i.e. aiokafka's Cython builder, vs `_speedups.build_records`), dispatch
+`_build_records_py`, i.e. aiokafka's Cython builder, vs `store/_cmqtt_batches.build_records`), dispatch
 (one batch into an exact and a filter queue: `_index_batch_py`, i.e. aiokafka's Cython reader +
 the Python loop, vs `lightqueue/_cindex.index_batch`). Best of `--repeat`.
 """
@@ -43,7 +43,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=5000)
     ap.add_argument("--repeat", type=int, default=15)
     a = ap.parse_args()
-    sp, cp = load("store._speedups"), load("mqtt_proxy.codec._cparser")
+    sp, cp = load("store._cmqtt_batches"), load("mqtt_proxy.codec._cparser")
     ci = load("lightqueue._cindex")
     if sp is None or cp is None or ci is None:
         sys.exit("compiled modules not built (pip install -e . / setup.py build_ext --inplace)")

@@ -1,5 +1,5 @@
 """One record batch into light-queue entries: the pure-Python twin of the compiled
-`store._speedups.index_batch`, and the record reader the dispatcher and backfill share.
+`lightqueue._cindex.index_batch`, and the record reader the dispatcher and backfill share.
 
 The dispatcher (dispatcher.py) calls `_index_batch` (the compiled one when built) per batch of a
 round; the twin also takes the batches the compiled path does not (compressed ones, and records
@@ -59,7 +59,7 @@ def _index_batch_py(
     per target queue of the record's key, `ehead` (topic id, partition) + the offset, appended to
     the queue's round buffer (`Queue.buf`; the dispatcher writes it as a block). Returns (the
     offset where `budget` ran out, or -1; records indexed so far, `n` included). Decodes every
-    record before indexing any (a batch that does not decode raises, untouched). Twin of `store._speedups.index_batch`, which has no
+    record before indexing any (a batch that does not decode raises, untouched). Twin of `lightqueue._cindex.index_batch`, which has no
     `derive`: the records carrying MQTT's retain header are handed to it (log = "kafka")."""
     try:
         recs = list(records_of(data, pos, size))

@@ -3,7 +3,7 @@
 Entries of one read usually sit close together in few partitions, so they are grouped by
 partition, sorted, and each run of nearby offsets is fetched with one `Store.read` sized to the
 run (estimated from the partition's observed record size). Every record of the fetched batches is
-kept (oldest decoded evicted first) as the tuple `store._speedups.decode_records` makes of it
+kept (oldest decoded evicted first) as the tuple `lightqueue._cresolve.decode_records` makes of it
 (compiled: one pass over the batch, the two headers of a plain PUBLISH read in place, no header
 list; its pure-Python twin `_decode_records_py` goes through aiokafka's reader); the MQTT view
 (topic, headers → properties) is built only for records someone asks for, then cached in its
@@ -214,7 +214,7 @@ def _span(data: bytes) -> int:
     return max(1, last - first + 1)
 
 
-# (offset, key, value, timestamp, qos, client id, headers): see store._speedups.decode_records
+# (offset, key, value, timestamp, qos, client id, headers): see lightqueue._cresolve.decode_records
 RecordTuple = tuple[int, bytes | None, bytes | None, int, int, bytes | None, list[Any] | None]
 
 
@@ -222,7 +222,7 @@ def _decode_records_py(
     data: Any, pos: int, size: int, lat: int, lo: int = -1, hi: int = _NO_END
 ) -> list[RecordTuple]:
     """The records of the batch at `data[pos:pos+size]` (any compression) with offsets in
-    [lo, hi], as the compiled `store._speedups.decode_records` returns them for an uncompressed
+    [lo, hi], as the compiled `lightqueue._cresolve.decode_records` returns them for an uncompressed
     one."""
     if not HEADER.unpack_from(data, pos)[5] & COMPRESSION_MASK and _CReader is not None:
         recs: Any = _CReader(bytes(data[pos : pos + size]))

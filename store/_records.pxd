@@ -1,6 +1,6 @@
 # Reading Kafka RecordBatch v2 records in C (store/record_batch.py has the format): inline helpers
 # shared by the compiled readers that walk records in place (lightqueue/_cindex.pyx,
-# lightqueue/_cresolve.pyx) and the builder (store/_speedups.pyx). Header only: nothing is built.
+# lightqueue/_cresolve.pyx) and the builder (store/_cmqtt_batches.pyx). Header only: nothing is built.
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from libc.stdint cimport int64_t, uint8_t, uint64_t
 

@@ -37,7 +37,7 @@ cdef bint learn_slots(type cls, tuple fields, Py_ssize_t* off, bint prefix=False
 
 
 # MqttMessage's fields, in __init__'s order: `_chandlers.publish_messages` fills their slots in
-# place; `_cqueue_cache.fill_cache` and `_speedups.build_records` read them in place from a
+# place; `_cqueue_cache.fill_cache` and `_cmqtt_batches.build_records` read them in place from a
 # MqttMessage or a StoredMessage (whose first fields they are): seven attribute lookups were half
 # of fill_cache's time per message, and of build_records' (a generic getattr each).
 MESSAGE_FIELDS = ("topic", "payload", "qos", "client_id", "retain", "properties", "timestamp_ms")

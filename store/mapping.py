@@ -174,7 +174,7 @@ def is_valid_mqtt_topic(topic: str) -> bool:
 
 def murmur2_py(data: bytes) -> int:
     """Kafka's `Utils.murmur2` (signed 32-bit result), bit for bit (the reference of the
-    compiled `store._speedups.murmur2`, bound to `murmur2` at the end of this module)."""
+    compiled `store._cmapping.murmur2`, bound to `murmur2` at the end of this module)."""
     length = len(data)
     m = 0x5BD1E995
     h = (0x9747B28C ^ length) & 0xFFFFFFFF
@@ -312,9 +312,9 @@ def mqtt_view(
     return MqttView(topic, qos, client_id, retain, props)
 
 
-# Last: store._speedups imports this module (headers_for), so `twin` loads it once all is defined.
+# The compiled hash (store/_cmapping.pyx) unless absent or disabled: the same values.
 murmur2: Callable[[bytes], int] = twin(
-    murmur2_py, "store._speedups", "murmur2", what="Kafka's key hash"
+    murmur2_py, "store._cmapping", "murmur2", what="Kafka's key hash"
 )
 _murmur2 = murmur2
 
@@ -330,7 +330,7 @@ def _keep_tracked(msgs: list[MqttMessage]) -> None:
 # fan-in run, about half of it middle collections over surviving messages (bench/RESULTS.md).
 untrack_messages: Callable[[list[MqttMessage]], None] = twin(
     _keep_tracked,
-    "store._speedups",
+    "store._cmapping",
     "untrack",
     what="fan-in's messages out of the cyclic GC's reach (they can hold no cycle)",
 )

@@ -57,7 +57,7 @@ def group_by_slot_py(
     messages: Sequence[MqttMessage], route: Route
 ) -> tuple[dict[Any, list[int]], list[bytes]]:
     """The partition groups of an append (slot -> indexes into `messages`, in order) and each
-    message's key; routes once per topic. The pure twin of `store._speedups.group_by_slot` (a
+    message's key; routes once per topic. The pure twin of `store._cmqtt_batches.group_by_slot` (a
     Python loop per message here was ~5 % of fan-in)."""
     groups: dict[Any, list[int]] = {}
     keys: list[bytes] = []
@@ -85,7 +85,7 @@ def _build_records_py(
     max_bytes: int,
 ) -> tuple[bytes | bytearray, int, int]:
     """One batch of `messages[idxs[j]]` from j0 while under `max_bytes`: (batch, next j, max
-    timestamp). The reference of `store._speedups.build_records` (same bytes)."""
+    timestamp). The reference of `store._cmqtt_batches.build_records` (same bytes)."""
     b = _CBuilder(2, 0, 0, -1, -1, -1, 1 << 62) if _CBuilder is not None else None
     recs = []
     total = len(idxs)
@@ -116,16 +116,16 @@ def _build_records_py(
     return (b.build() if b is not None else build_batch(recs)), j, max_ts
 
 
-# The compiled loops (store/_speedups.pyx) unless absent or disabled: the same bytes.
+# The compiled loops (store/_cmqtt_batches.pyx) unless absent or disabled: the same bytes.
 _group_by_slot = twin(
     group_by_slot_py,
-    "store._speedups",
+    "store._cmqtt_batches",
     "group_by_slot",
     what="an append's messages grouped by partition, each message's key",
 )
 _build_records = twin(
     _build_records_py,
-    "store._speedups",
+    "store._cmqtt_batches",
     "build_records",
     what="one RecordBatch v2 of MQTT messages (a message's fields read from its slots)",
 )

@@ -15,7 +15,8 @@ from types import ModuleType
 
 DISABLED = os.environ.get("LIGHTGATE_NO_EXTENSIONS", "") not in ("", "0")
 MODULES = (
-    "store._speedups",
+    "store._cmqtt_batches",
+    "store._cmapping",
     "store._fsync",
     "store._slots",
     "mqtt_proxy.codec._cparser",

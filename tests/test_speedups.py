@@ -1,6 +1,7 @@
-"""The compiled hot loops (store/_speedups.pyx, mqtt_proxy/codec/_cparser.pyx) are built and in
-use, are switched off by LIGHTGATE_NO_EXTENSIONS=1, and compute exactly what their pure-Python
-twins compute (same batch bytes, same light-queue entries, same packets and errors)."""
+"""The compiled hot loops (store.speedups.MODULES, each pair registered with store.twins) are
+built and in use, are switched off by LIGHTGATE_NO_EXTENSIONS=1, sit beside the pure module they
+speed up, and compute exactly what their pure-Python twins compute (same batch bytes, same
+light-queue entries, same packets and errors): each pair has a test here marked with its name."""
 
 from __future__ import annotations
 
@@ -32,11 +33,18 @@ SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=list(
 
 
 def compiled() -> tuple[Any, Any]:
+    """(store's compiled loops: the batch builder's and mapping's, as one namespace; the parser's)."""
     require_extensions()
-    from mqtt_proxy.codec import _cparser  # type: ignore[attr-defined]
-    from store import _speedups  # type: ignore[attr-defined]
+    import types
 
-    return _speedups, _cparser
+    from mqtt_proxy.codec import _cparser  # type: ignore[attr-defined]
+    from store import _cmapping, _cmqtt_batches  # type: ignore[attr-defined]
+
+    store_loops = types.SimpleNamespace(
+        **{k: getattr(m, k) for m in (_cmqtt_batches, _cmapping) for k in dir(m)
+           if not k.startswith("_")}
+    )  # fmt: skip
+    return store_loops, _cparser
 
 
 def compiled_delivery() -> Any:
@@ -102,7 +110,7 @@ def test_extensions_built_and_in_use() -> None:
     assert resolver._cache_records is cr.cache_records and resolver._evict is cr.evict
     assert resolver._group_offsets is cr.group_offsets
     assert resolver._resolve_records is cr.resolve_records
-    assert sp.__file__.endswith(".so") and cp.__file__.endswith(".so")
+    assert cp.__file__.endswith(".so")
     import mqtt_proxy.cohorts as cohorts
     import mqtt_proxy.queue_cache as queue_cache
 
@@ -166,6 +174,19 @@ def test_every_twin_has_an_equivalence_test() -> None:
     registered = {t.key for t in import_all()}
     assert registered - marked == set(), "compiled twins without an equivalence test"
     assert marked - registered == set(), "marked twins that are not registered"
+
+
+def test_each_compiled_module_sits_beside_the_one_module_it_speeds_up() -> None:
+    """All pure twins of a compiled module live in one module, in the same package: the
+    compiled code of a component is found next to it, and moves with it."""
+    homes: dict[str, set[str]] = {}
+    for t in import_all():
+        home = t.site if t.pure is None else t.pure.__module__
+        homes.setdefault(t.module, set()).add(home)
+    for module, pure_modules in homes.items():
+        assert len(pure_modules) == 1, f"{module} speeds up {sorted(pure_modules)}"
+        (pure_module,) = pure_modules
+        assert module.rpartition(".")[0] == pure_module.rpartition(".")[0], (module, pure_module)
 
 
 def test_twins_table_in_docs_is_generated() -> None:
@@ -535,7 +556,7 @@ def test_resolve_records_same_as_twin(
     assert outs[0] == outs[1]
 
 
-@pytest.mark.twin("store._speedups.murmur2")
+@pytest.mark.twin("store._cmapping.murmur2")
 @SETTINGS
 @given(st.binary(max_size=80))
 def test_murmur2_same_hash(key: bytes) -> None:
@@ -578,7 +599,7 @@ class _AttrMessage:
         self.timestamp_ms = m.timestamp_ms
 
 
-@pytest.mark.twin("store._speedups.build_records")
+@pytest.mark.twin("store._cmqtt_batches.build_records")
 @SETTINGS
 @given(st.lists(message, min_size=1, max_size=40), st.sampled_from([1, 200, 1 << 20]))
 def test_build_records_same_bytes(msgs: list[MqttMessage], max_bytes: int) -> None:
@@ -599,7 +620,7 @@ def test_build_records_same_bytes(msgs: list[MqttMessage], max_bytes: int) -> No
         j0 = ja
 
 
-@pytest.mark.twin("store._speedups.group_by_slot")
+@pytest.mark.twin("store._cmqtt_batches.group_by_slot")
 @SETTINGS
 @given(
     st.lists(st.sampled_from(["a", "a/b", "b/c", "bad", "x" * 300]), max_size=40),
@@ -826,7 +847,7 @@ def test_clean_removes_built_modules() -> None:
     """`make clean` deletes what `pip install -e .` builds into the source tree."""
     text = (ROOT / "Makefile").read_text()
     clean = text[text.index("\nclean:") :]
-    assert "*.so" in clean and "_speedups.c" in clean and "_cparser.c" in clean
+    assert "*.so" in clean and "store/_c*.c" in clean and "_cparser.c" in clean
     assert "mqtt_proxy/*.so" in clean and "mqtt_proxy/_c*.c" in clean
     assert "lightqueue/*.so" in clean and "_cblocks.c" in clean and "_cresolve.c" in clean
     assert "_cindex.c" in clean
@@ -834,7 +855,7 @@ def test_clean_removes_built_modules() -> None:
     assert "*.so" in ignored and "lightqueue/_cresolve.c" in ignored
 
 
-@pytest.mark.twin("store._speedups.untrack")
+@pytest.mark.twin("store._cmapping.untrack")
 def test_hot_objects_are_not_tracked_by_the_gc() -> None:
     """What fan-in makes per message holds no object that could close a reference cycle, so the
     compiled paths take it off the cyclic GC's lists (before: ~10 % of a fan-in run's CPU in

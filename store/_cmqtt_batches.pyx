@@ -1,20 +1,15 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
-"""Compiled hot loops of the store side of MQTT fan-in (the pure-Python twins are the reference).
+"""The compiled half of the MQTT batch builder (`store/mqtt_batches.py` holds the pure twins;
+the tests run both):
+
+* `build_records` - `_build_records_py`: one uncompressed RecordBatch v2 of MQTT messages (the
+  bytes aiokafka's builder and `record_batch.build_batch` write), a message's fields read from
+  its slots;
+* `group_by_slot` - `group_by_slot_py`: an append's partition groups and each message's key.
 
 Built at install time (setup.py, optional: a machine without a C compiler gets the pure-Python
-path); `LIGHTGATE_NO_EXTENSIONS=1` makes `store.twins.twin` choose the twins. Each function here
-has a pure-Python twin with the same signature and results, and the tests run both:
-
-* `build_records` - `store.mqtt_batches._build_records_py`: one uncompressed RecordBatch v2 of
-  MQTT messages (the bytes aiokafka's builder and `record_batch.build_batch` write);
-* `group_by_slot` - `store.mqtt_batches.group_by_slot_py`: an append's partition groups;
-* `murmur2` - `store.mapping.murmur2_py`: Kafka's key hash (a device event per connect and
-  disconnect is partitioned by client id);
-* `untrack` - `store.mapping._keep_tracked` (Python cannot untrack an object; the collector
-  just does more work).
-
-The record readers of lightqueue are beside it (`lightqueue/_cindex.pyx`, `_cresolve.pyx`);
-the helpers all of them share are inline in `store/_records.pxd`.
+path); `LIGHTGATE_NO_EXTENSIONS=1` makes `store.twins.twin` choose the twins. The record helpers
+it shares with lightqueue's compiled readers are inline in `store/_records.pxd`.
 """
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
@@ -25,19 +20,14 @@ from cpython.bytearray cimport (
     PyByteArray_Resize,
 )
 from cpython.unicode cimport PyUnicode_AsUTF8String
-from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
+from libc.stdint cimport int64_t, uint8_t, uint64_t
 from libc.stdlib cimport free, malloc, realloc
-from libc.string cimport memcmp, memcpy
+from libc.string cimport memcpy
 
 from cpython.object cimport PyObject
 
 from store._records cimport ATTRIBUTES_OFFSET, HEADER_SIZE, _be
 from store._slots cimport message_slots
-
-cdef extern from "Python.h":
-    void PyObject_GC_UnTrack(void* op)
-    bint PyObject_GC_IsTracked(object op)
-
 
 import crc32c as _crc32c
 
@@ -260,44 +250,3 @@ def build_records(object messages, list idxs, Py_ssize_t j0, list keys, int64_t 
     crc = _crc(memoryview(out)[ATTRIBUTES_OFFSET:])
     _be(<uint8_t*>PyByteArray_AS_STRING(out) + 17, <uint64_t>crc, 4)
     return out, j, max_ts
-
-
-# --- Kafka's murmur2 --------------------------------------------------------------------------
-
-def murmur2(const uint8_t[::1] data):
-    """Kafka's `Utils.murmur2` (signed 32-bit result), bit for bit."""
-    cdef Py_ssize_t length = data.shape[0], n4 = length & ~3, i
-    cdef uint32_t m = 0x5BD1E995, k
-    cdef uint32_t h = <uint32_t>0x9747B28C ^ <uint32_t>length
-    for i in range(0, n4, 4):
-        k = (<uint32_t>data[i] | (<uint32_t>data[i + 1] << 8) | (<uint32_t>data[i + 2] << 16)
-             | (<uint32_t>data[i + 3] << 24))
-        k *= m
-        k ^= k >> 24
-        k *= m
-        h = (h * m) ^ k
-    cdef Py_ssize_t extra = length & 3
-    if extra == 3:
-        h ^= <uint32_t>data[n4 + 2] << 16
-    if extra >= 2:
-        h ^= <uint32_t>data[n4 + 1] << 8
-    if extra >= 1:
-        h ^= data[n4]
-        h *= m
-    h ^= h >> 13
-    h *= m
-    h ^= h >> 15
-    return <int32_t>h
-
-
-# --- the cyclic garbage collector ------------------------------------------------------------------
-
-
-
-def untrack(list objs):
-    """Take `objs` off the cyclic garbage collector's lists (see store.mapping.untrack_messages:
-    only for objects that cannot be part of a reference cycle)."""
-    cdef object o
-    for o in objs:
-        if PyObject_GC_IsTracked(o):
-            PyObject_GC_UnTrack(<void*>o)
