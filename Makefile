@@ -16,7 +16,7 @@ $(BIN)/python:
 	$(BIN)/python -m pip install -q --upgrade pip setuptools wheel
 
 # Re-installed (and the Cython modules rebuilt) when the dependencies or a .pyx change.
-$(STAMP): pyproject.toml setup.py $(wildcard */*.pyx */*/*.pyx) | $(BIN)/python
+$(STAMP): pyproject.toml setup.py $(wildcard */*.pyx */*/*.pyx */*.pxd) | $(BIN)/python
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $(STAMP)
 
@@ -58,6 +58,6 @@ bench-mqtt: $(STAMP)
 # clean also removes what `pip install -e .` compiled in place (setup.py: the Cython modules).
 clean:
 	rm -rf $(VENV) data analytics .pytest_cache build
-	rm -f store/*.so mqtt_proxy/*.so mqtt_proxy/codec/*.so lightqueue/*.so store/_speedups.c store/_slots.c store/_fsync.c \
-		mqtt_proxy/codec/_cparser.c mqtt_proxy/_cdelivery.c lightqueue/_cblocks.c \
-		lightqueue/_cresolve.c
+	rm -f store/*.so mqtt_proxy/*.so mqtt_proxy/codec/*.so lightqueue/*.so store/_c*.c store/_slots.c store/_fsync.c \
+		mqtt_proxy/codec/_cparser.c mqtt_proxy/_c*.c lightqueue/_cblocks.c \
+		lightqueue/_cindex.c lightqueue/_cresolve.c

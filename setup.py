@@ -14,12 +14,19 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 SOURCES = {
-    "store._speedups": "store/_speedups.pyx",
+    "store._cmqtt_batches": "store/_cmqtt_batches.pyx",
+    "store._cmapping": "store/_cmapping.pyx",
     "store._slots": "store/_slots.pyx",
     "store._fsync": "store/_fsync.pyx",
     "mqtt_proxy.codec._cparser": "mqtt_proxy/codec/_cparser.pyx",
-    "mqtt_proxy._cdelivery": "mqtt_proxy/_cdelivery.pyx",
+    "mqtt_proxy._cqueue_cache": "mqtt_proxy/_cqueue_cache.pyx",
+    "mqtt_proxy._ccohorts": "mqtt_proxy/_ccohorts.pyx",
+    "mqtt_proxy._cqos1_run": "mqtt_proxy/_cqos1_run.pyx",
+    "mqtt_proxy._chandlers": "mqtt_proxy/_chandlers.pyx",
+    "mqtt_proxy._coutbound": "mqtt_proxy/_coutbound.pyx",
+    "mqtt_proxy._cbackend": "mqtt_proxy/_cbackend.pyx",
     "lightqueue._cblocks": "lightqueue/_cblocks.pyx",
+    "lightqueue._cindex": "lightqueue/_cindex.pyx",
     "lightqueue._cresolve": "lightqueue/_cresolve.pyx",
 }
 

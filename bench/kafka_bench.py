@@ -163,7 +163,7 @@ async def raw_fetch(port: int, args: argparse.Namespace, hwms: list[int]) -> dic
     """Fetch v4 on one connection, pipelined 4 deep; counts record bytes without decoding them."""
     from aiokafka.protocol.fetch import FetchRequest_v4, FetchResponse_v4
 
-    from store.kafka.producers import iter_batch_headers
+    from store.record_batch import iter_batch_headers
 
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     next_off = [0] * args.partitions

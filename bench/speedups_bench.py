@@ -4,9 +4,9 @@
 
 Fan-in's shape: 64-byte QoS 0 PUBLISHes from 10 clients on 10 topics, MQTT 3.1.1. Stages:
 parse (`Parser.feed` on 64 KiB chunks: `_walk` vs `_cparser.walk`), record building (one batch:
-`_build_records_py`, i.e. aiokafka's Cython builder, vs `_speedups.build_records`), dispatch
+`_build_records_py`, i.e. aiokafka's Cython builder, vs `store/_cmqtt_batches.build_records`), dispatch
 (one batch into an exact and a filter queue: `_index_batch_py`, i.e. aiokafka's Cython reader +
-the Python loop, vs `_speedups.index_batch`). Best of `--repeat`.
+the Python loop, vs `lightqueue/_cindex.index_batch`). Best of `--repeat`.
 """
 
 from __future__ import annotations
@@ -43,8 +43,9 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=5000)
     ap.add_argument("--repeat", type=int, default=15)
     a = ap.parse_args()
-    sp, cp = load("store._speedups"), load("mqtt_proxy.codec._cparser")
-    if sp is None or cp is None:
+    sp, cp = load("store._cmqtt_batches"), load("mqtt_proxy.codec._cparser")
+    ci = load("lightqueue._cindex")
+    if sp is None or cp is None or ci is None:
         sys.exit("compiled modules not built (pip install -e . / setup.py build_ext --inplace)")
     n = a.n
     msgs = [
@@ -58,7 +59,7 @@ def main() -> None:
     chunks = [stream[i : i + 65536] for i in range(0, len(stream), 65536)]
 
     def parse(walk: Any) -> None:
-        parser._cwalk = walk
+        parser._walk = walk
         p = Parser(version=4)
         for c in chunks:
             p.feed(c)
@@ -78,11 +79,11 @@ def main() -> None:
            1, [], None, "t", 0)  # fmt: skip
 
     rows = [
-        ("parse (Parser.feed, 64 KiB chunks)", lambda: parse(None), lambda: parse(cp.walk)),
+        ("parse (Parser.feed, 64 KiB chunks)", lambda: parse(Parser._walk), lambda: parse(cp.walk)),
         ("record building (one batch)", lambda: build(mqtt_batches._build_records_py),
          lambda: build(sp.build_records)),
         ("dispatch (one batch, 2 queues)", lambda: index(dispatcher._index_batch_py),
-         lambda: index(sp.index_batch)),
+         lambda: index(ci.index_batch)),
     ]  # fmt: skip
     print(f"n={n}, best of {a.repeat}, µs per message")
     print("| stage | pure-Python twin | compiled | ratio |")

@@ -6,7 +6,11 @@ install time with the other extensions (store.speedups explains).
   cache, a plain PUBLISH record's `StoredMessage` allocated and its slots filled in place (the
   dataclass __init__ was most of the 1.1 us per message of `Resolver._message`);
 * `cache_records` - `resolver.cache_records_py`: a decoded batch's records into that cache;
-* `evict` - `resolver.evict_py`: its oldest records out, in the order they were decoded.
+* `evict` - `resolver.evict_py`: its oldest records out, in the order they were decoded;
+* `group_offsets`, `resolve_records` - their `_py` twins: a cold read, straight from the
+  records read;
+* `decode_records` - `resolver._decode_records_py`: the records of one uncompressed batch,
+  the two headers of a plain MQTT PUBLISH read in place (what fills the cache above).
 
 A subscriber far behind its queue (a QoS 1 reader of a fan-in) reads every message this way.
 """
@@ -17,6 +21,10 @@ from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF
 
+from libc.stdint cimport int64_t, uint8_t
+from libc.string cimport memcmp
+
+from store._records cimport HEADER_SIZE, _batch_count, _field, _record_end, _vget
 from store._slots cimport learn_slots
 
 
@@ -222,3 +230,83 @@ cdef inline bint _same(tuple key, tuple et) except -1:
 
 cdef inline long long _off_of(list run, Py_ssize_t j) except? -1:
     return (<tuple?>PyList_GET_ITEM(run, j))[0]
+
+
+# --- decoding a batch's records ------------------------------------------------------------------
+
+cdef bytes _H_QOS_NAME = b"mqtt.qos"
+cdef bytes _H_CID_NAME = b"mqtt.client_id"
+
+
+def decode_records(const uint8_t[::1] data, Py_ssize_t pos, Py_ssize_t size, int64_t lat,
+                   int64_t lo=-1, int64_t hi=0x7FFFFFFFFFFFFFFF):
+    """The records of the uncompressed batch at `data[pos:pos+size]` with offsets in [lo, hi],
+    as tuples (offset, key, value, timestamp, qos, client id, headers): a record with exactly
+    the two headers of a plain MQTT PUBLISH (mqtt.qos "0"-"2", mqtt.client_id not null) has its
+    QoS and client id bytes and headers None; any other has qos -1, client id None and its
+    headers as [(name str, value bytes | None)]. `lat` >= 0 (LogAppendTime) is every record's
+    timestamp. Records before `lo` are stepped over by their length, none after `hi` is read: a
+    reader far behind wants a few hundred records of a batch of thousands
+    (docs/performance-history.md).
+    Raises ValueError for records that do not parse; nothing is returned then."""
+    cdef const uint8_t* b = &data[0]
+    cdef Py_ssize_t bend = pos + size, q0 = pos + HEADER_SIZE, rec_end, hq
+    cdef int64_t count, i, nh, h, base, first_ts, ts, off
+    cdef object key, value, cid, hname, hval
+    cdef list out = [], hl
+    cdef int qos
+    if size < HEADER_SIZE or bend > data.shape[0]:
+        raise ValueError("batch runs past the buffer")
+    base = 0
+    first_ts = 0
+    for i in range(8):
+        base = (base << 8) | b[pos + i]
+        first_ts = (first_ts << 8) | b[pos + 27 + i]
+    count = _batch_count(b, pos)
+    for i in range(count):
+        rec_end = _record_end(b, &q0, bend)
+        q0 += 1  # attributes
+        ts = _vget(b, &q0, rec_end)
+        off = base + _vget(b, &q0, rec_end)
+        if off < lo:
+            q0 = rec_end
+            continue
+        if off > hi:
+            break
+        key = _field(b, &q0, rec_end)
+        value = _field(b, &q0, rec_end)
+        nh = _vget(b, &q0, rec_end)
+        if nh < 0:
+            raise ValueError("negative header count")
+        qos = -1
+        cid = None
+        hl = None
+        if nh == 2:
+            # The common case, read in place: b"mqtt.qos" + one digit, b"mqtt.client_id" + bytes.
+            hq = q0
+            if (_vget(b, &hq, rec_end) == 8 and hq + 8 <= rec_end
+                    and memcmp(b + hq, PyBytes_AS_STRING(_H_QOS_NAME), 8) == 0):
+                hq += 8
+                if _vget(b, &hq, rec_end) == 1 and hq < rec_end and 0x30 <= b[hq] <= 0x32:
+                    qos = b[hq] - 0x30
+                    hq += 1
+                    if (_vget(b, &hq, rec_end) == 14 and hq + 14 <= rec_end
+                            and memcmp(b + hq, PyBytes_AS_STRING(_H_CID_NAME), 14) == 0):
+                        hq += 14
+                        cid = _field(b, &hq, rec_end)
+                        if cid is not None:
+                            q0 = hq
+                    if cid is None:
+                        qos = -1
+        if qos < 0:
+            hl = []
+            for h in range(nh):
+                hname = _field(b, &q0, rec_end)
+                if hname is None:
+                    raise ValueError("null header name")
+                hval = _field(b, &q0, rec_end)
+                hl.append(((<bytes>hname).decode("utf-8"), hval))
+        if q0 != rec_end:
+            raise ValueError("record length mismatch")
+        out.append((off, key, value, lat if lat >= 0 else first_ts + ts, qos, cid, hl))
+    return out

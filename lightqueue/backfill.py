@@ -36,7 +36,7 @@ from lightqueue.topic_trie import topic_matches
 from store import OffsetOutOfRangeError
 from store.backend import FetchPending, LogBackend
 from store.mapping import escape_level
-from store.record_batch import CONTROL_MASK, HEADER, TRANSACTIONAL_MASK, iter_batches
+from store.record_batch import BatchWalk
 
 if TYPE_CHECKING:
     from lightqueue.db import Queue
@@ -167,33 +167,27 @@ class Backfill:
             match.clear()
         n = 0
         aborted = aborted_check(self.lq.store)
-        for pos, size in iter_batches(data):
-            h = HEADER.unpack_from(data, pos)
-            base, last = h[0], h[0] + h[6]
-            if last < c:
-                continue
-            if base >= end:
-                break
-            if not h[5] & CONTROL_MASK and not (
-                h[5] & TRANSACTIONAL_MASK and aborted(t, p, h[9], base)
-            ):  # markers and aborted transactions are not delivered (the dispatcher's rule)
-                for r in records_of(data, pos, size):
-                    off = r.offset
-                    if off < c:
-                        continue
-                    if off >= end:
-                        break
-                    if n >= budget:
-                        return off, n
-                    key = r.key
-                    m = match.get((t, key))
-                    if m is None:
-                        m = match[(t, key)] = topic_matches(filt, mqtt_topic_of(t, key))
-                    if m:
-                        if q.buf is None:
-                            q.buf = bytearray()
-                        q.buf += ehead + pack_u64(off)
-                        q.next += 1
-                    n += 1
-            c = min(last + 1, end)
-        return c, n
+        # Markers and aborted transactions are not delivered (the dispatcher's rule).
+        walk = BatchWalk(
+            data, c, end, skip_control=True, aborted=lambda pid, o: aborted(t, p, pid, o)
+        )
+        for _h, pos, size in walk:
+            for r in records_of(data, pos, size):
+                off = r.offset
+                if off < c:
+                    continue
+                if off >= end:
+                    break
+                if n >= budget:
+                    return off, n
+                key = r.key
+                m = match.get((t, key))
+                if m is None:
+                    m = match[(t, key)] = topic_matches(filt, mqtt_topic_of(t, key))
+                if m:
+                    if q.buf is None:
+                        q.buf = bytearray()
+                    q.buf += ehead + pack_u64(off)
+                    q.next += 1
+                n += 1
+        return walk.next_offset, n

@@ -49,12 +49,16 @@ from lightqueue.keys import (
     unpack_u32,
     unpack_u64,
 )
-from store.speedups import load
+from store.twins import twin
 
 log = logging.getLogger("lightgate.lightqueue")
 
-_cb = load("lightqueue._cblocks")
-_encode_block = encode_block_py if _cb is None else _cb.encode_block
+_encode_block = twin(
+    encode_block_py,
+    "lightqueue._cblocks",
+    "encode_block",
+    what="a block value from a round's entries",
+)
 
 LIGHTQUEUE_DIR = "lightqueue"  # under the data dir
 

@@ -58,12 +58,12 @@ from store.backend import FetchPending, LogBackend
 from store.latency import LatencyHistogram
 from store.mapping import PROBE_TOPIC, mqtt_view
 from store.record_batch import (
+    BH_ATTRIBUTES,
+    BH_BASE_OFFSET,
+    BH_LAST_OFFSET_DELTA,
     COMPRESSION_MASK,
-    CONTROL_MASK,
-    HEADER,
-    TRANSACTIONAL_MASK,
+    BatchWalk,
     InvalidRecordError,
-    iter_batches,
 )
 
 log = logging.getLogger("lightgate.lightqueue.dispatch")
@@ -467,18 +467,15 @@ class Dispatcher:
         # log = "kafka": retained messages are derived from the records (the Python loop).
         keep = None if derive is None else (lambda r: self._retain(derive, t, p, r))
         aborted = self._aborted
-        for pos, size in iter_batches(data):
-            h = HEADER.unpack_from(data, pos)
-            base, last = h[0], h[0] + h[6]
-            if last < c:
-                continue
-            if base >= end:
-                break
-            if h[5] & CONTROL_MASK or (h[5] & TRANSACTIONAL_MASK and aborted(t, p, h[9], base)):
-                c = min(last + 1, end)  # transaction markers, and records of aborted ones
-                continue
+        # Transaction markers and the records of aborted transactions are not delivered.
+        walk = BatchWalk(
+            data, c, end, skip_control=True, aborted=lambda pid, o: aborted(t, p, pid, o)
+        )
+        for h, pos, size in walk:
+            base = h[BH_BASE_OFFSET]
+            last = base + h[BH_LAST_OFFSET_DELTA]
             try:
-                if h[5] & COMPRESSION_MASK or keep is not None:
+                if h[BH_ATTRIBUTES] & COMPRESSION_MASK or keep is not None:
                     stop, n = _index_batch_py(
                         data, pos, size, base, c, end, n, budget, tcache,
                         lambda key: self._targets_for(t, key, wb), ehead, stamp, grown,
@@ -496,14 +493,12 @@ class Dispatcher:
                 self.corrupt_batches += 1
                 log.error("%s-%d: batch at offsets %d..%d cannot be decoded, not indexed: %s",
                           t, p, base, last, exc)  # fmt: skip
-                c = min(last + 1, end)
                 continue
             if stop >= 0:
                 self.records += n
                 return stop, n
-            c = min(last + 1, end)
         self.records += n
-        return c, n
+        return walk.next_offset, n
 
     @staticmethod
     def _retain(retained: Any, t: str, p: int, r: Any) -> None:

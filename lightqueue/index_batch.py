@@ -1,5 +1,5 @@
 """One record batch into light-queue entries: the pure-Python twin of the compiled
-`store._speedups.index_batch`, and the record reader the dispatcher and backfill share.
+`lightqueue._cindex.index_batch`, and the record reader the dispatcher and backfill share.
 
 The dispatcher (dispatcher.py) calls `_index_batch` (the compiled one when built) per batch of a
 round; the twin also takes the batches the compiled path does not (compressed ones, and records
@@ -13,8 +13,14 @@ from typing import Any
 from lightqueue.db import Queue
 from lightqueue.keys import BLOCK_MAX, pack_u64, put_blocks_py
 from store.mapping import H_RETAIN
-from store.record_batch import COMPRESSION_MASK, HEADER, InvalidRecordError, iter_records
-from store.speedups import load
+from store.record_batch import (
+    BH_ATTRIBUTES,
+    COMPRESSION_MASK,
+    HEADER,
+    InvalidRecordError,
+    iter_records,
+)
+from store.twins import twin
 
 try:  # the Cython reader behind store.record_batch; 0.25 us/record vs ~3 for pure Python
     from aiokafka.record._crecords import DefaultRecordBatch as _CReader
@@ -25,7 +31,7 @@ except ImportError:  # pragma: no cover
 def records_of(data: Any, pos: int, size: int) -> Iterable[Any]:
     """(offset, key) carriers of one batch: Cython records or store Records (both have both)."""
     h = HEADER.unpack_from(data, pos)
-    if not (h[5] & COMPRESSION_MASK) and _CReader is not None:
+    if not (h[BH_ATTRIBUTES] & COMPRESSION_MASK) and _CReader is not None:
         return _CReader(bytes(data[pos : pos + size]))  # type: ignore[no-any-return]
     return iter_records(memoryview(data)[pos : pos + size])
 
@@ -53,7 +59,7 @@ def _index_batch_py(
     per target queue of the record's key, `ehead` (topic id, partition) + the offset, appended to
     the queue's round buffer (`Queue.buf`; the dispatcher writes it as a block). Returns (the
     offset where `budget` ran out, or -1; records indexed so far, `n` included). Decodes every
-    record before indexing any (a batch that does not decode raises, untouched). Twin of `store._speedups.index_batch`, which has no
+    record before indexing any (a batch that does not decode raises, untouched). Twin of `lightqueue._cindex.index_batch`, which has no
     `derive`: the records carrying MQTT's retain header are handed to it (log = "kafka")."""
     try:
         recs = list(records_of(data, pos, size))
@@ -98,10 +104,18 @@ def _index_batch_py(
     return -1, n
 
 
-_c = load("store._speedups")
-_index_batch = _index_batch_py if _c is None else _c.index_batch
-_cb = load("lightqueue._cblocks")
-_put_blocks = put_blocks_py if _cb is None else _cb.put_blocks
+_index_batch = twin(
+    _index_batch_py,
+    "lightqueue._cindex",
+    "index_batch",
+    what="the dispatcher's per-record loop (entries into each queue's round buffer; a run of records with one key goes to its queues at once)",
+)
+_put_blocks = twin(
+    put_blocks_py,
+    "lightqueue._cblocks",
+    "put_blocks",
+    what="a round's entries as one LevelDB key (block) per queue",
+)
 
 
 def put_blocks(queues: list[Queue], wb: Any) -> None:

@@ -48,7 +48,7 @@ from lightqueue.retained import RetainedStore
 from lightqueue.sessions import SessionStore
 from lightqueue.topic_trie import FilterError, FilterTrie, is_wildcard, validate_filter
 from store.backend import LogBackend
-from store.speedups import load
+from store.twins import twin
 
 if TYPE_CHECKING:
     pass
@@ -57,8 +57,12 @@ log = logging.getLogger("lightgate.lightqueue")
 
 REPLAY_PREFIX = "$replay/"
 
-_cb = load("lightqueue._cblocks")
-_read_entries = read_entries_py if _cb is None else _cb.read_entries
+_read_entries = twin(
+    read_entries_py,
+    "lightqueue._cblocks",
+    "read_entries",
+    what="a light queue's entries from its blocks",
+)
 
 
 @dataclass(slots=True)

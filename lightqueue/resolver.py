@@ -3,7 +3,7 @@
 Entries of one read usually sit close together in few partitions, so they are grouped by
 partition, sorted, and each run of nearby offsets is fetched with one `Store.read` sized to the
 run (estimated from the partition's observed record size). Every record of the fetched batches is
-kept (oldest decoded evicted first) as the tuple `store._speedups.decode_records` makes of it
+kept (oldest decoded evicted first) as the tuple `lightqueue._cresolve.decode_records` makes of it
 (compiled: one pass over the batch, the two headers of a plain PUBLISH read in place, no header
 list; its pure-Python twin `_decode_records_py` goes through aiokafka's reader); the MQTT view
 (topic, headers → properties) is built only for records someone asks for, then cached in its
@@ -24,14 +24,18 @@ from store import OffsetOutOfRangeError, UnknownTopicOrPartitionError
 from store.backend import FetchPending, LogBackend
 from store.mapping import H_CLIENT_ID, H_QOS, mqtt_view
 from store.record_batch import (
+    BH_ATTRIBUTES,
+    BH_BASE_OFFSET,
+    BH_LAST_OFFSET_DELTA,
+    BH_MAX_TIMESTAMP,
     COMPRESSION_MASK,
-    CONTROL_MASK,
     HEADER,
     TIMESTAMP_TYPE_MASK,
+    BatchWalk,
     iter_batches,
     iter_records,
 )
-from store.speedups import load
+from store.twins import twin
 
 try:  # see dispatcher.py: the Cython reader, without the per-record NamedTuple re-wrap
     from aiokafka.record._crecords import DefaultRecordBatch as _CReader
@@ -189,14 +193,9 @@ def _records_of(data: bytes, lo: int = -1, hi: int = _NO_END) -> list[RecordTupl
     """The records of the batches in `data` with offsets in [lo, hi], in offset order (control
     batches skipped)."""
     out: list[RecordTuple] = []
-    for pos, size in iter_batches(data):
-        h = HEADER.unpack_from(data, pos)
-        attrs = h[5]
-        if attrs & CONTROL_MASK or h[0] + h[6] < lo:
-            continue
-        if h[0] > hi:
-            break
-        lat = h[8] if attrs & TIMESTAMP_TYPE_MASK else -1  # LogAppendTime: max timestamp
+    for h, pos, size in BatchWalk(data, lo, hi + 1, skip_control=True):
+        attrs = h[BH_ATTRIBUTES]
+        lat = h[BH_MAX_TIMESTAMP] if attrs & TIMESTAMP_TYPE_MASK else -1  # LogAppendTime
         if attrs & COMPRESSION_MASK:
             out += _decode_records_py(data, pos, size, lat, lo, hi)
         else:
@@ -210,12 +209,12 @@ def _span(data: bytes) -> int:
     for pos, _ in iter_batches(data):
         h = HEADER.unpack_from(data, pos)
         if first < 0:
-            first = h[0]
-        last = h[0] + h[6]
+            first = h[BH_BASE_OFFSET]
+        last = h[BH_BASE_OFFSET] + h[BH_LAST_OFFSET_DELTA]
     return max(1, last - first + 1)
 
 
-# (offset, key, value, timestamp, qos, client id, headers): see store._speedups.decode_records
+# (offset, key, value, timestamp, qos, client id, headers): see lightqueue._cresolve.decode_records
 RecordTuple = tuple[int, bytes | None, bytes | None, int, int, bytes | None, list[Any] | None]
 
 
@@ -223,7 +222,7 @@ def _decode_records_py(
     data: Any, pos: int, size: int, lat: int, lo: int = -1, hi: int = _NO_END
 ) -> list[RecordTuple]:
     """The records of the batch at `data[pos:pos+size]` (any compression) with offsets in
-    [lo, hi], as the compiled `store._speedups.decode_records` returns them for an uncompressed
+    [lo, hi], as the compiled `lightqueue._cresolve.decode_records` returns them for an uncompressed
     one."""
     if not HEADER.unpack_from(data, pos)[5] & COMPRESSION_MASK and _CReader is not None:
         recs: Any = _CReader(bytes(data[pos : pos + size]))
@@ -247,8 +246,12 @@ def _decode_records_py(
     return out
 
 
-_c = load("store._speedups")
-_decode_records = _decode_records_py if _c is None else _c.decode_records
+_decode_records = twin(
+    _decode_records_py,
+    "lightqueue._cresolve",
+    "decode_records",
+    what="a batch's records, a plain PUBLISH's headers read in place",
+)
 
 
 def resolve_cached_py(
@@ -340,9 +343,30 @@ def resolve_records_py(
     return out
 
 
-_cr = load("lightqueue._cresolve")
-_resolve_cached = resolve_cached_py if _cr is None else _cr.resolve_cached
-_cache_records = cache_records_py if _cr is None else _cr.cache_records
-_evict = evict_py if _cr is None else _cr.evict
-_group_offsets = group_offsets_py if _cr is None else _cr.group_offsets
-_resolve_records = resolve_records_py if _cr is None else _cr.resolve_records
+_resolve_cached = twin(
+    resolve_cached_py,
+    "lightqueue._cresolve",
+    "resolve_cached",
+    what="entries -> messages from the decoded-record cache, a plain PUBLISH's `StoredMessage` filled in place",
+)
+_cache_records = twin(
+    cache_records_py,
+    "lightqueue._cresolve",
+    "cache_records",
+    what="a decoded batch's records into that cache",
+)
+_evict = twin(
+    evict_py, "lightqueue._cresolve", "evict", what="the decoded-record cache held to its size"
+)
+_group_offsets = twin(
+    group_offsets_py,
+    "lightqueue._cresolve",
+    "group_offsets",
+    what="a cold read: the offsets to read per partition",
+)
+_resolve_records = twin(
+    resolve_records_py,
+    "lightqueue._cresolve",
+    "resolve_records",
+    what="a cold read: entries -> messages straight from the records read, by a cursor per partition",
+)

@@ -47,7 +47,7 @@ from mqtt_proxy.ports import (
 from mqtt_proxy.subscriptions import FilterSpec
 from store.append_result import Run
 from store.mapping import MqttMessage
-from store.speedups import load
+from store.twins import twin
 
 if TYPE_CHECKING:
     from lightqueue.queues import LightQueues
@@ -411,7 +411,7 @@ def from_recent_py(
 ) -> list[int]:
     """out[i] = the message of entries[i] found in the recent runs `parts` ((run base offsets,
     runs) per partition, bases ascending); returns the indexes of the entries not found. The
-    compiled twin is `_cdelivery.from_recent` (this loop was ~7 % of a QoS 0 fan-in)."""
+    compiled twin is `_cbackend.from_recent` (this loop was ~7 % of a QoS 0 fan-in)."""
     missing: list[int] = []
     run: list[MqttMessage] | None = None
     base = 0
@@ -435,5 +435,9 @@ def from_recent_py(
     return missing
 
 
-_cdelivery = load("mqtt_proxy._cdelivery")
-_from_recent_runs = from_recent_py if _cdelivery is None else _cdelivery.from_recent
+_from_recent_runs = twin(
+    from_recent_py,
+    "mqtt_proxy._cbackend",
+    "from_recent",
+    what="entries -> the messages this proxy appended lately (its recent runs)",
+)

@@ -15,7 +15,7 @@ from mqtt_proxy.queue_cache import PUMP_BATCHES, Cached, CachedMsg, QueueState, 
 from mqtt_proxy.session import Subscription
 from mqtt_proxy.topic_aliases import AliasBook, OutAliases
 from store.latency import LatencyHistogram
-from store.speedups import load
+from store.twins import twin
 
 ReadRange = Callable[[QueueState, int], tuple[int, int]]
 
@@ -191,7 +191,7 @@ def qos0_run_py(
     """(the QoS 0 PUBLISH packets of cache[start:end] joined, their count), or (None, 0).
     Messages of one receive tick share a timestamp: the receive-to-write latency is observed
     once per run of them (times `nsubs`). A raw message (queue_cache.RAW_TYPES) is encoded as
-    it is, or made a CachedMsg by `upgrade` where it needs one. Twin of `_cdelivery.qos0_run`."""
+    it is, or made a CachedMsg by `upgrade` where it needs one. Twin of `_ccohorts.qos0_run`."""
     chunks = []
     ts0, same = 0, 0
     for seq in range(start, end):
@@ -228,5 +228,9 @@ def qos0_run_py(
     return b"".join(chunks), len(chunks)
 
 
-_cdelivery = load("mqtt_proxy._cdelivery")
-qos0_run = qos0_run_py if _cdelivery is None else _cdelivery.qos0_run
+qos0_run = twin(
+    qos0_run_py,
+    "mqtt_proxy._ccohorts",
+    "qos0_run",
+    what="a QoS 0 cohort's PUBLISH run in one buffer",
+)

@@ -38,7 +38,7 @@ from mqtt_proxy.connect_handler import handle_connect
 from mqtt_proxy.ports import Acquired
 from mqtt_proxy.subscriptions import FilterError, FilterSpec, parse_filter
 from store.mapping import MqttMessage, untrack_messages
-from store.speedups import load
+from store.twins import twin
 
 if TYPE_CHECKING:
     from mqtt_proxy.connection import MqttConnection
@@ -142,7 +142,7 @@ def publish_messages_py(
 ) -> tuple[list[MqttMessage], list[int], int]:
     """From `packets[i]` on, the plain PUBLISHes (QoS 0/1, not retained, no properties, topic
     not `$...`) as messages, until the first other one: (messages, the QoS 1 ones' packet ids,
-    its index or len(packets)). The pure twin of `mqtt_proxy._cdelivery.publish_messages`."""
+    its index or len(packets)). The pure twin of `mqtt_proxy._chandlers.publish_messages`."""
     msgs: list[MqttMessage] = []
     pids: list[int] = []
     n = len(packets)
@@ -157,8 +157,12 @@ def publish_messages_py(
     return msgs, pids, i
 
 
-_cd = load("mqtt_proxy._cdelivery")
-_publish_messages = publish_messages_py if _cd is None else _cd.publish_messages
+_publish_messages = twin(
+    publish_messages_py,
+    "mqtt_proxy._chandlers",
+    "publish_messages",
+    what="a read chunk's plain PUBLISHes as `MqttMessage`s",
+)
 
 
 def _on_puback(conn: MqttConnection, p: Puback) -> None:

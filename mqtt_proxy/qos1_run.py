@@ -1,7 +1,7 @@
 """A 3.1.1 QoS 1 reader's run of PUBLISHes: the per-message work of a subscriber that reads its
 light queue behind the publishers (a QoS 1 reader of a fan-in gets one packet per message, each
 with its own packet id and in-flight record, so nothing is shared with other readers).
-`Delivery._pump_one` hands each run to `qos1_run` (compiled: `_cdelivery.qos1_run`) and takes
+`Delivery._pump_one` hands each run to `qos1_run` (compiled: `_cqos1_run.qos1_run`) and takes
 whatever needs the general path (QoS 0 or 2 to send, retained as published) itself."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 from mqtt_proxy.codec import publish_v3_qos1
 from mqtt_proxy.queue_cache import CachedMsg
 from mqtt_proxy.session import Inflight, free_pid
-from store.speedups import load
+from store.twins import twin
 
 
 def qos1_run_py(
@@ -40,7 +40,7 @@ def qos1_run_py(
     2, retained with retain-as-published `rap`) and when `room` packets are in flight (blocked).
     The receive-to-write latency is observed once per run of equal timestamps. Returns (the
     sequence reached, the next packet id, bytes appended, blocked). Twin of
-    `_cdelivery.qos1_run`."""
+    `_cqos1_run.qos1_run`."""
     nbytes = 0
     ts0 = same = 0
     blocked = False
@@ -80,5 +80,9 @@ def qos1_run_py(
     return seq, pid, nbytes, blocked
 
 
-_cdelivery = load("mqtt_proxy._cdelivery")
-qos1_run = qos1_run_py if _cdelivery is None else _cdelivery.qos1_run
+qos1_run = twin(
+    qos1_run_py,
+    "mqtt_proxy._cqos1_run",
+    "qos1_run",
+    what="a 3.1.1 QoS 1 reader's PUBLISH run, packet ids and `Inflight` records",
+)

@@ -16,7 +16,7 @@ from mqtt_proxy.outbound import delivery_properties
 from mqtt_proxy.ports import Entries, Message
 from mqtt_proxy.session import Subscription
 from store.mapping import MqttMessage, MqttProperties
-from store.speedups import load
+from store.twins import twin
 
 if TYPE_CHECKING:
     from mqtt_proxy.shared_groups import SharedGroup
@@ -25,7 +25,7 @@ PUMP_BATCHES = 64  # reads of `read_batch` entries per reader per tick before yi
 
 
 class _CachedFields:
-    """The fields of `CachedMsg`: the pure-Python twin of `_cdelivery.CachedBase`."""
+    """The fields of `CachedMsg`: the pure-Python twin of `_cqueue_cache.CachedBase`."""
 
     __slots__ = (
         "topic",
@@ -65,12 +65,17 @@ class _CachedFields:
         self.alias0: tuple[int, bytes] | None = None  # QoS 0, v5, aliased, no topic: cached
 
 
-# The compiled fields and loops (_cdelivery.pyx), unless absent or disabled.
-_cdelivery = load("mqtt_proxy._cdelivery")
-if TYPE_CHECKING or _cdelivery is None:
+# The compiled fields and loops (_cqueue_cache.pyx), unless absent or disabled. The base is chosen
+# once, at import: switching the twins later leaves CachedMsg's base as it is.
+if TYPE_CHECKING:
     _Base = _CachedFields
 else:
-    _Base = _cdelivery.CachedBase
+    _Base = twin(
+        _CachedFields,
+        "mqtt_proxy._cqueue_cache",
+        "CachedBase",
+        what="a cached message's fields (read from its slots)",
+    )
 
 
 # A message without properties of these types is cached as it is (`fill_cache`): the QoS 0 and
@@ -163,7 +168,7 @@ def fill_cache_py(
 ) -> None:
     """cache[seq + i] = msgs[i] itself when its type is one of `raw_types` and it carries no
     properties, else cls(msgs[i]); None for a missing message or one on an internal topic
-    (`internal`, except the probes' `probe`). Twin of `_cdelivery.fill_cache`."""
+    (`internal`, except the probes' `probe`). Twin of `_cqueue_cache.fill_cache`."""
     for m in msgs:
         if m is None or (m.topic.startswith(internal) and not m.topic.startswith(probe)):
             cache[seq] = None
@@ -188,30 +193,39 @@ def cached_get(cache: dict[int, Cached], seq: int) -> CachedMsg | None:
     return cached(cache, seq) if seq in cache else None
 
 
-fill_cache = fill_cache_py if _cdelivery is None else _cdelivery.fill_cache
+fill_cache = twin(
+    fill_cache_py, "mqtt_proxy._cqueue_cache", "fill_cache", what="a queue's cached messages"
+)
 
 
 def cached_end_py(cache: dict[int, Cached], pos: int, limit: int) -> int:
     """The first sequence from `pos` (below `limit`) that `cache` does not hold, or `limit`.
-    Twin of `_cdelivery.cached_end`."""
+    Twin of `_cqueue_cache.cached_end`."""
     while pos < limit and pos in cache:
         pos += 1
     return pos
 
 
-cached_end = cached_end_py if _cdelivery is None else _cdelivery.cached_end
+cached_end = twin(
+    cached_end_py, "mqtt_proxy._cqueue_cache", "cached_end", what="where a queue's cached run ends"
+)
 
 
 def evict_oldest_py(cache: dict[int, Cached], over: int, start: int) -> None:
     """Of the `over` oldest keys of `cache` (insertion order), delete those below `start` (a
     queue's cache held to its size, never what a reader is about to take). Twin of
-    `_cdelivery.evict_oldest`."""
+    `_cqueue_cache.evict_oldest`."""
     for k in list(islice(cache, over)):
         if k < start:
             del cache[k]
 
 
-evict_oldest = evict_oldest_py if _cdelivery is None else _cdelivery.evict_oldest
+evict_oldest = twin(
+    evict_oldest_py,
+    "mqtt_proxy._cqueue_cache",
+    "evict_oldest",
+    what="a queue's cache held to its size",
+)
 
 
 class QueueState:

@@ -26,6 +26,7 @@ from spark_analytics.logdir import (
 )
 from spark_analytics.mqtt import topics_for_filter, validate_filter
 from store.mapping import DEVICE_EVENTS_TOPIC as DEVICE_EVENTS_TOPIC  # jobs, cli read it here
+from store.record_batch import BH_BASE_OFFSET, BH_LAST_OFFSET_DELTA, BH_MAX_TIMESTAMP
 
 INTERNAL_PREFIX = "__"
 
@@ -167,8 +168,8 @@ def _partition_range(log: Path, topic: str, p: int) -> tuple[int, int, int | Non
     end = segs[-1][0]
     newest = None
     for _, h in walk_headers(segs[-1][1]):
-        end = h[0] + h[6] + 1
-        newest = h[8] if newest is None else max(newest, h[8])
+        end = h[BH_BASE_OFFSET] + h[BH_LAST_OFFSET_DELTA] + 1
+        newest = h[BH_MAX_TIMESTAMP] if newest is None else max(newest, h[BH_MAX_TIMESTAMP])
     return segs[0][0], end, newest
 
 

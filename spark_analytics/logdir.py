@@ -8,9 +8,8 @@ We never skip over it, so offsets are never lost, only seen later.
 
 Batch header: Kafka RecordBatch v2, 61 bytes, big-endian; the struct and the field offsets are
 `store.record_batch`'s (its docstring has the spec), so this reader cannot drift from the writer.
-Headers unpack to tuples in that field order: h[0] baseOffset, h[1] batchLength, h[3] magic,
-h[4] crc, h[5] attributes, h[6] lastOffsetDelta, h[7] firstTimestamp, h[8] maxTimestamp,
-h[12] recordCount. The CRC covers attributes..end.
+Headers unpack to plain tuples in that field order, indexed with `store.record_batch`'s `BH_*`
+positions (a named BatchHeader would copy each one). The CRC covers attributes..end.
 
 Listing and plain reads go through `store.segment_reader` (the store's own lock-free reader, which
 also seeks sealed segments with their `.index`). What this module adds is resuming *at a file
@@ -34,6 +33,15 @@ import crc32c
 from store import segment_reader
 from store.record_batch import (
     ATTRIBUTES_OFFSET,
+    BH_ATTRIBUTES,
+    BH_BASE_OFFSET,
+    BH_BATCH_LENGTH,
+    BH_CRC,
+    BH_FIRST_TIMESTAMP,
+    BH_LAST_OFFSET_DELTA,
+    BH_MAGIC,
+    BH_MAX_TIMESTAMP,
+    BH_RECORD_COUNT,
     COMPRESSION_MASK,
     CONTROL_MASK,
     HEADER,
@@ -131,8 +139,8 @@ def _check_header(buf: bytes | memoryview, pos: int, avail: int | None = None) -
     if len(buf) - pos < HEADER_SIZE:
         return None
     h = HEADER.unpack_from(buf, pos)
-    length = h[1]
-    if h[3] != MAGIC_V2 or length < HEADER_SIZE - LOG_OVERHEAD:
+    length = h[BH_BATCH_LENGTH]
+    if h[BH_MAGIC] != MAGIC_V2 or length < HEADER_SIZE - LOG_OVERHEAD:
         return None
     if LOG_OVERHEAD + length > (len(buf) - pos if avail is None else avail):
         return None
@@ -196,10 +204,19 @@ def _scan_segment(path: Path, pos: int) -> Iterator[Batch]:
             h = _check_header(chunk, at)
             if h is None:
                 break
-            stop = at + LOG_OVERHEAD + h[1]
-            if crc32c.crc32c(mv[at + CRC_START : stop]) != h[4]:
+            stop = at + LOG_OVERHEAD + h[BH_BATCH_LENGTH]
+            if crc32c.crc32c(mv[at + CRC_START : stop]) != h[BH_CRC]:
                 return  # being written (or torn by a crash the gateway will truncate)
-            yield Batch(h[0], h[0] + h[6], h[5], h[7], h[8], h[12], pos + at, mv[at:stop])
+            yield Batch(
+                h[BH_BASE_OFFSET],
+                h[BH_BASE_OFFSET] + h[BH_LAST_OFFSET_DELTA],
+                h[BH_ATTRIBUTES],
+                h[BH_FIRST_TIMESTAMP],
+                h[BH_MAX_TIMESTAMP],
+                h[BH_RECORD_COUNT],
+                pos + at,
+                mv[at:stop],
+            )
             at = stop
         if at == 0:
             # One batch larger than the chunk: read exactly it (if it is all there).
@@ -210,9 +227,18 @@ def _scan_segment(path: Path, pos: int) -> Iterator[Batch]:
                 return
             big = _pread(path, pos, need)
             h = _check_header(big, 0)
-            if h is None or crc32c.crc32c(memoryview(big)[CRC_START:]) != h[4]:
+            if h is None or crc32c.crc32c(memoryview(big)[CRC_START:]) != h[BH_CRC]:
                 return
-            yield Batch(h[0], h[0] + h[6], h[5], h[7], h[8], h[12], pos, memoryview(big))
+            yield Batch(
+                h[BH_BASE_OFFSET],
+                h[BH_BASE_OFFSET] + h[BH_LAST_OFFSET_DELTA],
+                h[BH_ATTRIBUTES],
+                h[BH_FIRST_TIMESTAMP],
+                h[BH_MAX_TIMESTAMP],
+                h[BH_RECORD_COUNT],
+                pos,
+                memoryview(big),
+            )
             at = need
         pos += at
 
@@ -311,7 +337,7 @@ def walk_headers(path: Path, pos: int = 0) -> Iterator[tuple[int, tuple]]:
             if h is None:
                 return
             yield pos, h
-            pos += LOG_OVERHEAD + h[1]
+            pos += LOG_OVERHEAD + h[BH_BATCH_LENGTH]
     finally:
         os.close(fd)
 
@@ -325,9 +351,9 @@ def offset_for_timestamp(log: Path, topic: str, partition: int, ts_ms: int) -> i
 
     for base, path in list_segments(log, topic, partition):
         for pos, h in walk_headers(path):
-            if h[8] < ts_ms or h[5] & ATTR_CONTROL:
+            if h[BH_MAX_TIMESTAMP] < ts_ms or h[BH_ATTRIBUTES] & ATTR_CONTROL:
                 continue
-            for batch in iter_batches(log, topic, partition, h[0], None, (base, pos)):
+            for batch in iter_batches(log, topic, partition, h[BH_BASE_OFFSET], None, (base, pos)):
                 for off, ts in record_timestamps(batch):
                     if ts >= ts_ms:
                         return off
@@ -345,5 +371,5 @@ def approx_records(log: Path, topic: str, partition: int) -> int:
         return 0
     last = segs[-1][0] - 1
     for _, h in walk_headers(segs[-1][1]):
-        last = h[0] + h[6]
+        last = h[BH_BASE_OFFSET] + h[BH_LAST_OFFSET_DELTA]
     return max(0, last + 1 - segs[0][0])

@@ -52,7 +52,15 @@ from spark_analytics.options import (
     parse_options,
 )
 from store import cluster_read, cluster_times
-from store.record_batch import HEADER
+from store.record_batch import (
+    BH_ATTRIBUTES,
+    BH_BASE_OFFSET,
+    BH_FIRST_TIMESTAMP,
+    BH_LAST_OFFSET_DELTA,
+    BH_MAX_TIMESTAMP,
+    BH_RECORD_COUNT,
+    HEADER,
+)
 
 CHUNK_RECORDS = 131_072  # records per Arrow batch handed to the JVM
 CHUNK_BYTES = 16 << 20
@@ -117,7 +125,16 @@ def _cluster_batches(opts: ReadOptions, r: LogRange) -> Iterator[Batch]:
     assert opts.bootstrap is not None
     for mv in cluster_read.iter_range(opts.bootstrap, r.topic, r.partition, r.start, r.end):
         h = HEADER.unpack_from(mv, 0)
-        yield Batch(h[0], h[0] + h[6], h[5], h[7], h[8], h[12], -1, mv)
+        yield Batch(
+            h[BH_BASE_OFFSET],
+            h[BH_BASE_OFFSET] + h[BH_LAST_OFFSET_DELTA],
+            h[BH_ATTRIBUTES],
+            h[BH_FIRST_TIMESTAMP],
+            h[BH_MAX_TIMESTAMP],
+            h[BH_RECORD_COUNT],
+            -1,
+            mv,
+        )
 
 
 def read_range(opts: ReadOptions, r: InputPartition) -> Iterator[pa.RecordBatch]:

@@ -2,8 +2,9 @@
 """Where a slots dataclass keeps each field, for compiled code that fills or reads the slots
 directly instead of calling __init__ or getattr (a message object per delivered message: the
 dataclass __init__ and seven attribute reads were most of their cost; docs/performance-history.md).
-`learn_slots` is cimported by mqtt_proxy._cdelivery and lightqueue._cresolve (store.speedups
-explains the extensions); it has no pure twin: without it those modules are not used.
+`learn_slots` is cimported by mqtt_proxy's compiled modules and lightqueue._cresolve
+(store.speedups explains the extensions); it has no pure twin: without it those modules are not
+used.
 """
 
 
@@ -35,8 +36,8 @@ cdef bint learn_slots(type cls, tuple fields, Py_ssize_t* off, bint prefix=False
     return True
 
 
-# MqttMessage's fields, in __init__'s order: `_cdelivery.publish_messages` fills their slots in
-# place; `_cdelivery.fill_cache` and `_speedups.build_records` read them in place from a
+# MqttMessage's fields, in __init__'s order: `_chandlers.publish_messages` fills their slots in
+# place; `_cqueue_cache.fill_cache` and `_cmqtt_batches.build_records` read them in place from a
 # MqttMessage or a StoredMessage (whose first fields they are): seven attribute lookups were half
 # of fill_cache's time per message, and of build_records' (a generic getattr each).
 MESSAGE_FIELDS = ("topic", "payload", "qos", "client_id", "retain", "properties", "timestamp_ms")

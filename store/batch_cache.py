@@ -17,7 +17,7 @@ from __future__ import annotations
 from bisect import bisect_right, insort
 from collections import deque
 
-from store.record_batch import HEADER, iter_batches
+from store.record_batch import BH_BASE_OFFSET, BH_LAST_OFFSET_DELTA, HEADER, iter_batches
 
 
 class _Part:
@@ -52,7 +52,7 @@ class BatchCache:
         mv = memoryview(data)
         for pos, size in iter_batches(data):
             h = HEADER.unpack_from(data, pos)
-            base, last = h[0], h[0] + h[6]
+            base, last = h[BH_BASE_OFFSET], h[BH_BASE_OFFSET] + h[BH_LAST_OFFSET_DELTA]
             end = last + 1
             if base in part.batches:
                 continue

@@ -23,7 +23,7 @@ from aiokafka.structs import TopicPartition
 
 from store.cluster_txns import ClusterTxns
 from store.config import StoreError
-from store.record_batch import CONTROL_MASK, HEADER, TRANSACTIONAL_MASK, iter_batches
+from store.record_batch import BatchWalk
 
 FETCH_BYTES = 8 << 20
 READER_WAIT_MS = 200  # max_wait of a fetch that expects records (answered at once when there)
@@ -155,25 +155,17 @@ def iter_range(bootstrap: str, topic: str, partition: int, start: int, end: int,
                 if empty > EMPTY_RETRIES:
                     raise StoreError(f"{topic}-{partition}: no marker for offset {pos}")
                 ok, marker_at = txns.decided_prefix(tp, data, pos)
-            moved = False
             mv = memoryview(ok)
-            for bpos, size in iter_batches(ok):
-                h = HEADER.unpack_from(ok, bpos)
-                base, last = h[0], h[0] + h[6]
-                if last < pos:
-                    continue
-                if base >= end:
-                    return
-                aborted = (
-                    h[5] & TRANSACTIONAL_MASK
-                    and not h[5] & CONTROL_MASK
-                    and txns.is_aborted(topic, partition, h[9], max(base, pos))
-                )
-                if not aborted:
-                    yield mv[bpos : bpos + size]
-                pos = last + 1
-                moved = True
-            if moved:
+            # Markers stay (a Kafka consumer skips them); aborted transactions' data goes.
+            walk = BatchWalk(
+                ok, pos, end, aborted=lambda pid, o: txns.is_aborted(topic, partition, pid, o)
+            )
+            for _h, bpos, size in walk:
+                yield mv[bpos : bpos + size]
+            if walk.past_end:
+                return
+            if walk.next_offset > pos:
+                pos = walk.next_offset
                 empty = 0
                 continue
             empty += 1  # nothing: a slow broker's empty answer, or records deleted meanwhile

@@ -25,7 +25,16 @@ from store.cluster_read import (
     list_offsets,
 )
 from store.config import StoreError
-from store.record_batch import HEADER, TIMESTAMP_TYPE_MASK, iter_batches, iter_records
+from store.record_batch import (
+    BH_ATTRIBUTES,
+    BH_BASE_OFFSET,
+    BH_LAST_OFFSET_DELTA,
+    BH_MAX_TIMESTAMP,
+    HEADER,
+    TIMESTAMP_TYPE_MASK,
+    iter_batches,
+    iter_records,
+)
 
 
 def first_at_time(data: bytes, o: int, ts: int) -> tuple[int | None, int]:
@@ -33,11 +42,17 @@ def first_at_time(data: bytes, o: int, ts: int) -> tuple[int | None, int]:
     to fetch next). Whole batches are skipped by their max timestamp."""
     for pos, size in iter_batches(data):
         h = HEADER.unpack_from(data, pos)
-        base, last, max_ts = h[0], h[0] + h[6], h[8]
+        base, last, max_ts = (
+            h[BH_BASE_OFFSET],
+            h[BH_BASE_OFFSET] + h[BH_LAST_OFFSET_DELTA],
+            h[BH_MAX_TIMESTAMP],
+        )
         if last < o:
             continue
         if max_ts >= ts:
-            if h[5] & TIMESTAMP_TYPE_MASK:  # LogAppendTime: one time for the whole batch
+            if (
+                h[BH_ATTRIBUTES] & TIMESTAMP_TYPE_MASK
+            ):  # LogAppendTime: one time for the whole batch
                 return max(base, o), last + 1
             for r in iter_records(memoryview(data)[pos : pos + size]):
                 if r.offset >= o and r.timestamp >= ts:

@@ -17,7 +17,15 @@ from __future__ import annotations
 
 import bisect
 
-from store.record_batch import CONTROL_MASK, HEADER, TRANSACTIONAL_MASK, iter_batches
+from store.record_batch import (
+    BH_ATTRIBUTES,
+    BH_BASE_OFFSET,
+    BH_LAST_OFFSET_DELTA,
+    BH_PRODUCER_ID,
+    CONTROL_MASK,
+    TRANSACTIONAL_MASK,
+    BatchWalk,
+)
 from store.txn_index import ABORT, control_type
 
 MAX_MARKERS = 20_000  # per partition; older ones are forgotten (and their span with them)
@@ -71,21 +79,20 @@ class ClusterTxns:
         """A fetched chunk (whole batches): its markers, and the range it covers."""
         lo = hi = -1
         part = self._parts.get(tp)
-        for pos, size in iter_batches(data):
-            h = HEADER.unpack_from(data, pos)
-            base, last = h[0], h[0] + h[6]
+        for h, pos, size in BatchWalk(data):
+            base, last = h[BH_BASE_OFFSET], h[BH_BASE_OFFSET] + h[BH_LAST_OFFSET_DELTA]
             if lo < 0:
                 lo = base
             hi = last + 1
-            if h[5] & TRANSACTIONAL_MASK:
+            if h[BH_ATTRIBUTES] & TRANSACTIONAL_MASK:
                 self._txn.add(tp)
-            if h[5] & CONTROL_MASK:
+            if h[BH_ATTRIBUTES] & CONTROL_MASK:
                 kind = control_type(data, pos, size)
                 if kind is None:
                     continue
                 if part is None:
                     part = self._parts[tp] = _Part()
-                ms = part.markers.setdefault(h[9], [])
+                ms = part.markers.setdefault(h[BH_PRODUCER_ID], [])
                 k = bisect.bisect_left(ms, (base, False))
                 if k == len(ms) or ms[k][0] != base:
                     ms.insert(k, (base, kind == ABORT))
@@ -126,21 +133,18 @@ class ClusterTxns:
         if tp not in self._txn:
             return data, -1  # no transactions seen here: nothing to decide
         start = -1
-        for pos, _size in iter_batches(data):
-            h = HEADER.unpack_from(data, pos)
-            if h[0] + h[6] < offset:
-                continue
+        for h, pos, _size in BatchWalk(data, offset):
             if start < 0:
                 start = pos
-            attrs = h[5]
+            attrs = h[BH_ATTRIBUTES]
             if (
                 attrs & TRANSACTIONAL_MASK
                 and not attrs & CONTROL_MASK
-                and self.decided(tp, h[9], max(h[0], offset)) is None
+                and self.decided(tp, h[BH_PRODUCER_ID], max(h[BH_BASE_OFFSET], offset)) is None
             ):
                 part = self._parts.get(tp)
-                span = part.span_of(h[0]) if part is not None else None
-                return data[start:pos], span[1] if span is not None else h[0]
+                span = part.span_of(h[BH_BASE_OFFSET]) if part is not None else None
+                return data[start:pos], span[1] if span is not None else h[BH_BASE_OFFSET]
         return (data if start <= 0 else data[start:]), -1
 
     def forget_topic(self, topic: str) -> None:

@@ -41,10 +41,17 @@ from store.config import StoreError
 from store.latency import LatencyHistogram
 from store.log import Log, fsync_dir
 from store.segment import LogSegment
-from store.speedups import load
+from store.twins import twin
 
 log = logging.getLogger("lightgate.store")
-_fsync = load("store._fsync")  # compiled fsync threads (SyncWorkers), None: Python threads
+# Compiled fsync threads for SyncWorkers; None: its Python threads.
+_FsyncPool: Callable[[int], Any] | None = twin(
+    None,
+    "store._fsync",
+    "FsyncPool",
+    what="group commit's fsync threads: pthreads that never take the GIL, completions through an eventfd",
+    fallback="store.commit.SyncWorkers' Python threads",
+)
 
 
 class _Durable:
@@ -112,7 +119,7 @@ class SyncWorkers:
         self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._n, self._name = n, name
         self._threads: list[threading.Thread] = []  # started on the first job
-        self._pool = None if _fsync is None else _fsync.FsyncPool(n)
+        self._pool = None if _FsyncPool is None else _FsyncPool(n)
         self._pending: dict[int, tuple[asyncio.AbstractEventLoop, Any]] = {}
         self._next_id = 0
         self._reader: asyncio.AbstractEventLoop | None = None  # the loop watching the eventfd

@@ -38,6 +38,8 @@ from store.mapping import SYSTEM_TOPIC_PREFIX
 from store.record_batch import (
     ATTRIBUTES_OFFSET,
     BASE_OFFSET_OFFSET,
+    BH_BASE_OFFSET,
+    BH_LAST_OFFSET_DELTA,
     HEADER,
     HEADER_SIZE,
     LENGTH_OFFSET,
@@ -426,7 +428,7 @@ class Log:
                 last, end = p, p + size
             if end:
                 h = HEADER.unpack_from(data, last)
-                seg.hint = (h[0] + h[6] + 1, pos + end)
+                seg.hint = (h[BH_BASE_OFFSET] + h[BH_LAST_OFFSET_DELTA] + 1, pos + end)
             return data if end == len(data) else data[:end]
         return b""
 

@@ -19,7 +19,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from store.speedups import load as _load_speedups
+from store.twins import twin
 
 ESCAPE_PREFIX = "_x."  # marks an escaped first level (a valid Kafka name itself)
 HASHED_PREFIX = "_h."  # an escaped level too long for 249 bytes: not reversible (documented)
@@ -188,7 +188,7 @@ def is_valid_mqtt_topic(topic: str) -> bool:
 
 def murmur2_py(data: bytes) -> int:
     """Kafka's `Utils.murmur2` (signed 32-bit result), bit for bit (the reference of the
-    compiled `store._speedups.murmur2`, bound to `murmur2` at the end of this module)."""
+    compiled `store._cmapping.murmur2`, bound to `murmur2` at the end of this module)."""
     length = len(data)
     m = 0x5BD1E995
     h = (0x9747B28C ^ length) & 0xFFFFFFFF
@@ -326,9 +326,10 @@ def mqtt_view(
     return MqttView(topic, qos, client_id, retain, props)
 
 
-# Last: store._speedups imports this module (headers_for), so it is loaded once all is defined.
-_c = _load_speedups("store._speedups")
-murmur2: Callable[[bytes], int] = murmur2_py if _c is None else _c.murmur2
+# The compiled hash (store/_cmapping.pyx) unless absent or disabled: the same values.
+murmur2: Callable[[bytes], int] = twin(
+    murmur2_py, "store._cmapping", "murmur2", what="Kafka's key hash"
+)
 _murmur2 = murmur2
 
 
@@ -342,4 +343,9 @@ def _keep_tracked(msgs: list[MqttMessage]) -> None:
 # of them in every young and middle collection until it died: ~10 % of the broker's CPU in a
 # fan-in run, about half of it middle collections over surviving messages
 # (docs/performance-history.md).
-untrack_messages: Callable[[list[MqttMessage]], None] = _keep_tracked if _c is None else _c.untrack
+untrack_messages: Callable[[list[MqttMessage]], None] = twin(
+    _keep_tracked,
+    "store._cmapping",
+    "untrack",
+    what="fan-in's messages out of the cyclic GC's reach (they can hold no cycle)",
+)

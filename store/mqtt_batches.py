@@ -17,11 +17,7 @@ from typing import Any
 
 from store.mapping import MqttMessage, headers_for
 from store.record_batch import _CBuilder, build_batch
-from store.speedups import load
-
-_c = load("store._speedups")
-_build_records = None if _c is None else _c.build_records
-_group_by_slot = None if _c is None else _c.group_by_slot
+from store.twins import twin
 
 # An MQTT append is cut into batches of about this many bytes. A reader far behind its light
 # queue reads the batch holding its next entry whole, for each window of entries: with 1 MiB
@@ -44,10 +40,10 @@ def build_mqtt_batches(
     offset 0. A message with `timestamp_ms == 0` gets `now_ms`. `route` may raise (invalid
     topic, unknown log topic) before anything is built: then nothing is returned.
     """
-    groups, keys = (_group_by_slot or group_by_slot_py)(messages, route)
+    groups, keys = _group_by_slot(messages, route)
     out: list[tuple[Any, bytes | bytearray, int, int, list[int]]] = []
     cids: dict[str, bytes] = {}
-    build = _build_records if _build_records is not None else _build_records_py
+    build = _build_records
     for slot, idxs in groups.items():
         j0, total = 0, len(idxs)
         while j0 < total:
@@ -61,7 +57,7 @@ def group_by_slot_py(
     messages: Sequence[MqttMessage], route: Route
 ) -> tuple[dict[Any, list[int]], list[bytes]]:
     """The partition groups of an append (slot -> indexes into `messages`, in order) and each
-    message's key; routes once per topic. The pure twin of `store._speedups.group_by_slot` (a
+    message's key; routes once per topic. The pure twin of `store._cmqtt_batches.group_by_slot` (a
     Python loop per message here was ~5 % of fan-in)."""
     groups: dict[Any, list[int]] = {}
     keys: list[bytes] = []
@@ -89,7 +85,7 @@ def _build_records_py(
     max_bytes: int,
 ) -> tuple[bytes | bytearray, int, int]:
     """One batch of `messages[idxs[j]]` from j0 while under `max_bytes`: (batch, next j, max
-    timestamp). The reference of `store._speedups.build_records` (same bytes)."""
+    timestamp). The reference of `store._cmqtt_batches.build_records` (same bytes)."""
     b = _CBuilder(2, 0, 0, -1, -1, -1, 1 << 62) if _CBuilder is not None else None
     recs = []
     total = len(idxs)
@@ -118,3 +114,18 @@ def _build_records_py(
         nbytes += len(m.payload) + len(key) + 40
         j += 1
     return (b.build() if b is not None else build_batch(recs)), j, max_ts
+
+
+# The compiled loops (store/_cmqtt_batches.pyx) unless absent or disabled: the same bytes.
+_group_by_slot = twin(
+    group_by_slot_py,
+    "store._cmqtt_batches",
+    "group_by_slot",
+    what="an append's messages grouped by partition, each message's key",
+)
+_build_records = twin(
+    _build_records_py,
+    "store._cmqtt_batches",
+    "build_records",
+    what="one RecordBatch v2 of MQTT messages (a message's fields read from its slots)",
+)

@@ -32,7 +32,7 @@ so producer bytes are stored untouched otherwise (Kafka does the same for magic 
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import cramjam
@@ -76,6 +76,14 @@ LOG_OVERHEAD = _OFFSETS["partition_leader_epoch"]  # baseOffset + batchLength = 
 MAGIC_V2 = 2
 NO_PARTITION_LEADER_EPOCH = -1
 
+# Positions of the fields in a header tuple: `HEADER.unpack_from`'s plain tuple or a BatchHeader.
+# Loops over many batches index the plain tuple with these; building a BatchHeader copies it.
+(
+    BH_BASE_OFFSET, BH_BATCH_LENGTH, BH_PARTITION_LEADER_EPOCH, BH_MAGIC, BH_CRC, BH_ATTRIBUTES,
+    BH_LAST_OFFSET_DELTA, BH_FIRST_TIMESTAMP, BH_MAX_TIMESTAMP, BH_PRODUCER_ID, BH_PRODUCER_EPOCH,
+    BH_BASE_SEQUENCE, BH_RECORD_COUNT,
+) = range(len(_FIELDS))  # fmt: skip
+
 COMPRESSION_MASK = 0x07
 TIMESTAMP_TYPE_MASK = 0x08  # set = LogAppendTime
 TRANSACTIONAL_MASK = 0x10
@@ -93,6 +101,8 @@ class InvalidRecordError(ValueError):
 
 
 class BatchHeader(NamedTuple):
+    """The named view of a header (fields in wire order, so `BH_*` index it too)."""
+
     base_offset: int
     batch_length: int
     partition_leader_epoch: int
@@ -123,6 +133,10 @@ class BatchHeader(NamedTuple):
     @property
     def is_control(self) -> bool:
         return bool(self.attributes & CONTROL_MASK)
+
+    @property
+    def is_transactional(self) -> bool:
+        return bool(self.attributes & TRANSACTIONAL_MASK)
 
 
 class Record(NamedTuple):
@@ -458,6 +472,12 @@ def _cython_records(raw: bytes, lat: int) -> Iterator[Record]:
         raise InvalidRecordError(f"cannot decode records: {e}") from e
 
 
+def iter_batch_headers(buf: Any) -> Iterator[BatchHeader]:
+    """Named headers of the complete batches in `buf` (a store read), stopping at a partial one."""
+    for pos, _size in iter_batches(buf):
+        yield parse_header(buf, pos)
+
+
 def iter_batches(buf: Any, pos: int = 0, end: int | None = None) -> Iterator[tuple[int, int]]:
     """(position, size) of each complete batch in `buf[pos:end]`; stops at a partial one."""
     if end is None:
@@ -469,3 +489,67 @@ def iter_batches(buf: Any, pos: int = 0, end: int | None = None) -> Iterator[tup
             return
         yield pos, size
         pos += size
+
+
+Walked = tuple[tuple[int, ...], int, int]  # (header tuple, position, size) of one batch
+
+
+class BatchWalk:
+    """The whole batches of `buf` holding offsets in [start, end), as a reader sees them.
+
+    Iterating yields (header, position, size); the header is the plain tuple, indexed with `BH_*`
+    (the dispatcher's record loop runs this per batch). `skip_control` leaves out transaction
+    markers and `aborted(producer id, offset)` the data batches of aborted transactions: the one
+    place that rule is written. `next_offset` is where a reader resumes: past every batch yielded
+    (once the loop asks for the next) or skipped, at most `end`; `past_end` is set when the walk
+    stopped at a batch that starts at or after `end`. Stops at a partial batch.
+    """
+
+    __slots__ = ("buf", "end", "aborted", "skip_control", "next_offset", "past_end")
+
+    def __init__(
+        self,
+        buf: Any,
+        start: int = 0,
+        end: int | None = None,
+        *,
+        aborted: Callable[[int, int], bool] | None = None,
+        skip_control: bool = False,
+    ) -> None:
+        self.buf = buf
+        self.end = (1 << 63) if end is None else end
+        self.aborted = aborted
+        self.skip_control = skip_control
+        self.next_offset = start
+        self.past_end = False
+
+    def __iter__(self) -> Iterator[Walked]:
+        buf, end, aborted = self.buf, self.end, self.aborted
+        skip_control = self.skip_control
+        start = self.next_offset
+        unpack = HEADER.unpack_from
+        pos, stop = 0, len(buf)
+        while stop - pos >= HEADER_SIZE:
+            h = unpack(buf, pos)
+            size = h[BH_BATCH_LENGTH] + LOG_OVERHEAD
+            if size < HEADER_SIZE or pos + size > stop:
+                return
+            base = h[BH_BASE_OFFSET]
+            last = base + h[BH_LAST_OFFSET_DELTA]
+            if last >= start:
+                if base >= end:
+                    self.past_end = True
+                    return
+                attrs = h[BH_ATTRIBUTES]
+                if not (
+                    (skip_control and attrs & CONTROL_MASK)
+                    or (
+                        aborted is not None
+                        and attrs & TRANSACTIONAL_MASK
+                        and not attrs & CONTROL_MASK
+                        and aborted(h[BH_PRODUCER_ID], max(base, start))
+                    )
+                ):
+                    yield h, pos, size
+                self.next_offset = last + 1 if last < end else end
+            pos += size

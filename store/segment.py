@@ -30,6 +30,13 @@ import crc32c
 
 from store.record_batch import (
     ATTRIBUTES_OFFSET,
+    BH_BASE_OFFSET,
+    BH_BATCH_LENGTH,
+    BH_CRC,
+    BH_LAST_OFFSET_DELTA,
+    BH_MAGIC,
+    BH_MAX_TIMESTAMP,
+    BH_RECORD_COUNT,
     HEADER,
     HEADER_SIZE,
     LOG_OVERHEAD,
@@ -265,10 +272,16 @@ class LogSegment:
                 if len(buf) < HEADER_SIZE:
                     return
             h = HEADER.unpack_from(buf, off)
-            size = h[1] + LOG_OVERHEAD
+            size = h[BH_BATCH_LENGTH] + LOG_OVERHEAD
             if size < HEADER_SIZE or pos + size > end:
                 return
-            yield BatchMeta(pos, size, h[0], h[0] + h[6], h[8])
+            yield BatchMeta(
+                pos,
+                size,
+                h[BH_BASE_OFFSET],
+                h[BH_BASE_OFFSET] + h[BH_LAST_OFFSET_DELTA],
+                h[BH_MAX_TIMESTAMP],
+            )
             pos += size
 
     def find_position(self, offset: int) -> tuple[int, BatchMeta | None]:
@@ -320,12 +333,12 @@ class LogSegment:
                 chunk = os.pread(fd, min(RECOVER_CHUNK, size - pos), pos)
                 view, cpos, off = memoryview(chunk), pos, 0
             h = HEADER.unpack_from(chunk, off)
-            bsize = h[1] + LOG_OVERHEAD
-            if h[3] != MAGIC_V2:
-                reason = f"bad magic {h[3]} at position {pos}"
+            bsize = h[BH_BATCH_LENGTH] + LOG_OVERHEAD
+            if h[BH_MAGIC] != MAGIC_V2:
+                reason = f"bad magic {h[BH_MAGIC]} at position {pos}"
                 break
             if bsize < HEADER_SIZE:
-                reason = f"bad batch length {h[1]} at position {pos}"
+                reason = f"bad batch length {h[BH_BATCH_LENGTH]} at position {pos}"
                 break
             if pos + bsize > size:
                 reason = f"torn batch at position {pos} ({size - pos} of {bsize} bytes present)"
@@ -333,20 +346,29 @@ class LogSegment:
             if off + bsize > len(chunk):
                 chunk = os.pread(fd, min(max(RECOVER_CHUNK, bsize), size - pos), pos)
                 view, cpos, off = memoryview(chunk), pos, 0
-            if h[0] != expect or h[6] < 0 or h[12] != h[6] + 1:
-                reason = f"batch at position {pos} has offset {h[0]}, expected {expect}"
+            if (
+                h[BH_BASE_OFFSET] != expect
+                or h[BH_LAST_OFFSET_DELTA] < 0
+                or h[BH_RECORD_COUNT] != h[BH_LAST_OFFSET_DELTA] + 1
+            ):
+                reason = (
+                    f"batch at position {pos} has offset {h[BH_BASE_OFFSET]}, expected {expect}"
+                )
                 break
-            if check_crc and crc32c.crc32c(view[off + ATTRIBUTES_OFFSET : off + bsize]) != h[4]:
-                reason = f"CRC mismatch in batch at position {pos} (offset {h[0]})"
+            if (
+                check_crc
+                and crc32c.crc32c(view[off + ATTRIBUTES_OFFSET : off + bsize]) != h[BH_CRC]
+            ):
+                reason = f"CRC mismatch in batch at position {pos} (offset {h[BH_BASE_OFFSET]})"
                 break
             if self._bytes_since_index >= self.index_interval or not self.index.rel:
-                self.index.append(h[0] - rel_base, pos)
+                self.index.append(h[BH_BASE_OFFSET] - rel_base, pos)
                 self._bytes_since_index = 0
             self._bytes_since_index += bsize
-            if h[8] > self.max_timestamp:
-                self.max_timestamp = h[8]
-                self.time_index.maybe_append(h[8], h[0] - rel_base)
-            expect = h[0] + h[6] + 1
+            if h[BH_MAX_TIMESTAMP] > self.max_timestamp:
+                self.max_timestamp = h[BH_MAX_TIMESTAMP]
+                self.time_index.maybe_append(h[BH_MAX_TIMESTAMP], h[BH_BASE_OFFSET] - rel_base)
+            expect = h[BH_BASE_OFFSET] + h[BH_LAST_OFFSET_DELTA] + 1
             pos += bsize
             batches += 1
         view.release()

@@ -26,6 +26,15 @@ import crc32c
 from store.log import LOG_START_FILE
 from store.record_batch import (
     ATTRIBUTES_OFFSET,
+    BH_ATTRIBUTES,
+    BH_BASE_OFFSET,
+    BH_BATCH_LENGTH,
+    BH_CRC,
+    BH_FIRST_TIMESTAMP,
+    BH_LAST_OFFSET_DELTA,
+    BH_MAGIC,
+    BH_MAX_TIMESTAMP,
+    BH_RECORD_COUNT,
     CONTROL_MASK,
     HEADER,
     HEADER_SIZE,
@@ -155,7 +164,7 @@ def _index_start(seg: SegmentFile, fd: int, offset: int, size: int) -> int:
         return 0
     h = HEADER.unpack_from(head)
     # Derived data is never trusted: the entry must point at the batch it names.
-    return pos if h[0] == seg.base_offset + r and h[3] == MAGIC_V2 else 0
+    return pos if h[BH_BASE_OFFSET] == seg.base_offset + r and h[BH_MAGIC] == MAGIC_V2 else 0
 
 
 def iter_batches(
@@ -219,8 +228,8 @@ def _walk(
         off = 0
         while n - off >= HEADER_SIZE:
             h = unpack(chunk, off)
-            bsize = h[1] + LOG_OVERHEAD
-            if h[3] != MAGIC_V2 or bsize < HEADER_SIZE or pos + off + bsize > size:
+            bsize = h[BH_BATCH_LENGTH] + LOG_OVERHEAD
+            if h[BH_MAGIC] != MAGIC_V2 or bsize < HEADER_SIZE or pos + off + bsize > size:
                 return -1  # being written (or torn): readable data ends here
             if off + bsize > n:
                 if off == 0:  # one batch bigger than the chunk
@@ -231,13 +240,21 @@ def _walk(
                     continue
                 break
             batch = view[off : off + bsize]
-            if check_crc and crc(batch[ATTRIBUTES_OFFSET:]) != h[4]:
+            if check_crc and crc(batch[ATTRIBUTES_OFFSET:]) != h[BH_CRC]:
                 return -1
-            last = h[0] + h[6]
-            if end is not None and h[0] >= end:
+            last = h[BH_BASE_OFFSET] + h[BH_LAST_OFFSET_DELTA]
+            if end is not None and h[BH_BASE_OFFSET] >= end:
                 return -1
             if last >= start:
-                yield BatchView(h[0], last, h[7], h[8], h[12], h[5], batch)
+                yield BatchView(
+                    h[BH_BASE_OFFSET],
+                    last,
+                    h[BH_FIRST_TIMESTAMP],
+                    h[BH_MAX_TIMESTAMP],
+                    h[BH_RECORD_COUNT],
+                    h[BH_ATTRIBUTES],
+                    batch,
+                )
             nxt = last + 1
             off += bsize
         if off == 0:

@@ -1,11 +1,10 @@
-"""The compiled hot loops (`store/_speedups.pyx`, `mqtt_proxy/codec/_cparser.pyx`,
-`mqtt_proxy/_cdelivery.pyx`, `lightqueue/_cblocks.pyx`, `lightqueue/_cresolve.pyx`) and fsync
-threads (`store/_fsync.pyx`), if built.
+"""The compiled modules (setup.py's list; docs/architecture.md lists what each holds), if built.
 
 setup.py compiles them with Cython at install time (`pip install -e .`); when that is not
 possible (no C compiler) install still succeeds and every caller uses its pure-Python twin, which
-computes the same results. `LIGHTGATE_NO_EXTENSIONS=1` forces the pure-Python twins (as
-`AIOHTTP_NO_EXTENSIONS` does for aiohttp); the tests run both.
+computes the same results (`store.twins` chooses and records each pair).
+`LIGHTGATE_NO_EXTENSIONS=1` forces the pure-Python twins (as `AIOHTTP_NO_EXTENSIONS` does for
+aiohttp); the tests run both.
 """
 
 from __future__ import annotations
@@ -16,11 +15,19 @@ from types import ModuleType
 
 DISABLED = os.environ.get("LIGHTGATE_NO_EXTENSIONS", "") not in ("", "0")
 MODULES = (
-    "store._speedups",
+    "store._cmqtt_batches",
+    "store._cmapping",
     "store._fsync",
+    "store._slots",
     "mqtt_proxy.codec._cparser",
-    "mqtt_proxy._cdelivery",
+    "mqtt_proxy._cqueue_cache",
+    "mqtt_proxy._ccohorts",
+    "mqtt_proxy._cqos1_run",
+    "mqtt_proxy._chandlers",
+    "mqtt_proxy._coutbound",
+    "mqtt_proxy._cbackend",
     "lightqueue._cblocks",
+    "lightqueue._cindex",
     "lightqueue._cresolve",
 )
 

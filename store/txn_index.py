@@ -34,12 +34,12 @@ from pathlib import Path
 from typing import Any
 
 from store.record_batch import (
+    BH_ATTRIBUTES,
     CONTROL_MASK,
-    HEADER,
-    LOG_OVERHEAD,
     TRANSACTIONAL_MASK,
-    iter_batches,
+    BatchWalk,
     iter_records,
+    parse_header,
 )
 
 __all__ = ["ABORT", "COMMIT", "PartitionTxns", "TransactionalReads", "TxnIndex", "control_type"]
@@ -84,12 +84,12 @@ class PartitionTxns:
 
     def feed(self, batch: Any) -> None:
         """Apply one whole batch (any batch: non-transactional ones change nothing)."""
-        h = HEADER.unpack_from(batch)
-        if not h[5] & (TRANSACTIONAL_MASK | CONTROL_MASK) or h[9] < 0:
+        h = parse_header(batch)
+        if not h.attributes & (TRANSACTIONAL_MASK | CONTROL_MASK) or h.producer_id < 0:
             return
-        marker = control_type(batch) if h[5] & CONTROL_MASK else None
-        if marker is not None or not h[5] & CONTROL_MASK:
-            self.apply(h[0], h[9], marker)
+        marker = control_type(batch) if h.is_control else None
+        if marker is not None or not h.is_control:
+            self.apply(h.base_offset, h.producer_id, marker)
 
     def stable(self, hwm: int) -> int:
         """The last stable offset given the high watermark."""
@@ -120,13 +120,13 @@ class TxnIndex:
 
     def observe(self, topic: str, partition: int, data: Any, pos: int, base_offset: int) -> None:
         """A transactional or control batch at `data[pos:]` was staged at `base_offset`."""
-        h = HEADER.unpack_from(data, pos)
-        attrs, pid = h[5], h[9]
-        if not attrs & (TRANSACTIONAL_MASK | CONTROL_MASK) or pid < 0:
+        h = parse_header(data, pos)
+        pid = h.producer_id
+        if not h.attributes & (TRANSACTIONAL_MASK | CONTROL_MASK) or pid < 0:
             return
         marker = None
-        if attrs & CONTROL_MASK:
-            marker = control_type(data, pos, h[1] + LOG_OVERHEAD)
+        if h.is_control:
+            marker = control_type(data, pos, h.size)
             if marker is None:
                 return
         self._part((topic, partition)).pending.append((base_offset, pid, marker))
@@ -208,18 +208,14 @@ class TxnIndex:
                 offset = max(p.covered, start)
                 while offset < hwm:
                     data = read(topic, partition, offset, chunk)
-                    progressed = False
-                    for pos, size in iter_batches(data):
-                        h = HEADER.unpack_from(data, pos)
-                        last = h[0] + h[6]
-                        if last < offset:
-                            continue
-                        if h[5] & (TRANSACTIONAL_MASK | CONTROL_MASK):
+                    walk = BatchWalk(data, offset)
+                    for h, pos, size in walk:
+                        if h[BH_ATTRIBUTES] & (TRANSACTIONAL_MASK | CONTROL_MASK):
                             p.feed(memoryview(data)[pos : pos + size])
-                        offset, progressed = last + 1, True
                         seen += 1
-                    if not progressed:
+                    if walk.next_offset == offset:
                         break
+                    offset = walk.next_offset
                 p.covered = max(offset, hwm)
                 p.aborted = [a for a in p.aborted if a[2] >= start]
         return seen

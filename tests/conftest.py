@@ -18,10 +18,11 @@ from mqtt_broker import InProcessBroker, ProcessBroker, serve_has_mqtt
 from spark_helpers import JAVA_MISSING
 from tansu import Tansu, start_tansu
 
-# Test modules run against both implementations of the compiled hot loops (store/speedups.py):
-# in-process tests once with the compiled functions and once with their pure-Python twins
-# (`speedups_impl`); tests on the `broker` fixture gain a third gateway, "pure", started with
-# LIGHTGATE_NO_EXTENSIONS=1 (next to "serve" and "split", which use the compiled modules).
+# Test modules run against both implementations of the compiled hot loops (store/twins.py):
+# in-process tests once with the compiled functions and once with every registered pure-Python
+# twin switched in (`speedups_impl`); tests on the `broker` fixture gain a third gateway, "pure",
+# started with LIGHTGATE_NO_EXTENSIONS=1 (next to "serve" and "split", which use the compiled
+# modules).
 BOTH_IMPLS = {
     "test_mqtt_codec_connection",
     "test_mqtt_codec_errors",
@@ -96,31 +97,17 @@ def speedups_impl(request: pytest.FixtureRequest) -> Iterator[str | None]:
     if impl is None:
         yield None
         return
-    import lightqueue.db as lqdb
-    import lightqueue.dispatcher as dispatcher
-    import lightqueue.index_batch as index_batch
-    import lightqueue.keys as keys
-    import lightqueue.queues as queues
-    import lightqueue.resolver as resolver
-    import mqtt_proxy.codec.parser as parser
-    import store.mqtt_batches as mqtt_batches
+    from lightgate.twins_docs import import_all
+    from store.twins import use_pure
 
+    twins = import_all()  # every site has registered its pair
     if impl == "compiled":
         require_extensions()
         yield impl
         return
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(parser, "_cwalk", None)
-        mp.setattr(mqtt_batches, "_build_records", None)
-        mp.setattr(mqtt_batches, "_group_by_slot", None)
-        mp.setattr(dispatcher, "_index_batch", dispatcher._index_batch_py)
-        mp.setattr(index_batch, "_put_blocks", keys.put_blocks_py)
-        mp.setattr(queues, "_read_entries", keys.read_entries_py)
-        mp.setattr(lqdb, "_encode_block", keys.encode_block_py)
-        mp.setattr(resolver, "_resolve_cached", resolver.resolve_cached_py)
-        mp.setattr(resolver, "_cache_records", resolver.cache_records_py)
-        mp.setattr(resolver, "_evict", resolver.evict_py)
-        mp.setattr(resolver, "_decode_records", resolver._decode_records_py)
+        # The fsync threads are switched per test by `fsync_impl`, not here.
+        use_pure(mp.setattr, [t.key for t in twins if t.module != "store._fsync"])
         yield impl
 
 
@@ -129,10 +116,11 @@ def fsync_impl(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) 
     """Group commit's fsync threads for stores opened in the test: "compiled"
     (store/_fsync.pyx) or "python" (store.commit.SyncWorkers' threads, which call os.fdatasync
     through store.commit: the fault injector)."""
-    import store.commit as commit
+    import store.commit  # noqa: F401 - registers the pair
+    from store.twins import use_pure
 
     if request.param == "python":
-        monkeypatch.setattr(commit, "_fsync", None)
+        use_pure(monkeypatch.setattr, ["store._fsync.FsyncPool"])
     else:
         require_extensions()
     return str(request.param)

@@ -14,8 +14,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.protocol.produce import ProduceRequest_v7
 from kafka_helpers import RawClient, running_gateway
 
-from store.kafka.producers import iter_batch_headers
-from store.record_batch import HEADER_SIZE, batch_crc, build_batch, iter_records
+from store.record_batch import HEADER_SIZE, batch_crc, build_batch, iter_batch_headers, iter_records
 
 pytestmark = pytest.mark.timeout(120)
 

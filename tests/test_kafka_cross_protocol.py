@@ -11,7 +11,6 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from kafka_helpers import running_gateway
 
-from store.kafka.producers import iter_batch_headers
 from store.mapping import (
     MqttMessage,
     MqttProperties,
@@ -19,7 +18,7 @@ from store.mapping import (
     mqtt_view,
     partition_for_key,
 )
-from store.record_batch import iter_records
+from store.record_batch import iter_batch_headers, iter_records
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -1,6 +1,7 @@
-"""The compiled hot loops (store/_speedups.pyx, mqtt_proxy/codec/_cparser.pyx) are built and in
-use, are switched off by LIGHTGATE_NO_EXTENSIONS=1, and compute exactly what their pure-Python
-twins compute (same batch bytes, same light-queue entries, same packets and errors)."""
+"""The compiled hot loops (store.speedups.MODULES, each pair registered with store.twins) are
+built and in use, are switched off by LIGHTGATE_NO_EXTENSIONS=1, sit beside the pure module they
+speed up, and compute exactly what their pure-Python twins compute (same batch bytes, same
+light-queue entries, same packets and errors): each pair has a test here marked with its name."""
 
 from __future__ import annotations
 
@@ -18,30 +19,45 @@ from hypothesis import strategies as st
 
 import lightqueue.dispatcher as dispatcher
 import store.mqtt_batches as mqtt_batches
+from lightgate.twins_docs import import_all
 from lightqueue.db import Queue
 from lightqueue.keys import entry_head
 from lightqueue.model import StoredMessage
 from mqtt_proxy.codec import EMPTY_PROPERTIES, Parser, Properties, Publish, RemoteProtocolError
 from store.mapping import MqttMessage, MqttProperties, headers_for
 from store.record_batch import build_batch, check_batch, check_records
+from store.speedups import MODULES
 
 ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
 
 
 def compiled() -> tuple[Any, Any]:
+    """(store's compiled loops: the batch builder's and mapping's, as one namespace; the parser's)."""
     require_extensions()
-    from mqtt_proxy.codec import _cparser  # type: ignore[attr-defined]
-    from store import _speedups  # type: ignore[attr-defined]
+    import types
 
-    return _speedups, _cparser
+    from mqtt_proxy.codec import _cparser  # type: ignore[attr-defined]
+    from store import _cmapping, _cmqtt_batches  # type: ignore[attr-defined]
+
+    store_loops = types.SimpleNamespace(
+        **{k: getattr(m, k) for m in (_cmqtt_batches, _cmapping) for k in dir(m)
+           if not k.startswith("_")}
+    )  # fmt: skip
+    return store_loops, _cparser
 
 
 def compiled_delivery() -> Any:
+    """The compiled delivery loops, each from the module beside the pure one it speeds up."""
     require_extensions()
-    from mqtt_proxy import _cdelivery  # type: ignore[attr-defined]
+    import importlib
+    import types
 
-    return _cdelivery
+    names = ("_cqueue_cache", "_ccohorts", "_cqos1_run", "_chandlers", "_coutbound", "_cbackend")
+    mods = [importlib.import_module(f"mqtt_proxy.{n}") for n in names]
+    return types.SimpleNamespace(
+        **{k: getattr(m, k) for m in mods for k in dir(m) if not k.startswith("_")}
+    )
 
 
 def compiled_blocks() -> Any:
@@ -49,6 +65,13 @@ def compiled_blocks() -> Any:
     from lightqueue import _cblocks  # type: ignore[attr-defined]
 
     return _cblocks
+
+
+def compiled_index() -> Any:
+    require_extensions()
+    from lightqueue import _cindex  # type: ignore[attr-defined]
+
+    return _cindex
 
 
 def compiled_resolve() -> Any:
@@ -63,16 +86,16 @@ def test_extensions_built_and_in_use() -> None:
     them (not the twins)."""
     sp, cp = compiled()
     assert mqtt_batches._build_records is sp.build_records
-    assert dispatcher._index_batch is sp.index_batch
+    assert dispatcher._index_batch is compiled_index().index_batch
     import mqtt_proxy.codec.parser as parser
 
-    assert parser._cwalk is cp.walk
+    assert parser._walk is cp.walk
     import store.mapping as mapping
 
     assert mapping.murmur2 is sp.murmur2
     import lightqueue.resolver as resolver
 
-    assert resolver._decode_records is sp.decode_records
+    assert resolver._decode_records is compiled_resolve().decode_records
     import lightqueue._cblocks as cb
 
     import lightqueue.index_batch as index_batch
@@ -87,7 +110,7 @@ def test_extensions_built_and_in_use() -> None:
     assert resolver._cache_records is cr.cache_records and resolver._evict is cr.evict
     assert resolver._group_offsets is cr.group_offsets
     assert resolver._resolve_records is cr.resolve_records
-    assert sp.__file__.endswith(".so") and cp.__file__.endswith(".so")
+    assert cp.__file__.endswith(".so")
     import mqtt_proxy.cohorts as cohorts
     import mqtt_proxy.queue_cache as queue_cache
 
@@ -110,40 +133,68 @@ def test_extensions_built_and_in_use() -> None:
 
 
 def test_env_var_forces_pure_python() -> None:
+    """LIGHTGATE_NO_EXTENSIONS=1: no compiled module loads and every registered site holds its
+    pure twin (a class keeps the pure base it was built on)."""
     code = (
-        "import store.speedups as s, store.mqtt_batches as b, lightqueue.dispatcher as d, "
-        "mqtt_proxy.codec.parser as p, store.commit as sc; "
-        "import store.mapping as m, lightqueue.resolver as r, lightqueue.queues as lq; "
-        "import mqtt_proxy.cohorts as c, mqtt_proxy.queue_cache as q, mqtt_proxy.handlers as h; "
-        "print(s.status(), b._build_records, d._index_batch is d._index_batch_py, p._cwalk, "
-        "m.murmur2 is m.murmur2_py, r._decode_records is r._decode_records_py, "
-        "c.qos0_run is c.qos0_run_py, q.fill_cache is q.fill_cache_py, "
-        "q.CachedMsg.__base__ is q._CachedFields, lq._read_entries is lq.read_entries_py, "
-        "h._publish_messages is h.publish_messages_py, sc._fsync); "
-        "import lightqueue.index_batch as ib, lightqueue.keys as k; "
-        "import mqtt_proxy.qos1_run as qr; "
-        "print(ib._put_blocks is k.put_blocks_py, r._resolve_cached is r.resolve_cached_py, "
-        "r._cache_records is r.cache_records_py, qr.qos1_run is qr.qos1_run_py, "
-        "r._evict is r.evict_py)"
-        "; import mqtt_proxy.backend as mb; print(mb._from_recent_runs is mb.from_recent_py, "
-        "r._group_offsets is r.group_offsets_py, r._resolve_records is r.resolve_records_py)"
-        "; import lightqueue.db as db; print(db._encode_block is k.encode_block_py, "
-        "b._group_by_slot, q.cached_end is q.cached_end_py, q.evict_oldest is q.evict_oldest_py)"
-        "; import mqtt_proxy.outbound as o, mqtt_proxy.connection as mc; "
-        "print(o.acks is o.acks_py, mc.acks is o.acks_py)"
+        "import store.speedups as s; from lightgate.twins_docs import import_all; "
+        "twins = import_all(); print(s.status()); "
+        "print(len(twins), all(t.compiled is None for t in twins)); "
+        "import mqtt_proxy.queue_cache as q, mqtt_proxy.outbound as o, mqtt_proxy.connection as mc, "
+        "mqtt_proxy.codec.parser as p, store.commit as sc, lightqueue.dispatcher as d; "
+        "print(q.CachedMsg.__base__ is q._CachedFields, mc.acks is o.acks_py, "
+        "p._walk is p.Parser._walk, sc._FsyncPool, d._index_batch is d._index_batch_py)"
     )
     env = {**os.environ, "LIGHTGATE_NO_EXTENSIONS": "1", "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == [
-        "{'store._speedups':", "False,", "'store._fsync':", "False,",
-        "'mqtt_proxy.codec._cparser':", "False,",
-        "'mqtt_proxy._cdelivery':", "False,", "'lightqueue._cblocks':", "False,",
-        "'lightqueue._cresolve':", "False}",
-        "None", "True", "None", "True", "True", "True", "True", "True", "True", "True", "None",
-        "True", "True", "True", "True", "True", "True", "True", "True", "True", "None", "True",
-        "True", "True", "True",
-    ]  # fmt: skip
+    status, pairs, sites = out.stdout.splitlines()
+    assert "True" not in status and status.count("False") == len(MODULES)
+    n, all_pure = pairs.split()
+    assert int(n) >= 20 and all_pure == "True"
+    assert sites.split() == ["True", "True", "True", "None", "True"]
+
+
+def test_every_twin_is_in_use() -> None:
+    """Where the compiled modules are built, every registered site chose the compiled one."""
+    compiled()
+    twins = import_all()
+    assert twins and [t.key for t in twins if t.compiled is None] == []
+    for t in twins:
+        assert sys.modules[t.module].__file__.endswith(".so"), t.module
+
+
+def test_every_twin_has_an_equivalence_test() -> None:
+    """Each registered pair is named by `@pytest.mark.twin(...)` on a test of this file that
+    runs both implementations (a new compiled function needs its test before it can ship)."""
+    marked: set[str] = set()
+    for obj in list(globals().values()):
+        for mark in getattr(obj, "pytestmark", []):
+            if mark.name == "twin":
+                marked.update(mark.args)
+    registered = {t.key for t in import_all()}
+    assert registered - marked == set(), "compiled twins without an equivalence test"
+    assert marked - registered == set(), "marked twins that are not registered"
+
+
+def test_each_compiled_module_sits_beside_the_one_module_it_speeds_up() -> None:
+    """All pure twins of a compiled module live in one module, in the same package: the
+    compiled code of a component is found next to it, and moves with it."""
+    homes: dict[str, set[str]] = {}
+    for t in import_all():
+        home = t.site if t.pure is None else t.pure.__module__
+        homes.setdefault(t.module, set()).add(home)
+    for module, pure_modules in homes.items():
+        assert len(pure_modules) == 1, f"{module} speeds up {sorted(pure_modules)}"
+        (pure_module,) = pure_modules
+        assert module.rpartition(".")[0] == pure_module.rpartition(".")[0], (module, pure_module)
+
+
+def test_twins_table_in_docs_is_generated() -> None:
+    """docs/architecture.md lists exactly the registered pairs (`python -m lightgate.twins_docs`)."""
+    from lightgate.twins_docs import DOCS, docs_text
+
+    have = DOCS.read_text()
+    assert have == docs_text(have, import_all()), "run: python -m lightgate.twins_docs"
 
 
 _header = st.one_of(
@@ -163,6 +214,7 @@ _record = st.tuples(
 )
 
 
+@pytest.mark.twin("lightqueue._cresolve.decode_records")
 @SETTINGS
 @given(
     st.lists(_record, min_size=1, max_size=30),
@@ -177,7 +229,7 @@ def test_decode_records_same_tuples(records: list[Any], base: int, lat: int, pad
     from lightqueue.resolver import _decode_records_py
 
     batch = pad + bytes(build_batch(records, base))
-    got = sp.decode_records(batch, len(pad), len(batch) - len(pad), lat)
+    got = compiled_resolve().decode_records(batch, len(pad), len(batch) - len(pad), lat)
     assert got == _decode_records_py(batch, len(pad), len(batch) - len(pad), lat)
     assert [r[0] for r in got] == list(range(base, base + len(records)))
     for r, (ts, key, value, hs) in zip(got, records, strict=True):
@@ -203,9 +255,9 @@ def test_decode_records_range(records: list[Any], base: int, lo: int, hi: int) -
     from lightqueue.resolver import _decode_records_py
 
     batch = bytes(build_batch(records, base))
-    whole = sp.decode_records(batch, 0, len(batch), -1)
+    whole = compiled_resolve().decode_records(batch, 0, len(batch), -1)
     want = [r for r in whole if base + lo <= r[0] <= base + hi]
-    assert sp.decode_records(batch, 0, len(batch), -1, base + lo, base + hi) == want
+    assert compiled_resolve().decode_records(batch, 0, len(batch), -1, base + lo, base + hi) == want
     assert _decode_records_py(batch, 0, len(batch), -1, base + lo, base + hi) == want
 
 
@@ -215,6 +267,7 @@ _entry = st.one_of(
 )
 
 
+@pytest.mark.twin("lightqueue._cblocks.read_entries")
 @SETTINGS
 @given(
     st.lists(st.tuples(st.integers(0, 3), _entry), max_size=40),
@@ -276,6 +329,7 @@ def test_read_entries_same_as_twin(
     assert got == read_entries_py(iter(pairs), start, end, names) == want
 
 
+@pytest.mark.twin("lightqueue._cblocks.put_blocks")
 @SETTINGS
 @given(
     st.lists(st.tuples(st.integers(0, 40), st.integers(0, 2**40)), max_size=6),
@@ -321,6 +375,7 @@ _block_entry = st.one_of(
 )
 
 
+@pytest.mark.twin("lightqueue._cblocks.encode_block")
 @SETTINGS
 @given(
     st.lists(_block_entry, max_size=80), st.lists(st.tuples(st.integers(0), st.integers(0, 255)))
@@ -370,6 +425,11 @@ def test_block_codec_same_as_twin(ents: list[Any], damage: list[tuple[int, int]]
         assert outs[0] == outs[1]
 
 
+@pytest.mark.twin(
+    "lightqueue._cresolve.resolve_cached",
+    "lightqueue._cresolve.cache_records",
+    "lightqueue._cresolve.evict",
+)
 @SETTINGS
 @given(
     st.lists(_record, min_size=1, max_size=30),
@@ -393,7 +453,7 @@ def test_resolve_cached_same_as_twin(
     sp, _ = compiled()
     cr = compiled_resolve()
     batch = bytes(build_batch(records, 0))
-    recs = sp.decode_records(batch, 0, len(batch), -1)
+    recs = compiled_resolve().decode_records(batch, 0, len(batch), -1)
     entries = [None if o is None else (("t", 0, o) if o % 7 else ("u", 1, o)) for o in wanted]
     outs = []
     for resolve, cache_records in ((resolve_cached_py, cache_records_py),
@@ -440,6 +500,7 @@ def test_resolve_cached_same_as_twin(
     assert list(c1) == [k for k in d1 if k in c1]
 
 
+@pytest.mark.twin("lightqueue._cresolve.group_offsets", "lightqueue._cresolve.resolve_records")
 @SETTINGS
 @given(
     st.lists(_record, min_size=1, max_size=30),
@@ -465,7 +526,7 @@ def test_resolve_records_same_as_twin(
     sp, _ = compiled()
     cr = compiled_resolve()
     batch = bytes(build_batch(records, 0))
-    recs = sp.decode_records(batch, 0, len(batch), -1)
+    recs = compiled_resolve().decode_records(batch, 0, len(batch), -1)
     recs = [r for r in recs if r[0] < 3 or r[0] >= 3 + gap]  # a hole in the records
     runs = {("t", 0): recs, ("u", 1): recs[: len(recs) // 2]}
     entries = [None if o is None else [("t", 0, o), ("u", 1, o), ("v", 2, o)][o % 3]
@@ -495,6 +556,7 @@ def test_resolve_records_same_as_twin(
     assert outs[0] == outs[1]
 
 
+@pytest.mark.twin("store._cmapping.murmur2")
 @SETTINGS
 @given(st.binary(max_size=80))
 def test_murmur2_same_hash(key: bytes) -> None:
@@ -537,6 +599,7 @@ class _AttrMessage:
         self.timestamp_ms = m.timestamp_ms
 
 
+@pytest.mark.twin("store._cmqtt_batches.build_records")
 @SETTINGS
 @given(st.lists(message, min_size=1, max_size=40), st.sampled_from([1, 200, 1 << 20]))
 def test_build_records_same_bytes(msgs: list[MqttMessage], max_bytes: int) -> None:
@@ -557,6 +620,7 @@ def test_build_records_same_bytes(msgs: list[MqttMessage], max_bytes: int) -> No
         j0 = ja
 
 
+@pytest.mark.twin("store._cmqtt_batches.group_by_slot")
 @SETTINGS
 @given(
     st.lists(st.sampled_from(["a", "a/b", "b/c", "bad", "x" * 300]), max_size=40),
@@ -598,6 +662,7 @@ def test_group_by_slot_same_as_twin(topics: list[str], nslots: int, as_tuple: bo
         assert keys == [m.topic.encode() for m in msgs]
 
 
+@pytest.mark.twin("mqtt_proxy._cqueue_cache.cached_end")
 @SETTINGS
 @given(st.sets(st.integers(0, 80)), st.integers(-5, 90), st.integers(0, 40))
 def test_cached_end_same_as_twin(held: set[int], pos: int, n: int) -> None:
@@ -626,6 +691,7 @@ def test_trim_below_same_as_twin(keys: list[int], low: int) -> None:
     assert list(a.items()) == list(b.items()) == [(k, str(k)) for k in keys if k >= low]
 
 
+@pytest.mark.twin("mqtt_proxy._cqueue_cache.evict_oldest")
 @SETTINGS
 @given(st.lists(st.integers(0, 60), unique=True), st.integers(0, 70), st.integers(-5, 70))
 def test_evict_oldest_same_as_twin(keys: list[int], over: int, start: int) -> None:
@@ -646,7 +712,7 @@ def _index_both(data: bytes, base: int, c: int, end: int, budget: int, gated: bo
     """Run both implementations on fresh queues; return what each did."""
     sp, _ = compiled()
     results = []
-    for fn in (dispatcher._index_batch_py, sp.index_batch):
+    for fn in (dispatcher._index_batch_py, compiled_index().index_batch):
         filt = Queue("f/#", 1, 1, 0, 0)
         qs: dict[bytes | None, Queue] = {}
         if gated:
@@ -672,6 +738,7 @@ def _index_both(data: bytes, base: int, c: int, end: int, budget: int, gated: bo
     return results
 
 
+@pytest.mark.twin("lightqueue._cindex.index_batch")
 @SETTINGS
 @given(
     st.lists(message, min_size=1, max_size=30),
@@ -741,6 +808,7 @@ def test_index_batch_garbled(cut: int, junk: bytes) -> None:
     assert py[0] == cy[0] == "error" and py[1] == cy[1] == []
 
 
+@pytest.mark.twin("mqtt_proxy.codec._cparser.walk")
 @SETTINGS
 @given(
     st.sampled_from([None, 3, 4, 5]),
@@ -756,9 +824,9 @@ def test_parser_walk_same_packets_and_errors(
 
     stream = b"".join([bytes([0x30, len(p) + 4, 0, 2]) + b"t/" + p[:120] for p in pieces]) + tail
     out: list[Any] = []
-    for walk in (None, cp.walk):
-        old = parser._cwalk
-        parser._cwalk = walk
+    for walk in (Parser._walk, cp.walk):
+        old = parser._walk
+        parser._walk = walk
         try:
             p = Parser(version=version)
             got: list[Any] = []
@@ -770,7 +838,7 @@ def test_parser_walk_same_packets_and_errors(
                 got += e.packets
                 got.append(("error", str(e), e.reason_code))
         finally:
-            parser._cwalk = old
+            parser._walk = old
         out.append(got)
     assert out[0] == out[1]
 
@@ -779,13 +847,15 @@ def test_clean_removes_built_modules() -> None:
     """`make clean` deletes what `pip install -e .` builds into the source tree."""
     text = (ROOT / "Makefile").read_text()
     clean = text[text.index("\nclean:") :]
-    assert "*.so" in clean and "_speedups.c" in clean and "_cparser.c" in clean
-    assert "mqtt_proxy/*.so" in clean and "_cdelivery.c" in clean
+    assert "*.so" in clean and "store/_c*.c" in clean and "_cparser.c" in clean
+    assert "mqtt_proxy/*.so" in clean and "mqtt_proxy/_c*.c" in clean
     assert "lightqueue/*.so" in clean and "_cblocks.c" in clean and "_cresolve.c" in clean
+    assert "_cindex.c" in clean
     ignored = (ROOT / ".gitignore").read_text()
     assert "*.so" in ignored and "lightqueue/_cresolve.c" in ignored
 
 
+@pytest.mark.twin("store._cmapping.untrack")
 def test_hot_objects_are_not_tracked_by_the_gc() -> None:
     """What fan-in makes per message holds no object that could close a reference cycle, so the
     compiled paths take it off the cyclic GC's lists (before: ~10 % of a fan-in run's CPU in
@@ -801,11 +871,16 @@ def test_hot_objects_are_not_tracked_by_the_gc() -> None:
     assert all(gc.is_tracked(m) for m in msgs)
     untrack_messages(msgs)
     assert not any(gc.is_tracked(m) for m in msgs)
+    from store.mapping import _keep_tracked  # the pure twin: same messages, left to the GC
+
+    kept = [MqttMessage("a/b", b"xy", 0, "c"), MqttMessage("a/b", b"z", 1, "c")]
+    _keep_tracked(kept)
+    assert kept == msgs and all(gc.is_tracked(m) for m in kept)
     # The pushed entries: (topic, partition, offset) tuples appended to a watched queue.
     q = Queue("f", 1, 1, 0, 0)
     q.watch = []
     data = bytes(build_batch([(1, b"k", b"v", [])] * 3, 40))
-    sp.index_batch(data, 0, len(data), 40, 0, 100, 0, 10, {}, lambda k: (q,), entry_head(1, 0),
+    compiled_index().index_batch(data, 0, len(data), 40, 0, 100, 0, 10, {}, lambda k: (q,), entry_head(1, 0),
                    1, [], None, "t", 0)  # fmt: skip
     assert q.watch == [("t", 0, 40), ("t", 0, 41), ("t", 0, 42)]
     assert not any(gc.is_tracked(e) for e in q.watch)
@@ -841,6 +916,7 @@ _cached = st.one_of(  # as the proxy appended it (MqttMessage) or as read back (
 )  # fmt: skip
 
 
+@pytest.mark.twin("mqtt_proxy._cqueue_cache.fill_cache", "mqtt_proxy._ccohorts.qos0_run")
 @SETTINGS
 @example(  # found by this test: a message stamped after `now` kept its whole expiry, and more
     [MqttMessage("a", b"", 0, "", False, MqttProperties(message_expiry=3_195_455_668), 2**40)],
@@ -910,6 +986,65 @@ def test_delivery_cache_and_qos0_run_same_as_twins(
         assert len(got) == n
 
 
+@pytest.mark.twin("mqtt_proxy._cqueue_cache.CachedBase")
+@SETTINGS
+@given(st.builds(MqttMessage, **_mfields))
+def test_cached_base_same_fields_as_twin(m: MqttMessage) -> None:
+    """The compiled base of CachedMsg starts with the fields of its pure twin (the expiry too)."""
+    from mqtt_proxy.queue_cache import _CachedFields
+
+    cd = compiled_delivery()
+    args = (m.topic, m.payload, m.qos, m.retain, m.client_id, m.properties, m.timestamp_ms)
+    a, b = _CachedFields(*args), cd.CachedBase(*args)
+    assert [getattr(a, f) for f in _CachedFields.__slots__] == [
+        getattr(b, f) for f in _CachedFields.__slots__
+    ]
+
+
+@pytest.mark.twin("store._fsync.FsyncPool")
+def test_fsync_pool_same_as_python_threads(tmp_path: Path) -> None:
+    """SyncWorkers on the compiled pool and on its Python threads: a file and its directory
+    synced (done(None)), an fd that cannot be synced (a pipe) failing with the same errno."""
+    require_extensions()
+    import asyncio
+
+    import store.commit as commit
+    from store.twins import use_pure
+
+    async def run(workers: Any) -> list[int | None]:
+        loop = asyncio.get_running_loop()
+        r, w = os.pipe()
+        path = tmp_path / "f"
+        path.write_bytes(b"x")
+        fd = os.open(path, os.O_RDWR)
+        try:
+            out: list[int | None] = []
+            for fds, directory in (([fd], tmp_path), ([r], None)):
+                fut = loop.create_future()
+                workers.submit(loop, fds, directory, fut.set_result)
+                err = await asyncio.wait_for(fut, 10)
+                out.append(None if err is None else err.errno)
+            return out
+        finally:
+            os.close(fd)
+            os.close(r)
+            os.close(w)
+
+    got = []
+    for pure in (False, True):
+        with pytest.MonkeyPatch.context() as mp:
+            if pure:
+                use_pure(mp.setattr, ["store._fsync.FsyncPool"])
+            workers = commit.SyncWorkers(2, "twin-test")
+            assert (workers._pool is None) is pure
+            try:
+                got.append(asyncio.run(run(workers)))
+            finally:
+                workers.shutdown()
+    assert got[0] == got[1] and got[0][0] is None and got[0][1] is not None
+
+
+@pytest.mark.twin("mqtt_proxy._cqos1_run.qos1_run")
 @SETTINGS
 @given(
     st.lists(_cached, max_size=30),
@@ -993,6 +1128,7 @@ _publish = st.builds(
 )
 
 
+@pytest.mark.twin("mqtt_proxy._coutbound.acks")
 @SETTINGS
 @given(st.sampled_from([4, 5]), st.lists(st.integers(1, 0xFFFF), max_size=300))
 @example(4, [1, 0xFF, 0x100, 0xFFFF])
@@ -1013,6 +1149,7 @@ def test_acks_same_as_twin(ptype: int, pids: list[int]) -> None:
             cd.acks(ptype, [*pids, bad])
 
 
+@pytest.mark.twin("mqtt_proxy._chandlers.publish_messages")
 @SETTINGS
 @given(st.lists(_publish, max_size=30), st.integers(0, 30), st.integers(0, 2**41))
 def test_publish_messages_same_as_twin(packets: list[Any], i: int, now_ms: int) -> None:
@@ -1040,6 +1177,7 @@ def test_publish_messages_same_as_twin(packets: list[Any], i: int, now_ms: int) 
         assert hash(m) == hash(w) and dataclasses.replace(m, qos=0) == dataclasses.replace(w, qos=0)
 
 
+@pytest.mark.twin("mqtt_proxy._cbackend.from_recent")
 @SETTINGS
 @given(
     st.dictionaries(

@@ -20,12 +20,13 @@ from kafka_helpers import make_batch
 
 import store.commit as commit
 from store import Store, StoreConfig, StoreError
+from store.twins import use_pure
 
 
 @pytest.fixture
 def python_fsync(monkeypatch: pytest.MonkeyPatch) -> None:
     """Stores opened in this test fsync from Python threads (os.fdatasync can be patched)."""
-    monkeypatch.setattr(commit, "_fsync", None)
+    use_pure(monkeypatch.setattr, ["store._fsync.FsyncPool"])
 
 
 async def test_failed_fsync_fails_its_waiters_and_takes_the_partition_offline(

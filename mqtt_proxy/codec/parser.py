@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from store.speedups import load
+from store.twins import twin
 
 from ._decode import DECODERS, REQUIRED_FLAGS
 from ._wire import check_str
@@ -128,7 +128,7 @@ class Parser:
             buf = data
         out: list[Packet] = []
         try:
-            pos = self._walk(buf, out) if _cwalk is None else _cwalk(self, buf, out)
+            pos = _walk(self, buf, out)
         except RemoteProtocolError as e:
             e.packets = list(out)
             if e.protocol_level is None:
@@ -257,8 +257,10 @@ class Parser:
 
 
 # The compiled walk (_cparser.pyx, built at install), unless absent or disabled: the same
-# packets and errors as `_walk`, which stays the reference (the codec tests run both).
-_cparser = load("mqtt_proxy.codec._cparser")
-_cwalk: Callable[[Parser, bytes, list[Packet]], int] | None = (
-    None if _cparser is None else _cparser.walk
+# packets and errors as `Parser._walk`, which stays the reference (the codec tests run both).
+_walk: Callable[[Parser, bytes, list[Packet]], int] = twin(
+    Parser._walk,
+    "mqtt_proxy.codec._cparser",
+    "walk",
+    what="the packet walk; PUBLISH and plain PUBACK allocated in place",
 )

@@ -17,15 +17,16 @@ from kio.schema.errors import ErrorCode as E
 from store.config import MAX_PARTITIONS
 from store.mapping import is_system_topic
 from store.record_batch import (
-    HEADER,
-    iter_batches,
+    BH_BASE_OFFSET,
+    BH_LAST_OFFSET_DELTA,
+    BatchWalk,
+    iter_batch_headers,
     iter_records,
 )
 from store.store import StoreError
 
 from .handlers_admin import parse_topic_configs
 from .handlers_txn import init_transactional
-from .producers import iter_batch_headers
 from .protocol import SUPPORTED_VERSIONS, Request, build, response_module
 
 if TYPE_CHECKING:
@@ -198,9 +199,9 @@ def _fetch_session_error(body: Any, v: int) -> int:
 def records_from(data: bytes, offset: int) -> int:
     """Records at or after `offset` in whole batches `data` (headers only; for /metrics)."""
     n = 0
-    for pos, _size in iter_batches(data):
-        h = HEADER.unpack_from(data, pos)
-        n += max(0, h[0] + h[6] + 1 - max(h[0], offset))
+    for h, _pos, _size in BatchWalk(data, offset):
+        base = h[BH_BASE_OFFSET]
+        n += base + h[BH_LAST_OFFSET_DELTA] + 1 - max(base, offset)
     return n
 
 

@@ -22,26 +22,20 @@ import json
 import os
 import threading
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from kio.schema.errors import ErrorCode as E
 
-from store.record_batch import CONTROL_MASK, BatchHeader, iter_batches, parse_header
+from store.record_batch import BH_BASE_OFFSET, CONTROL_MASK, BatchHeader, BatchWalk
 
-__all__ = ["ProducerStateManager", "iter_batch_headers", "last_sequence"]
+__all__ = ["ProducerStateManager", "last_sequence"]
 
 INT32_MAX = 2**31 - 1
 _KEEP_BATCHES = 5
 _MAX_PRODUCERS_PER_PARTITION = 50_000
 _PID_BLOCK = 1000
-
-
-def iter_batch_headers(buf: bytes | memoryview) -> Iterator[BatchHeader]:
-    """Headers of the complete batches in `buf` (a store read), stopping at a partial one."""
-    for pos, _size in iter_batches(buf):
-        yield parse_header(buf, pos)
 
 
 def last_sequence(h: BatchHeader) -> int:
@@ -164,16 +158,13 @@ class ProducerStateManager:
                 offset = max(self._covered.get(key, 0), log_start(topic, partition))
                 while offset < hwm:
                     data = read(topic, partition, offset, chunk)
-                    progressed = False
-                    for h in iter_batch_headers(data):
-                        last = h.base_offset + h.last_offset_delta
-                        if last < offset:
-                            continue
-                        self.record(topic, partition, h, h.base_offset)
-                        offset, progressed = last + 1, True
+                    walk = BatchWalk(data, offset)
+                    for h, _pos, _size in walk:
+                        self.record(topic, partition, BatchHeader._make(h), h[BH_BASE_OFFSET])
                         seen += 1
-                    if not progressed:
+                    if walk.next_offset == offset:
                         break
+                    offset = walk.next_offset
                 self._covered[key] = max(offset, self._covered.get(key, 0))
         return seen
 
