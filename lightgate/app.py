@@ -13,7 +13,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from lightgate import __version__
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from lightgate.probe import Probe
     from lightgate.supervisor import ProxySupervisor
     from lightqueue import LightQueues
+    from mqtt_proxy.bridge import Bridges, BridgeSettings
     from mqtt_proxy.server import MqttServer
     from notify import InProcessNotifier
     from store.kafka.server import KafkaServer
@@ -62,6 +63,7 @@ class Gateway:
         self.link: CoreLink | None = None  # split shape (the proxies' figures)
         self.kafka: KafkaServer | None = None
         self.probe: Probe | None = None
+        self.bridges: Bridges | None = None  # `[[bridge]]`s (mqtt_proxy/bridge)
         self.endpoints: dict[str, tuple[str, int]] = {}
         self._closers: list[_Closer] = []
         self._stats_sources: list[tuple[str, object]] = []  # (metric prefix, source with stats())
@@ -128,6 +130,7 @@ class Gateway:
         notifier.start()
         self._closers.append(notifier)
         self._stats_sources.append(("", queues))
+        self._start_bridges(queues, notifier)
         if not has_mqtt_listeners(cfg):
             if cfg.core_listen:  # a core for `lightgate proxy` elsewhere, no MQTT of its own
                 await self._start_core_link(queues, notifier)
@@ -151,6 +154,27 @@ class Gateway:
             self.endpoints["ws"] = await mqtt.start_ws(cfg.host, cfg.ws_port)
         if cfg.tls_cert and cfg.wss_port != -1:
             self.endpoints["wss"] = await mqtt.start_ws(cfg.host, cfg.wss_port, tls_context(cfg))
+
+    def _start_bridges(self, queues: LightQueues, notifier: InProcessNotifier) -> None:
+        """The `[[bridge]]`s, once per gateway: here, where the log and the light queues are
+        (the one process, or the core of proxies in other processes)."""
+        settings: list[BridgeSettings] = self.cfg.extra.get("bridges") or []
+        if not settings:
+            return
+        from mqtt_proxy.bridge import Bridge, Bridges
+
+        assert self.store is not None
+        security = self.security
+
+        def acl_of(s: BridgeSettings) -> Callable[[str], bool]:
+            user = s.local_username or None
+            return lambda topic: security.acl.can_write(topic, user, s.identity)
+
+        self.bridges = Bridges(
+            [Bridge(s, self.store, queues, notifier, acl_of(s)) for s in settings]
+        )
+        self.bridges.start()
+        self._closers.append(self.bridges)
 
     async def _start_core_link(self, queues: LightQueues, notifier: InProcessNotifier) -> str:
         """The core link (store, light queues, notify) for MQTT proxies in other processes."""

@@ -158,6 +158,7 @@ class Figures:
             "bounds": list(BOUNDS),
             "flat": await gw.flat_metrics(mstats),
         }
+        snap["bridges"] = bridge_figures(gw)
         snap["rates"] = self._rates(snap)
         return snap
 
@@ -209,6 +210,55 @@ class Figures:
         out["top_topics"] = [{"topic": t, "rate": r} for t, r in top]
         self.rates = out
         return out
+
+
+def bridge_figures(gw: Gateway) -> list[dict[str, Any]]:
+    """Each bridge's figures object, refreshed now (its lag is two LevelDB reads)."""
+    if gw.bridges is None:
+        return []
+    out = []
+    for b in gw.bridges.bridges:
+        b.refresh()
+        out.append(b.figures.as_dict())
+    return out
+
+
+def bridge_metrics(bridges: list[dict[str, Any]]) -> Iterator[Metric]:
+    """`lightgate_bridge_*`, one series per bridge (labels: bridge, and direction)."""
+    up = GaugeMetricFamily(
+        "lightgate_bridge_connected",
+        "1 while the bridge is connected to its remote",
+        labels=["bridge"],
+    )
+    lag = GaugeMetricFamily(
+        "lightgate_bridge_lag_messages",
+        "Messages of the bridge's out rules the remote has not acknowledged yet",
+        labels=["bridge"],
+    )
+    lag_s = GaugeMetricFamily(
+        "lightgate_bridge_lag_seconds",
+        "Age of the oldest message the remote has not acknowledged (0 when caught up)",
+        labels=["bridge"],
+    )
+    msgs = CounterMetricFamily(
+        "lightgate_bridge_messages_total",
+        "Messages forwarded: out (log to remote) and in (remote to log)",
+        labels=["bridge", "direction"],
+    )
+    rec = CounterMetricFamily(
+        "lightgate_bridge_reconnects_total",
+        "Connection attempts after the first",
+        labels=["bridge"],
+    )
+    for b in bridges:
+        name = b["name"]
+        up.add_metric([name], int(b["connected"]))
+        lag.add_metric([name], b["lag_messages"])
+        lag_s.add_metric([name], b["lag_seconds"])
+        msgs.add_metric([name, "out"], b["messages_out"])
+        msgs.add_metric([name, "in"], b["messages_in"])
+        rec.add_metric([name], b["reconnects"])
+    yield from (up, lag, lag_s, msgs, rec)
 
 
 def _traffic(mstats: dict[str, Any], kstats: dict[str, Any]) -> dict[str, dict[str, int]]:
@@ -333,6 +383,7 @@ class GatewayCollector(Collector):
         yield GaugeMetricFamily(
             "lightgate_up", "1 when /health says ok", int(s["health"]["status"] == "ok")
         )
+        yield from bridge_metrics(s.get("bridges", []))
 
 
 def _legacy(flat: dict[str, float | int]) -> Iterator[Metric]:
