@@ -5,6 +5,7 @@ persistence file, so a far-side subscriber's queued messages survive the remote'
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import signal
 import socket
@@ -47,6 +48,9 @@ class Mosquitto:
             f"persistence_location {self.dir}/",
             "max_queued_messages 0",  # no limit: an offline subscriber's queue holds everything
             "max_inflight_messages 100",
+            # Run as root (a container), Mosquitto drops to the `mosquitto` user and can then not
+            # write its persistence file in our directory: stay who we are.
+            *([f"user {pwd.getpwuid(os.getuid()).pw_name}"] if os.getuid() == 0 else []),
             "log_dest stderr",
             "log_type error",
             "log_type warning",
