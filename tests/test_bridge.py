@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import signal
 import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -17,9 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gateway_process import GatewayProcess
+from gateway_process import ROOT, GatewayProcess
 from mosquitto_helpers import MOSQUITTO, FarSide, Mosquitto, in_order_once_each
 from mqtt_helpers import V5, Client
+from tansu import free_port
 from tls_helpers import make_pki
 
 pytestmark = pytest.mark.skipif(MOSQUITTO is None, reason="mosquitto not installed")
@@ -275,3 +278,130 @@ def test_refused_credentials_then_fixed(tmp_path: Path, start: Start) -> None:
         in_order_once_each(got, want)
     finally:
         m.stop()
+
+
+def _block(doc: str, lang: str, after: str) -> str:
+    """The first ```lang block of docs/`doc` after the text `after`."""
+    text = (ROOT / "docs" / doc).read_text()
+    rest = text[text.index(after) :]
+    m = re.search(rf"```{lang}\n(.*?)```", rest, re.S)
+    assert m is not None
+    return m.group(1)
+
+
+def test_docs_edge_to_centre(tmp_path: Path, start: Start) -> None:
+    """docs/bridges.md's central.conf and edge.toml as written (ports changed to free ones),
+    with a far-side `mosquitto_sub` and the remote stopped and started again meanwhile."""
+    conf = _block("bridges.md", "conf", "The central broker")
+    edge = _block("bridges.md", "toml", "The edge gateway's")
+    centre = Mosquitto(tmp_path / "centre")
+    centre.port = free_port()
+    centre.extra = [ln for ln in conf.splitlines() if ln and not ln.startswith("listener")]
+    centre.start()
+    try:
+        gw = start(edge.replace("127.0.0.1:1884", f"127.0.0.1:{centre.port}"))
+        connected(gw)
+        far = subprocess.Popen(
+            ["mosquitto_sub", "-h", "127.0.0.1", "-p", str(centre.port), "-t", "site1/sensors/#",
+             "-q", "1", "-v", "-c", "-i", "far", "-C", "1", "-W", "20"],
+            stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        time.sleep(0.5)
+        subprocess.run(["mosquitto_pub", "-h", "127.0.0.1", "-p", str(gw.port("mqtt")), "-t",
+                        "sensors/line1/temp", "-m", "21.5", "-q", "1"], check=True)  # fmt: skip
+        out, _ = far.communicate(timeout=30)
+        assert out.strip() == "site1/sensors/line1/temp 21.5"
+        local = Client(gw.port("mqtt"), "cmd-reader").connect()
+        local.subscribe("cmd/#", qos=1)
+        subprocess.run(["mosquitto_pub", "-h", "127.0.0.1", "-p", str(centre.port), "-t",
+                        "site1/cmd/valve", "-m", "open", "-q", "1"], check=True)  # fmt: skip
+        (m,) = local.expect(1)
+        assert (m.topic, m.payload) == ("cmd/valve", b"open")
+        # The far side's persistent session (-c -i far) is offline now; the centre goes away,
+        # a thousand readings arrive on the edge, the centre comes back: all of them, in order.
+        centre.stop()
+        want = payloads(1000, "r")
+        publish_fast(gw.port("mqtt"), "sensors/line1/temp", want)
+        centre.start()
+        sub = FarSide(centre.port, "site1/sensors/#", client_id="far")
+        in_order_once_each(sub.wait_for(len(want), timeout=60), want)
+        sub.close()
+    finally:
+        centre.stop()
+
+
+def test_mosquitto_section_moved_over(tmp_path: Path, remote: Mosquitto, start: Start) -> None:
+    """A bridge section as it stood in a mosquitto.conf, in a file, with prefixes both ways."""
+    section = tmp_path / "bridge.conf"
+    section.write_text(
+        "# from /etc/mosquitto/conf.d/bridge.conf\n"
+        "connection central\n"
+        f"address 127.0.0.1:{remote.port}\n"
+        "remote_clientid edge-17\n"
+        "cleansession false\n"
+        "try_private true\n"
+        "notifications false\n"
+        "bridge_protocol_version mqttv311\n"
+        'topic sensors/# out 1 "" site17/\n'
+        "topic cmd/# in 1 edge/ site17/\n"
+    )
+    gw = start(f'[[bridge]]\nname = "central"\nmosquitto_file = "{section}"\n')
+    connected(gw, "central")
+    far = FarSide(remote.port, "site17/#")
+    publish_local(gw.port("mqtt"), "sensors/x", [b"1", b"2"])
+    assert far.wait_for(2) == [b"1", b"2"] and far.topics == ["site17/sensors/x"] * 2
+    local = Client(gw.port("mqtt"), "cmd-reader").connect()
+    local.subscribe("edge/cmd/#", qos=1)
+    Client(remote.port, "centre-app").connect().publish("site17/cmd/go", b"now", qos=1)
+    (m,) = local.expect(1)
+    assert (m.topic, m.payload) == ("edge/cmd/go", b"now")
+    far.close()
+
+
+def test_split_shape_runs_bridges_in_the_core(remote: Mosquitto, start: Start) -> None:
+    """mqtt_processes = 2: the bridge runs once, in the core; publishes come through proxies."""
+    gw = start(bridge_toml(remote.port, "sensors/# out 1", "cmd/# in 1"),
+               "--set", "mqtt_processes=2")  # fmt: skip
+    connected(gw)
+    far = FarSide(remote.port, "sensors/#", client_id="far-split")
+    want = payloads(500)
+    publish_fast(gw.port("mqtt"), "sensors/s", want)
+    assert far.wait_for(len(want)) == want
+    local = Client(gw.port("mqtt"), "cmd-reader").connect()
+    local.subscribe("cmd/#", qos=1)
+    Client(remote.port, "centre-app").connect().publish("cmd/x", b"go", qos=1)
+    assert local.expect(1)[0].payload == b"go"
+    assert gw.log_text().count("bridge centre connected to") == 1  # once, not per proxy
+    far.close()
+
+
+def test_figures_in_metrics_and_status(remote: Mosquitto, start: Start) -> None:
+    gw = start(bridge_toml(remote.port, "sensors/# out 1", "cmd/# in 1"))
+    connected(gw)
+    far = FarSide(remote.port, "sensors/#", client_id="far-metrics")
+    publish_local(gw.port("mqtt"), "sensors/m", payloads(7))
+    far.wait_for(7)
+    Client(remote.port, "centre-app").connect().publish("cmd/a", b"x", qos=1)
+    wait_until(lambda: bridge_stats(gw)["messages_in"] == 1, what="one in")
+    url = f"http://127.0.0.1:{gw.port('http')}"
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    for line in (
+        'lightgate_bridge_connected{bridge="centre"} 1.0',
+        'lightgate_bridge_lag_messages{bridge="centre"} 0.0',
+        'lightgate_bridge_lag_seconds{bridge="centre"} 0.0',
+        'lightgate_bridge_messages_total{bridge="centre",direction="out"} 7.0',
+        'lightgate_bridge_messages_total{bridge="centre",direction="in"} 1.0',
+        'lightgate_bridge_reconnects_total{bridge="centre"} 0.0',
+    ):
+        assert line in text.splitlines(), line
+    out = subprocess.run([sys.executable, "-m", "lightgate", "status", "--url", url],
+                         capture_output=True, text=True, timeout=30, cwd=ROOT).stdout  # fmt: skip
+    row = next(ln for ln in out.splitlines() if ln.startswith("centre"))
+    assert row.split()[:6] == ["centre", "up", "0", "0.0", "7", "1"], out
+    remote.stop()
+    wait_until(lambda: not bridge_stats(gw)["connected"], what="down")
+    out = subprocess.run([sys.executable, "-m", "lightgate", "status", "--url", url],
+                         capture_output=True, text=True, timeout=30, cwd=ROOT).stdout  # fmt: skip
+    assert "  ! centre: " in out and " down " in out, out
+    far.close()
