@@ -22,7 +22,7 @@ import pytest
 from gateway_process import ROOT, GatewayProcess
 from mosquitto_helpers import MOSQUITTO, FarSide, Mosquitto, in_order_once_each
 from mqtt_helpers import V5, Client
-from tansu import free_port
+from tansu import Tansu, free_port, kafka_args
 from tls_helpers import make_pki
 
 pytestmark = pytest.mark.skipif(MOSQUITTO is None, reason="mosquitto not installed")
@@ -404,4 +404,24 @@ def test_figures_in_metrics_and_status(remote: Mosquitto, start: Start) -> None:
     out = subprocess.run([sys.executable, "-m", "lightgate", "status", "--url", url],
                          capture_output=True, text=True, timeout=30, cwd=ROOT).stdout  # fmt: skip
     assert "  ! centre: " in out and " down " in out, out
+    far.close()
+
+
+def test_log_on_kafka(remote: Mosquitto, start: Start, tansu: Tansu) -> None:
+    """log = "kafka": out from the cluster's records (the remote stopped and started meanwhile),
+    and in: appended to the cluster, PUBACKed once the cluster acknowledged."""
+    gw = start(bridge_toml(remote.port, "sensors/# out 1", "cmd/# in 1"), *kafka_args(tansu))
+    connected(gw)
+    far = FarSide(remote.port, "sensors/#", client_id="far-kafka")
+    want = payloads(2000)
+    publish_fast(gw.port("mqtt"), "sensors/kf", want[:1000])
+    far.wait_for(100)
+    remote.stop()
+    publish_fast(gw.port("mqtt"), "sensors/kf", want[1000:])
+    remote.start()
+    in_order_once_each(far.wait_for(len(want), timeout=90), want)
+    local = Client(gw.port("mqtt"), "cmd-reader").connect()
+    local.subscribe("cmd/#", qos=1)
+    Client(remote.port, "centre-app").connect().publish("cmd/k", b"go", qos=1)
+    assert local.expect(1, timeout=20)[0].payload == b"go"
     far.close()
