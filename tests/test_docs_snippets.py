@@ -50,6 +50,12 @@ SKIP = {
     "kcat -b gateway.example": "as above, tests/test_tls.py",
     ".venv/bin/lightgate proxy --core gateway.example:7070": "needs a core on another host; "
     "the same proxy over core_tls is tests/test_core_secret.py",
+    "mosquitto -c central.conf": "docs/bridges.md's central broker on its fixed port: "
+    "tests/test_bridge.py::test_docs_edge_to_centre runs that page's central.conf and edge.toml "
+    "on free ports, with the same mosquitto_sub and mosquitto_pub lines",
+    ".venv/bin/lightgate serve --config edge.toml": "as above (test_docs_edge_to_centre)",
+    "mosquitto_sub -h 127.0.0.1 -p 1884": "as above (test_docs_edge_to_centre)",
+    "mosquitto_pub -h 127.0.0.1 -p 188": "as above (test_docs_edge_to_centre)",
 }
 
 PORTS = ("MQTT", "MQTTS", "WS", "WSS", "KAFKA", "KAFKA_TLS", "HTTP")
