@@ -209,6 +209,8 @@ def bridge_settings(table: Any, index: int, base: Path | None = None) -> BridgeS
                        f"{values['password_file']}") from None  # fmt: skip
     elif values.get("password"):
         password = values["password"].encode()
+    if password is not None and not values.get("username"):
+        raise _err(name, "password needs a username (MQTT sends no password without one)")
     for key in ("tls_ca", "tls_cert", "tls_key"):
         if values.get(key) and not Path(values[key]).is_file():
             raise _err(name, f"{key}: no such file: {values[key]}")

@@ -137,6 +137,8 @@ def test_mosquitto_file_picks_its_connection(tmp_path: Path) -> None:
         ('name = "c"\naddress = "h:1"\ntopics = ["a"]\ntls_ca = "/nonexistent/ca.crt"',
          "bridge 'c': tls_ca: no such file"),
         ('address = "h:1"\ntopics = ["a"]', "bridge #1: name: required"),
+        ('name = "c"\naddress = "h:1"\ntopics = ["a"]\npassword = "pw"',
+         "bridge 'c': password needs a username"),
         ('name = "c"\naddress = "h:1"\ntopics = ["a"]\nmosquitto = "connection c\\nbogus 1"',
          "bridge 'c': mosquitto line 2: bogus"),
     ],

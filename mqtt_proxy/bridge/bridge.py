@@ -23,7 +23,6 @@ from mqtt_proxy.bridge.inbound import CanWrite, Receiver, subscriptions
 from mqtt_proxy.bridge.outbound import Forwarder
 from mqtt_proxy.bridge.settings import BridgeSettings
 from mqtt_proxy.codec import ProtocolError, Publish
-from mqtt_proxy.codec.properties import Properties
 from mqtt_proxy.ports import LogPort
 
 log = logging.getLogger("lightgate.bridge")
@@ -158,6 +157,9 @@ class Bridge:
         if isinstance(exc, TimeoutError):
             text = "timed out"
         was, f.connected = f.connected, False
+        if self._closing:
+            log.info("bridge %s closed", f.name, extra={"bridge": f.name})
+            return
         if was or text != f.last_error:  # one line per change, not one per retry
             log.warning("bridge %s %s %s: %s", f.name,
                         "disconnected from" if was else "cannot connect to", f.remote, text,
@@ -176,12 +178,10 @@ class Bridge:
                        if rc >= 0x80]  # fmt: skip
                 if bad:
                     raise ConnectionError(f"remote refused the subscription to {', '.join(bad)}")
-            send = self._sender(client)
             while not reader.done():
-                quota = fwd.window(client.send_quota)
+                quota = fwd.window(client.receive_maximum)
                 if quota > 0:
-                    if await fwd.pump(send, quota):
-                        await client.drain()
+                    await fwd.pump(client.publish, client.drain, quota)
                     fwd.settle()
                 self._wake.clear()
                 waiter = asyncio.ensure_future(self._wake.wait())
@@ -193,13 +193,6 @@ class Bridge:
                 reader.cancel()
                 with contextlib.suppress(BaseException):
                     await reader
-
-    def _sender(self, client: RemoteClient):  # type: ignore[no-untyped-def]
-        def send(topic: str, payload: bytes, qos: int, pid: int, retain: bool,
-                 props: Properties) -> None:  # fmt: skip
-            client.publish(topic, payload, qos, pid, retain, props)
-
-        return send
 
     def _on_publish(self, p: Publish) -> None:
         client = self._client

@@ -30,6 +30,7 @@ from mqtt_proxy.codec import (
     Suback,
     Subscribe,
     TopicSubscription,
+    encode_publish,
     make_properties,
 )
 from mqtt_proxy.codec.properties import EMPTY_PROPERTIES, Properties
@@ -142,17 +143,29 @@ class RemoteClient:
             self._writer.write(data)
 
     def publish(self, topic: str, payload: bytes, qos: int, packet_id: int,
-                retain: bool, props: Properties, dup: bool = False) -> None:  # fmt: skip
-        p = Publish(topic, payload, qos, retain, dup, packet_id if qos else 0, props)
-        self.write(self.conn.send(p))
+                retain: bool, props: Properties) -> bool:  # fmt: skip
+        """Write one PUBLISH (topics come from the log: valid); False, and nothing written,
+        when it is larger than the remote's Maximum Packet Size (it would close on us)."""
+        conn = self.conn
+        data = encode_publish(
+            topic, payload, qos, retain, False, packet_id, props, conn.version or 4
+        )
+        limit = conn.peer_max_packet_size
+        if limit is not None and len(data) > limit:
+            return False
+        if qos:
+            conn.publish_sent(packet_id)
+        self.write(data)
+        return True
 
     def puback(self, packet_id: int) -> None:
         if self.conn.state.value == "CONNECTED":
             self.write(self.conn.send(Puback(packet_id)))
 
     @property
-    def send_quota(self) -> int:
-        return self.conn.send_quota
+    def receive_maximum(self) -> int:
+        """QoS 1/2 PUBLISHes the remote takes in flight (its v5 Receive Maximum; 3.1.1: 65535)."""
+        return self.conn.peer_receive_maximum
 
     async def drain(self) -> None:
         if self._writer is not None:

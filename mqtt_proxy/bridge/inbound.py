@@ -69,6 +69,7 @@ class Receiver:
         self.can_write = can_write
         self.received = 0
         self.denied = 0
+        self.failed = 0
         self._rules: tuple[TopicRule, ...] = settings.in_rules
 
     def local_topic(self, remote_topic: str) -> str | None:
@@ -93,7 +94,16 @@ class Receiver:
             return
         qos = min(p.qos, 1)
         msg = MqttMessage(topic, p.payload, qos, s.identity, p.retain, props)
-        res = self.log.append_mqtt([msg])
+        try:
+            res = self.log.append_mqtt([msg])
+        except Exception as exc:  # e.g. a topic the log cannot take: one line, then drop
+            self.failed += 1
+            if self.failed == 1:
+                log.error("bridge %s: cannot append %s: %s; dropped", s.name, topic, exc,
+                          extra={"bridge": s.name})  # fmt: skip
+            if p.qos:
+                puback(p.packet_id)
+            return
         self.received += 1
         if p.retain and not self.queues.remote_reads:
 

@@ -13,9 +13,10 @@ In flight is bounded by the remote's Receive Maximum (v5) and `max_inflight` (bo
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from lightqueue import LightQueues
@@ -24,8 +25,10 @@ from mqtt_proxy.bridge.settings import BridgeSettings, TopicRule
 from mqtt_proxy.codec import make_properties
 from mqtt_proxy.codec.properties import EMPTY_PROPERTIES, Properties
 
-# send(topic, payload, qos, packet id, retain, properties): write one PUBLISH to the remote.
-Send = Callable[[str, bytes, int, int, bool, Properties], None]
+# send(topic, payload, qos, packet id, retain, properties): write one PUBLISH to the remote;
+# False when the remote cannot take it (larger than its Maximum Packet Size).
+Send = Callable[[str, bytes, int, int, bool, Properties], bool]
+log = logging.getLogger("lightgate.bridge")
 MARKER = "lightgate-bridge"  # user property naming the bridge a v5 message went out through
 
 
@@ -79,6 +82,7 @@ class Forwarder:
         self.inflight: dict[int, tuple[OutQueue, Pending]] = {}  # packet id -> its entry
         self._next_pid = 0
         self.forwarded = 0
+        self.too_large = 0
 
     def acquire(self) -> list[str]:
         """Hold each out rule's light queue; a bridge seen before resumes at its position."""
@@ -116,11 +120,13 @@ class Forwarder:
                 return pid
         raise RuntimeError("no free packet id")  # cannot happen: the window is < 65535
 
-    def window(self, send_quota: int) -> int:
-        return min(send_quota, self.settings.max_inflight) - len(self.inflight)
+    def window(self, receive_maximum: int) -> int:
+        """QoS 1 messages that may be sent now."""
+        return min(receive_maximum, self.settings.max_inflight) - len(self.inflight)
 
-    async def pump(self, send: Send, quota: int) -> int:
-        """Read and send what the window `quota` allows; returns how many messages were written."""
+    async def pump(self, send: Send, drain: Callable[[], Awaitable[None]], quota: int) -> int:
+        """Read and send what the window `quota` allows, draining the socket after each batch
+        read (a backlog of QoS 0 takes no window); returns how many messages were written."""
         lq = self.queues
         s = self.settings
         identity = s.identity
@@ -146,16 +152,23 @@ class Forwarder:
                         qos = min(m.qos, rule.qos, 1)
                         props = v5_properties(m, s.name) if v5 else EMPTY_PROPERTIES
                         entry = Pending(seq, m.timestamp_ms, qos == 0)
-                        pid = 0
-                        if qos:
-                            pid = self._pid()
-                            self.inflight[pid] = (oq, entry)
-                            quota -= 1
-                        send(rule.to_remote(m.topic), m.payload, qos, pid, m.retain, props)
+                        pid = self._pid() if qos else 0
+                        if send(rule.to_remote(m.topic), m.payload, qos, pid, m.retain, props):
+                            if qos:
+                                self.inflight[pid] = (oq, entry)
+                                quota -= 1
+                            written += 1
+                        else:
+                            entry.done = True
+                            self.too_large += 1
+                            if self.too_large == 1:
+                                log.warning("bridge %s: a message on %s is larger than the "
+                                            "remote's maximum packet size; skipped", s.name,
+                                            m.topic, extra={"bridge": s.name})  # fmt: skip
                         oq.pending.append(entry)
-                        written += 1
                     seq += 1
                 oq.next_seq = seq
+                await drain()
         self.forwarded += written
         return written
 
