@@ -94,6 +94,15 @@ def example_toml() -> str:
         text = f"{k.spec.doc}. Allowed: {k.allowed()}.".replace("`", "")
         out += textwrap.wrap(text, width=98, initial_indent="# ", subsequent_indent="# ")
         out.append(f"{name} = {_toml_value(k.default)}")
+    out += [
+        "",
+        "# --- Bridges to other MQTT brokers (docs/bridges.md has every key) ---",
+        "",
+        "# [[bridge]]",
+        '# name = "centre"',
+        '# address = "broker.example:1883"',
+        '# topics = ["sensors/# out 1", "cmd/# in 1"]',
+    ]
     return "\n".join(out) + "\n"
 
 
