@@ -428,3 +428,35 @@ def test_log_on_kafka(remote: Mosquitto, start: Start, tansu: Tansu) -> None:
     Client(remote.port, "centre-app").connect().publish("cmd/k", b"go", qos=1)
     assert local.expect(1, timeout=20)[0].payload == b"go"
     far.close()
+
+
+def test_in_rules_write_as_the_bridge_under_the_acl(
+    tmp_path: Path, remote: Mosquitto, start: Start
+) -> None:
+    """`in` messages are the bridge's (local_username for the ACL): a denied topic is PUBACKed
+    to the remote and dropped, logged once; a retained one is retained here too (MQTT 5: the
+    subscription asks for retain as published; a 3.1.1 broker clears the flag on live copies)."""
+    acl = tmp_path / "acl"
+    acl.write_text("topic readwrite #\n\nuser edge-bridge\ntopic write cmd/allowed/#\n")
+    toml = f'acl_file = "{acl}"\n' + bridge_toml(
+        remote.port, "cmd/# in 1", local_username="edge-bridge", protocol="5.0"
+    )
+    gw = start(toml)
+    connected(gw)
+    local = Client(gw.port("mqtt"), "cmd-reader").connect()
+    local.subscribe("cmd/#", qos=1)
+    pub = Client(remote.port, "centre-app").connect()
+    for i in range(3):
+        pub.publish("cmd/denied/x", f"no-{i}".encode(), qos=1)
+        pub.publish("cmd/allowed/x", f"yes-{i}".encode(), qos=1)
+    got = [m.payload for m in local.expect(3)]
+    assert got == [b"yes-0", b"yes-1", b"yes-2"]
+    local.expect_none(0.5)
+    assert gw.log_text().count("the ACL denies writing cmd/denied/x") == 1
+    pub.publish("cmd/allowed/cfg", b"v2", qos=1, retain=True)
+    wait_until(lambda: bridge_stats(gw)["messages_in"] == 4, what="the retained one in")
+    late = Client(gw.port("mqtt"), "late-reader").connect()
+    late.subscribe("cmd/allowed/cfg", qos=1)
+    (m,) = late.expect(1)
+    assert (m.payload, m.retain) == (b"v2", True)
+    assert bridge_stats(gw)["connected"]  # the denied ones did not stall the remote's window
