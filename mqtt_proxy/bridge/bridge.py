@@ -158,8 +158,7 @@ class Bridge:
             text = "timed out"
         was, f.connected = f.connected, False
         if self._closing:
-            log.info("bridge %s closed", f.name, extra={"bridge": f.name})
-            return
+            return  # `close` says so
         if was or text != f.last_error:  # one line per change, not one per retry
             log.warning("bridge %s %s %s: %s", f.name,
                         "disconnected from" if was else "cannot connect to", f.remote, text,
@@ -185,14 +184,18 @@ class Bridge:
                     fwd.settle()
                 self._wake.clear()
                 waiter = asyncio.ensure_future(self._wake.wait())
-                await asyncio.wait((waiter, reader), return_when=asyncio.FIRST_COMPLETED)
-                waiter.cancel()
+                try:
+                    await asyncio.wait((waiter, reader), return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    waiter.cancel()
             reader.result()  # raises why the connection ended
         finally:
             if not reader.done():
                 reader.cancel()
                 with contextlib.suppress(BaseException):
                     await reader
+            elif not reader.cancelled():
+                reader.exception()  # retrieved: the cause was raised above, or we are closing
 
     def _on_publish(self, p: Publish) -> None:
         client = self._client
@@ -220,6 +223,7 @@ class Bridge:
         self.wakeups.drop(self._id)
         self.refresh()
         self.figures.connected = False
+        log.info("bridge %s closed", self.settings.name, extra={"bridge": self.settings.name})
 
 
 class Bridges:
