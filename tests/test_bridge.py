@@ -460,3 +460,21 @@ def test_in_rules_write_as_the_bridge_under_the_acl(
     (m,) = late.expect(1)
     assert (m.payload, m.retain) == (b"v2", True)
     assert bridge_stats(gw)["connected"]  # the denied ones did not stall the remote's window
+
+
+def test_v5_properties_go_out_with_the_marker(remote: Mosquitto, start: Start) -> None:
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.properties import Properties
+
+    gw = start(bridge_toml(remote.port, "sensors/# out 1", protocol="5.0"))
+    connected(gw)
+    far = Client(remote.port, "far-v5", V5).connect()
+    far.subscribe("sensors/#", qos=1)
+    props = Properties(PacketTypes.PUBLISH)
+    props.UserProperty = [("unit", "C")]
+    props.ContentType = "text/plain"
+    pub = Client(gw.port("mqtt"), "pub-v5", V5).connect()
+    pub.publish("sensors/t", b"21.5", qos=1, props=props)
+    (m,) = far.expect(1)
+    assert m.payload == b"21.5" and m.props.ContentType == "text/plain"
+    assert m.user_props == {"unit": "C", "lightgate-bridge": "centre"}
