@@ -421,6 +421,10 @@ def test_log_on_kafka(remote: Mosquitto, start: Start, tansu: Tansu) -> None:
     far.wait_for(100)
     remote.stop()
     publish_fast(gw.port("mqtt"), "sensors/kf", want[1000:])
+    wait_until(lambda: not bridge_stats(gw)["connected"], what="bridge down")
+    time.sleep(1.5)  # the figures age the oldest unacknowledged record, read from the cluster
+    b = bridge_stats(gw)
+    assert b["lag_messages"] >= 1000 and b["lag_seconds"] >= 1.0, b
     remote.start()
     in_order_once_each(far.wait_for(len(want), timeout=90), want)
     local = Client(gw.port("mqtt"), "cmd-reader").connect()

@@ -106,6 +106,10 @@ class Bridge:
 
     async def _ticker(self) -> None:
         while True:
+            try:
+                await self.forwarder.prefetch_heads()
+            except Exception as exc:  # the cluster is away: the age waits for it
+                log.debug("bridge %s: no head record: %r", self.settings.name, exc)
             self.refresh()
             self._wake.set()
             await asyncio.sleep(POLL_S)

@@ -194,6 +194,19 @@ class Forwarder:
         if moved:
             self.queues.bridges.put_many(self.settings.name, moved)
 
+    async def prefetch_heads(self) -> None:
+        """Cluster log: bring in the first unsettled record of each queue that is behind and
+        whose time is unknown (the remote is away, nothing was read), so `lag` can age it."""
+        lq = self.queues
+        if not lq.remote_reads:
+            return
+        for oq in self.out:
+            last = lq.last_seq(oq.queue)
+            if not oq.head_ts_ms and last is not None and last >= oq.committed:
+                res = lq.read(oq.queue, oq.committed, 1)
+                if res.entries:
+                    await lq.prefetch(res.entries)
+
     def lag(self) -> tuple[int, float]:
         """(messages the remote has not settled, seconds since the oldest of them arrived)."""
         lq = self.queues
@@ -208,9 +221,9 @@ class Forwarder:
             ts = oq.head_ts_ms
             if not ts:
                 res = lq.read(oq.queue, oq.committed, 1)
-                if res.entries and not lq.remote_reads:
+                if res.entries:  # cluster log: known once `prefetch_heads` brought it in
                     m = lq.resolve(res.entries)[0]
-                    ts = m.timestamp_ms if m is not None else 0
+                    ts = oq.head_ts_ms = m.timestamp_ms if m is not None else 0
             if ts and (not oldest or ts < oldest):
                 oldest = ts
         secs = max(0.0, time.time() - oldest / 1000) if oldest else 0.0
