@@ -179,14 +179,17 @@ class Bridge:
                 ack = await client.subscribe(subs, 1)
                 bad = [sub.filter for sub, rc in zip(subs, ack.reason_codes, strict=False)
                        if rc >= 0x80]  # fmt: skip
-                if bad:
-                    raise ConnectionError(f"remote refused the subscription to {', '.join(bad)}")
+                if bad:  # out goes on; the figures and one log line say what is missing
+                    text = f"remote refused the subscription to {', '.join(bad)}"
+                    log.warning("bridge %s: %s", self.settings.name, text,
+                                extra={"bridge": self.settings.name})  # fmt: skip
+                    self.figures.last_error = text
             while not reader.done():
+                self._wake.clear()  # before the pump: a PUBACK during it wakes the next round
                 quota = fwd.window(client.receive_maximum)
                 if quota > 0:
                     await fwd.pump(client.publish, client.drain, quota)
                     fwd.settle()
-                self._wake.clear()
                 waiter = asyncio.ensure_future(self._wake.wait())
                 try:
                     await asyncio.wait((waiter, reader), return_when=asyncio.FIRST_COMPLETED)
