@@ -50,11 +50,17 @@ def start(tmp_path: Path) -> Iterator[Start]:
         return gw.start()
 
     yield go
+    unclean = []
     for gw in started:
+        if gw.proc is None or gw.proc.poll() is not None:
+            continue  # killed by the test
         try:
-            gw.stop()
+            if gw.stop() != 0:
+                unclean.append(gw.log_text()[-2000:])
         except Exception:
             gw.kill()
+            unclean.append("did not stop in 30 s")
+    assert not unclean, unclean  # SIGTERM ends a gateway with bridges cleanly
 
 
 def bridge_toml(port: int, *topics: str, name: str = "centre", **keys: Any) -> str:
@@ -410,9 +416,10 @@ def test_figures_in_metrics_and_status(remote: Mosquitto, start: Start) -> None:
     far.close()
 
 
-def test_log_on_kafka(remote: Mosquitto, start: Start, tansu: Tansu) -> None:
+def test_log_on_kafka(tansu: Tansu, remote: Mosquitto, start: Start) -> None:
     """log = "kafka": out from the cluster's records (the remote stopped and started meanwhile),
-    and in: appended to the cluster, PUBACKed once the cluster acknowledged."""
+    and in: appended to the cluster, PUBACKed once the cluster acknowledged. (`tansu` first: it
+    is torn down last, after the gateway stopped.)"""
     gw = start(bridge_toml(remote.port, "sensors/# out 1", "cmd/# in 1"), *kafka_args(tansu))
     connected(gw)
     far = FarSide(remote.port, "sensors/#", client_id="far-kafka")
