@@ -489,3 +489,31 @@ def test_v5_properties_go_out_with_the_marker(remote: Mosquitto, start: Start) -
     (m,) = far.expect(1)
     assert m.payload == b"21.5" and m.props.ContentType == "text/plain"
     assert m.user_props == {"unit": "C", "lightgate-bridge": "centre"}
+
+
+def test_v5_remote_refusing_a_message_does_not_stop_the_bridge(
+    tmp_path: Path, start: Start
+) -> None:
+    """The remote's ACL refuses one topic (v5 PUBACK 0x87): those messages are settled and
+    said, the others go on, and the lag comes back to 0 (no endless resending)."""
+    acl = tmp_path / "remote-acl"
+    acl.write_text("topic readwrite sensors/ok/#\ntopic read #\n")
+    m = Mosquitto(tmp_path / "acl-remote", extra=["allow_anonymous true",
+                                                  f"acl_file {acl}"]).start()  # fmt: skip
+    try:
+        gw = start(bridge_toml(m.port, "sensors/# out 1", protocol="5.0"))
+        connected(gw)
+        far = FarSide(m.port, "sensors/#", client_id="far-acl")
+        publish_local(gw.port("mqtt"), "sensors/ok/1", [b"a"])
+        publish_local(gw.port("mqtt"), "sensors/no/1", [b"refused-1", b"refused-2"])
+        publish_local(gw.port("mqtt"), "sensors/ok/2", [b"b"])
+        far.wait_for(2)
+        wait_until(lambda: bridge_stats(gw)["lag_messages"] == 0, what="lag 0")
+        assert sorted(far.payloads) == [b"a", b"b"]
+        # Said once per connection: Debian's Mosquitto 2.0.11 also closes a v5 client after
+        # refusing its PUBLISH, so the second refused one comes on a second connection.
+        refusals = gw.log_text().count("the remote refused a message (PUBACK reason 0x87)")
+        assert 1 <= refusals <= 2
+        far.close()
+    finally:
+        m.stop()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import ssl
 import time
 from collections.abc import Callable, Sequence
@@ -35,6 +36,7 @@ from mqtt_proxy.codec import (
 )
 from mqtt_proxy.codec.properties import EMPTY_PROPERTIES, Properties
 
+log = logging.getLogger("lightgate.bridge")
 CONNECT_TIMEOUT_S = 10.0
 READ_CHUNK = 1 << 16
 
@@ -87,6 +89,7 @@ class RemoteClient:
         self._writer: asyncio.StreamWriter | None = None
         self._subacks: dict[int, asyncio.Future[Suback]] = {}
         self._last_in = time.monotonic()
+        self.refused_messages = 0
 
     @property
     def v5(self) -> bool:
@@ -187,6 +190,8 @@ class RemoteClient:
                         self.on_publish(p)
                     elif type(p) is Puback:
                         acks.append(p.packet_id)
+                        if p.reason_code >= 0x80:
+                            self._refused(p.reason_code)
                     elif type(p) is Suback:
                         fut = self._subacks.pop(p.packet_id, None)
                         if fut is not None and not fut.done():
@@ -199,6 +204,15 @@ class RemoteClient:
                     self.on_acks(acks)
         finally:
             pinger.cancel()
+
+    def _refused(self, code: int) -> None:
+        """A v5 PUBACK that refuses the message (e.g. 0x87, the remote's ACL): settled all the
+        same, since sending it again gets the same answer; said once per connection."""
+        self.refused_messages += 1
+        if self.refused_messages == 1:
+            log.warning("bridge %s: the remote refused a message (PUBACK reason 0x%02x); "
+                        "refused messages are not sent again", self.settings.name, code,
+                        extra={"bridge": self.settings.name})  # fmt: skip
 
     async def _ping(self) -> None:
         ka = self.settings.keepalive_s
