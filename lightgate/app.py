@@ -14,7 +14,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from lightgate.probe import Probe
     from lightgate.supervisor import ProxySupervisor
     from lightqueue import LightQueues
+    from mqtt_proxy.bridge import Bridges, BridgeSettings
     from mqtt_proxy.server import MqttServer
     from notify import InProcessNotifier
     from store.kafka.server import KafkaServer
@@ -71,6 +72,7 @@ class Gateway:
         self.link: CoreLink | None = None  # split shape (the proxies' figures)
         self.kafka: KafkaServer | None = None
         self.probe: Probe | None = None
+        self.bridges: Bridges | None = None  # `[[bridge]]`s (mqtt_proxy/bridge)
         self.endpoints: dict[str, tuple[str, int]] = {}
         self.bans = BanList()  # the data dir's, once `start` has it (open_bans)
         # Proves this gateway's latency probes to its MQTT listeners (store.mapping): made anew
@@ -144,6 +146,7 @@ class Gateway:
             await catch_up(queues)
         notifier.start()
         self._closers.append(notifier)
+        self._start_bridges(queues, notifier)
         if not has_mqtt_listeners(cfg):
             if cfg.core_listen:  # a core for `lightgate proxy` elsewhere, no MQTT of its own
                 await self._start_core_link(queues, notifier)
@@ -170,6 +173,27 @@ class Gateway:
             self.endpoints["wss"] = await mqtt.start_ws(
                 cfg.host, cfg.wss_port, self.certificates.add(tls_context(cfg))
             )
+
+    def _start_bridges(self, queues: LightQueues, notifier: InProcessNotifier) -> None:
+        """The `[[bridge]]`s, once per gateway: here, where the log and the light queues are
+        (the one process, or the core of proxies in other processes)."""
+        settings: list[BridgeSettings] = self.cfg.extra.get("bridges") or []
+        if not settings:
+            return
+        from mqtt_proxy.bridge import Bridge, Bridges
+
+        assert self.store is not None
+        security = self.security
+
+        def acl_of(s: BridgeSettings) -> Callable[[str], bool]:
+            user = s.local_username or None
+            return lambda topic: security.acl.can_write(topic, user, s.identity)
+
+        self.bridges = Bridges(
+            [Bridge(s, self.store, queues, notifier, acl_of(s)) for s in settings]
+        )
+        self.bridges.start()
+        self._closers.append(self.bridges)
 
     async def _start_core_link(self, queues: LightQueues, notifier: InProcessNotifier) -> str:
         """The core link (store, light queues, notify) for MQTT proxies in other processes."""

@@ -179,6 +179,7 @@ def load_config(
     env = dict(os.environ if env is None else env)
     values: dict[str, Any] = {}
     client: dict[str, Any] = {}  # kafka_client_<name> -> the Kafka client's keyword <name>
+    bridges: list[Any] = []  # [[bridge]] tables, as BridgeSettings (lightgate/bridge_config.py)
     path = config_file or env.get("LIGHTGATE_CONFIG")
     if path:
         try:
@@ -190,6 +191,10 @@ def load_config(
             raise ConfigError(f"config file {path}: is a directory") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {path}: {exc}") from None
+        if "bridge" in table:
+            from lightgate.bridge_config import bridges_from_toml
+
+            bridges = bridges_from_toml(table.pop("bridge"), Path(path).parent)
         for name, value in _flatten(table).items():
             bare = name
             if name.startswith(CLIENT_PREFIX):
@@ -220,6 +225,8 @@ def load_config(
     cfg = GatewayConfig(**values)
     if client:
         cfg.extra["kafka_client"] = client
+    if bridges:
+        cfg.extra["bridges"] = bridges
     _validate(cfg)
     return cfg
 

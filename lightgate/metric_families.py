@@ -129,6 +129,18 @@ def _lag(s: dict[str, Any]) -> Samples:
     return [((t,), f["lag"]) for t, f in sorted(topics.items())]
 
 
+def _bridge(key: str) -> Callable[[dict[str, Any]], Samples]:
+    """One figure per bridge (`Figures.snapshot()["bridges"]`, a list of BridgeFigures)."""
+    return lambda s: [((b["name"],), int(b[key]) if key == "connected" else b[key])
+                      for b in s.get("bridges", ())]  # fmt: skip
+
+
+def _bridge_messages(s: dict[str, Any]) -> Samples:
+    for b in s.get("bridges", ()):
+        yield (b["name"], "out"), b["messages_out"]
+        yield (b["name"], "in"), b["messages_in"]
+
+
 def _of(section: str, key: str) -> Callable[[dict[str, Any]], Samples]:
     """A figure of a component that may not run here (Kafka listener, log = "kafka")."""
     return lambda s: [((), s[section][key])] if key in (s.get(section) or {}) else []
@@ -344,6 +356,20 @@ FAMILIES: tuple[Family, ...] = (
            _of("kafka_log", "kafka_log_cache_bytes")),
     Family("lightgate_kafka_log_cache_lookups_total", C, ("result",),
            "Reads served by the fetched-batch cache (hit) or fetched (miss)", _kafka_log_cache),
+    # -- bridges to other MQTT brokers ---------------------------------------------------------
+    Family("lightgate_bridge_connected", G, ("bridge",),
+           "1 while the bridge is connected to its remote", _bridge("connected")),
+    Family("lightgate_bridge_lag_messages", G, ("bridge",),
+           "Messages of the bridge's out rules the remote has not acknowledged yet",
+           _bridge("lag_messages")),
+    Family("lightgate_bridge_lag_seconds", G, ("bridge",),
+           "Age of the oldest message the remote has not acknowledged (0 when caught up)",
+           _bridge("lag_seconds")),
+    Family("lightgate_bridge_messages_total", C, ("bridge", "direction"),
+           "Messages forwarded: out (log to remote, acknowledged) and in (remote to log)",
+           _bridge_messages),
+    Family("lightgate_bridge_reconnects_total", C, ("bridge",),
+           "Connection attempts after the first", _bridge("reconnects")),
 )  # fmt: skip
 
 

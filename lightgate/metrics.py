@@ -159,6 +159,7 @@ class Figures:
             "kafka_log": store.stats() if isinstance(store, _HasStats) else {},
             "core_link_proxies": len(gw.link.proxies) if gw.link is not None else None,
         }
+        snap["bridges"] = bridge_figures(gw)
         snap["rates"] = self._rates(snap)
         return snap
 
@@ -210,6 +211,17 @@ class Figures:
         out["top_topics"] = [{"topic": t, "rate": r} for t, r in top]
         self.rates = out
         return out
+
+
+def bridge_figures(gw: Gateway) -> list[dict[str, Any]]:
+    """Each bridge's figures object, refreshed now (its lag is two LevelDB reads)."""
+    if gw.bridges is None:
+        return []
+    out = []
+    for b in gw.bridges.bridges:
+        b.refresh()
+        out.append(b.figures.as_dict())
+    return out
 
 
 def _traffic(mstats: dict[str, Any], kstats: dict[str, Any]) -> dict[str, dict[str, int]]:

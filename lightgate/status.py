@@ -97,6 +97,20 @@ def render(st: dict[str, Any], url: str) -> str:
         lines.append("top topics (records/s)")
         for t in top[:5]:
             lines.append(f"  {t['topic']:30}{t['rate']:>10.1f}")
+    bridges = st.get("bridges", [])
+    if bridges:
+        lines.append("")
+        lines.append(
+            f"{'bridge':16}{'state':>8}{'lag':>9}{'lag s':>9}{'out':>10}{'in':>10}  remote"
+        )
+        for b in bridges:
+            state = "up" if b["connected"] else "down"
+            lines.append(
+                f"{b['name']:16}{state:>8}{b['lag_messages']:>9}{b['lag_seconds']:>9.1f}"
+                f"{b['messages_out']:>10}{b['messages_in']:>10}  {b['remote']}"
+            )
+            if b["last_error"]:
+                lines.append(f"  ! {b['name']}: {b['last_error']}")
     return "\n".join(lines)
 
 

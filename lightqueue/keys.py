@@ -49,6 +49,7 @@ P_GLOBAL = b"g"
 P_FILTER = b"f"
 P_SESSION = b"s"
 P_RETAINED = b"r"
+P_BRIDGE = b"b"
 
 LAYOUT_VERSION = 3
 G_LAYOUT = P_GLOBAL + b"layout"

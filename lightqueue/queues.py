@@ -45,7 +45,7 @@ from lightqueue.model import Position, ReadResult, StoredMessage
 from lightqueue.rebuild import recover_dirs
 from lightqueue.resolver import Resolver
 from lightqueue.retained import RetainedStore
-from lightqueue.sessions import SessionStore
+from lightqueue.sessions import BridgePositions, SessionStore
 from lightqueue.topic_trie import FilterError, FilterTrie, is_wildcard, validate_filter
 from store.backend import LogBackend
 from store.twins import twin
@@ -108,6 +108,7 @@ class LightQueues(QueueMaintenance):
         )
         self.resolver = Resolver(store, config.resolve_cache_records)
         self.sessions = SessionStore(qdb.db)
+        self.bridges = BridgePositions(qdb.db)
         self.retained = RetainedStore(qdb.db)
         if getattr(store, "remote_reads", False):
             # A cluster log is shared by several nodes: each derives retained messages from

@@ -38,6 +38,7 @@ from lightqueue.db import LIGHTQUEUE_DIR, Queue, QueueDB
 from lightqueue.dispatcher import Dispatcher
 from lightqueue.keys import (
     KIND_DROPPED,
+    P_BRIDGE,
     P_FILTER,
     P_GLOBAL,
     P_RETAINED,
@@ -103,7 +104,7 @@ def recover_dirs(data_dir: Path) -> None:
 
 
 def _copy_state(src: Any, dst: Any) -> None:
-    for prefix in (P_TOPIC, P_GLOBAL, P_FILTER, P_SESSION, P_RETAINED):
+    for prefix in (P_TOPIC, P_GLOBAL, P_FILTER, P_SESSION, P_RETAINED, P_BRIDGE):
         wb = dst.write_batch()
         for n, (k, v) in enumerate(src.iterator(prefix=prefix), 1):
             wb.put(k, v)

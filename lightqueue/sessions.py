@@ -20,7 +20,7 @@ from typing import Any
 import plyvel
 
 from lightqueue import codec
-from lightqueue.keys import P_GLOBAL, P_SESSION
+from lightqueue.keys import P_BRIDGE, P_GLOBAL, P_SESSION
 
 
 def _key(client_id: str) -> bytes:
@@ -77,3 +77,33 @@ class SessionStore:
         """Make every write so far durable (one synced empty batch flushes LevelDB's log)."""
         with self._db.write_batch(sync=True) as wb:
             wb.put(P_GLOBAL + b"flush", b"")
+
+
+class BridgePositions:
+    """Where each MQTT bridge stands in each light queue it forwards (`b` prefix): bridge name
+    and queue → the first sequence the remote has not acknowledged. State, like sessions (kept
+    by `rebuild_queues`), written the same way: `sync=False` survives a `kill -9`; a lagging
+    position re-sends, it never skips."""
+
+    def __init__(self, db: plyvel.DB) -> None:
+        self._db = db
+
+    @staticmethod
+    def _key(bridge: str, queue: str) -> bytes:
+        return P_BRIDGE + bridge.encode("utf-8") + b"\x00" + queue.encode("utf-8")
+
+    def get(self, bridge: str, queue: str) -> int | None:
+        v = self._db.get(self._key(bridge, queue))
+        return None if v is None else int(v)
+
+    def put_many(self, bridge: str, positions: Iterable[tuple[str, int]]) -> None:
+        with self._db.write_batch() as wb:
+            for queue, seq in positions:
+                wb.put(self._key(bridge, queue), str(seq).encode())
+
+    def forget(self, bridge: str) -> None:
+        """Drop a bridge's positions (it was removed, or asked to start over)."""
+        with self._db.write_batch() as wb:
+            for k in self._db.iterator(prefix=P_BRIDGE + bridge.encode("utf-8") + b"\x00",
+                                       include_value=False):  # fmt: skip
+                wb.delete(k)

@@ -56,6 +56,12 @@ SKIP = {
     "promtool check rules docs/prometheus/": "reads the repository's rules, not a fresh "
     "directory's; the same command runs in tests/test_ops_prometheus.py",
     "(cd docs/prometheus && promtool test rules": "as above, tests/test_ops_prometheus.py",
+    "mosquitto -c central.conf": "docs/bridges.md's central broker on its fixed port: "
+    "tests/test_bridge.py::test_docs_edge_to_centre runs that page's central.conf and edge.toml "
+    "on free ports, with the same mosquitto_sub and mosquitto_pub lines",
+    ".venv/bin/lightgate serve --config edge.toml": "as above (test_docs_edge_to_centre)",
+    "mosquitto_sub -h 127.0.0.1 -p 1884": "as above (test_docs_edge_to_centre)",
+    "mosquitto_pub -h 127.0.0.1 -p 188": "as above (test_docs_edge_to_centre)",
 }
 
 PORTS = ("MQTT", "MQTTS", "WS", "WSS", "KAFKA", "KAFKA_TLS", "HTTP")

@@ -156,3 +156,29 @@ def test_retained_lookup_does_not_scan(db: plyvel.DB) -> None:
     got = r.match("+/line/hum")
     assert len(got) == 2000
     assert r.count_keys_visited("+/line/hum") < 2000 * 3
+
+
+async def test_bridge_positions_are_state_kept_by_rebuild(tmp_path: Path) -> None:
+    """A bridge's committed positions live under their own prefix (not among the sessions the
+    proxy restores) and `rebuild_queues` copies them, as it copies sessions."""
+    from lightqueue_helpers import open_all
+
+    from lightqueue.rebuild import rebuild_queues
+
+    data = tmp_path / "data"
+    store, lq = await open_all(data)
+    lq.bridges.put_many("centre", [("sensors/#", 42), ("cmd/a", 7)])
+    lq.bridges.put_many("other", [("sensors/#", 3)])
+    lq.sessions.put("c1", {"client_id": "c1"})
+    assert [s["client_id"] for s in lq.sessions.load_all()] == ["c1"]
+    lq.bridges.forget("other")
+    await lq.close()
+    await store.close()
+    await rebuild_queues(data, store_config=None)
+    store, lq = await open_all(data)
+    assert lq.bridges.get("centre", "sensors/#") == 42
+    assert lq.bridges.get("centre", "cmd/a") == 7
+    assert lq.bridges.get("other", "sensors/#") is None
+    assert lq.bridges.get("centre", "unknown") is None
+    await lq.close()
+    await store.close()

@@ -30,8 +30,8 @@ PROMTOOL = shutil.which("promtool")
 PROMETHEUS = shutil.which("prometheus")
 NEEDS_PROMETHEUS = "needs Debian's prometheus (promtool; scripts/system-deps.sh installs it)"
 RULES = ROOT / "docs" / "prometheus"
-# Families of other subsystems the rules may name before the gateway exports them (bridges).
-PLANNED = {"lightgate_bridge_connected"}
+# Families of other subsystems the rules may name before the gateway exports them (none now).
+PLANNED: set[str] = set()
 N_CLIENTS = 7
 
 
