@@ -15,7 +15,7 @@ missed (`FetchPending`, `prefetch`) and, every `poll_ms` when idle, the tail of 
 (records produced by other clients, and our own). Every fetch response moves the partition's
 high watermark, last stable offset and log start, and wakes the partition's append listeners,
 so the dispatcher reads again. Fetches are read_committed; which Kafka transactions were
-aborted is learned from their markers (store.cluster_txns). Fetches are raw Fetch requests through aiokafka's client: the record set comes
+aborted is learned from their markers (store.cluster.txns). Fetches are raw Fetch requests through aiokafka's client: the record set comes
 back as the bytes the cluster stores, and is never decoded here.
 
 The data dir holds no log: only DATA/LOCK (taken as the local store takes it) and what the
@@ -40,17 +40,17 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.client import AIOKafkaClient
 
 from store.backend import AppendListener, FetchPending, LogBackend
-from store.batch_cache import BatchCache
-from store.cluster_produce import ClusterAppends, _Pending
-from store.cluster_read import (
+from store.cluster.appender import ClusterAppends, _Pending
+from store.cluster.batch_cache import BatchCache
+from store.cluster.offsets_by_time import ClusterTimes
+from store.cluster.reader import (
     EMPTY_RETRIES,
     READER_WAIT_MS,
     by_leader,
     fetch_raw,
     list_offsets,
 )
-from store.cluster_times import ClusterTimes
-from store.cluster_txns import ClusterTxns
+from store.cluster.txns import ClusterTxns
 from store.config import StoreError, UnknownTopicOrPartitionError
 from store.data_dir_lock import release_data_dir_lock, take_data_dir_lock
 from store.latency import LatencyHistogram
@@ -358,7 +358,7 @@ class KafkaLog(ClusterAppends, ClusterTimes):
         if cached is None:
             self._want(tp, offset)
             raise FetchPending(f"{topic}-{partition} offset {offset}")
-        # Only batches whose Kafka transaction is known decided (store.cluster_txns).
+        # Only batches whose Kafka transaction is known decided (store.cluster.txns).
         data, marker_at = self.txn_index.decided_prefix(tp, cached, offset)
         if not data:
             self._want(tp, marker_at)

@@ -91,7 +91,7 @@ class _Pending:
 
 class ClusterAppends:
     """KafkaLog's write half: appends queued in call order, one sender task, offsets and
-    durability with the cluster's acks=all (theory of operation: store/kafka_log.py)."""
+    durability with the cluster's acks=all (theory of operation: store/cluster/kafka_log.py)."""
 
     _closed: bool
     _counts: dict[str, int]

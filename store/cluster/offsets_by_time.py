@@ -15,7 +15,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from store.cluster_read import (
+from store.cluster.reader import (
     EMPTY_RETRIES,
     FETCH_BYTES,
     READER_WAIT_MS,
