@@ -4,7 +4,7 @@
 
 A gateway on `log = "kafka"` caches what it fetches; at low rates every message is its own
 batch, so a full 64 MiB cache holds ~500k of them and each insert evicts one. `--tree` runs
-another checkout's store/batch_cache.py (a before/after of a change).
+another checkout's store/cluster/batch_cache.py (a before/after of a change).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def main() -> None:
     a = ap.parse_args()
     if a.tree:
         sys.path.insert(0, a.tree)
-    from store.batch_cache import BatchCache
+    from store.cluster.batch_cache import BatchCache
     from store.record_batch import build_batch, set_base_offset
 
     proto = build_batch([(0, b"k", b"x" * 64, [])] * a.records, base_offset=0)

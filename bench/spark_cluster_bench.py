@@ -28,7 +28,7 @@ from tansu import start_tansu  # noqa: E402
 
 
 async def to_cluster(data: Path, bootstrap: str, partitions: int) -> None:
-    from store.kafka_log import KafkaLog, KafkaLogConfig
+    from store.cluster.kafka_log import KafkaLog, KafkaLogConfig
     from store.record_batch import iter_batches
 
     kl = await KafkaLog.open(data.parent / "cluster-node", KafkaLogConfig(

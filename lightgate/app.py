@@ -45,8 +45,8 @@ if TYPE_CHECKING:
     from mqtt_proxy.bridge import Bridges, BridgeSettings
     from mqtt_proxy.server import MqttServer
     from notify import InProcessNotifier
+    from store.cluster.kafka_log import KafkaLog
     from store.kafka.server import KafkaServer
-    from store.kafka_log import KafkaLog
 
 log = logging.getLogger("lightgate")
 CLOSE_STEP_S = 25.0  # per component at shutdown (Gateway.close; the supervisor reaps in 20)
@@ -356,8 +356,8 @@ def read_admin_token(cfg: GatewayConfig) -> str | None:
 
 
 async def open_cluster_log(cfg: GatewayConfig) -> KafkaLog:
-    """`log = "kafka"`: the log on the cluster at `kafka_bootstrap` (store.kafka_log)."""
-    from store.kafka_log import KafkaLog, KafkaLogConfig
+    """`log = "kafka"`: the log on the cluster at `kafka_bootstrap` (store.cluster.kafka_log)."""
+    from store.cluster.kafka_log import KafkaLog, KafkaLogConfig
 
     kcfg = KafkaLogConfig(
         bootstrap=cfg.kafka_bootstrap,

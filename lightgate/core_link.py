@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from lightqueue import LightQueues
     from notify import InProcessNotifier
     from store import Store
-    from store.kafka_log import KafkaLog
+    from store.cluster.kafka_log import KafkaLog
 
 log = logging.getLogger("lightgate.split")
 

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from lightqueue import LightQueues
     from lightqueue.model import Position
     from store import Store
-    from store.kafka_log import KafkaLog
+    from store.cluster.kafka_log import KafkaLog
 
 log = logging.getLogger("lightgate.store.remote")
 

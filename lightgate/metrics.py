@@ -28,7 +28,7 @@ from store.mapping import is_system_topic
 if TYPE_CHECKING:
     from lightgate.app import Gateway
     from store import Store
-    from store.kafka_log import KafkaLog
+    from store.cluster.kafka_log import KafkaLog
 
 RETAINED_EVERY_S = 30.0  # the retained count is a LevelDB key scan: at most this often
 RATE_WINDOW_S = 5.0
@@ -256,6 +256,6 @@ def _data_dir(path: Path) -> dict[str, int]:
 
 @runtime_checkable
 class _HasStats(Protocol):
-    """A log with figures of its own (`store.kafka_log.KafkaLog`, with log = "kafka")."""
+    """A log with figures of its own (`store.cluster.kafka_log.KafkaLog`, with log = "kafka")."""
 
     def stats(self) -> dict[str, int]: ...

@@ -1,4 +1,4 @@
-"""The housekeeping half of `LightQueues` (queues.py), run by its maintenance task every
+"""The housekeeping of `LightQueues` (queues.py), run by its maintenance task every
 `maintenance_interval_s`: drop filter queues nobody held for `filter_grace_s` (a tombstone keeps
 their next sequence), move queue starts past entries whose records retention deleted, and
 delete the entries below a queue's start in the background, a bounded number per tick."""
@@ -34,20 +34,39 @@ log = logging.getLogger("lightgate.lightqueue")
 
 
 class QueueMaintenance:
-    """Mixed into `LightQueues`, whose state it works on."""
+    """The housekeeping `LightQueues` delegates to. It works on the queues' state (shared
+    objects and dicts LightQueues mutates in place): the queue DB, the filter trie, the
+    dispatcher (its partitions, and to re-plan after a drop), the live filter queues and the
+    backfills; it keeps what only it uses: the log starts last seen and the purge work."""
 
-    qdb: QueueDB
-    store: LogBackend
-    config: LightQueueConfig
-    trie: FilterTrie[Queue]
-    dispatcher: Dispatcher
-    _filters: dict[str, Queue]
-    _backfills: dict[str, Backfill]
-    _log_starts: dict[tuple[str, int], int]
-    _purge: dict[int, int]  # qid → entries below this sequence are garbage
-    _scrub_pos: int
+    def __init__(
+        self,
+        qdb: QueueDB,
+        store: LogBackend,
+        config: LightQueueConfig,
+        trie: FilterTrie[Queue],
+        dispatcher: Dispatcher,
+        filters: dict[str, Queue],
+        backfills: dict[str, Backfill],
+    ) -> None:
+        self.qdb = qdb
+        self.store = store
+        self.config = config
+        self.trie = trie
+        self.dispatcher = dispatcher
+        self._filters = filters
+        self._backfills = backfills
+        self._log_starts: dict[tuple[str, int], int] = {}
+        self._purge: dict[int, int] = {}  # qid → entries below this sequence are garbage
+        self._scrub_pos = 0
 
-    async def _maintenance(self) -> None:
+    def forget_topic(self, topic: str) -> None:
+        """A deleted log topic: its log starts are no longer known."""
+        for tp in [tp for tp in self._log_starts if tp[0] == topic]:
+            del self._log_starts[tp]
+
+    async def run(self) -> None:
+        """The maintenance task: `maintain` every `maintenance_interval_s`."""
         while True:
             await asyncio.sleep(self.config.maintenance_interval_s)
             try:
@@ -71,7 +90,7 @@ class QueueMaintenance:
 
     def trim(self, force: bool = False) -> int:
         """Advance queue starts past entries whose records retention deleted; returns queues."""
-        starts = {tp: self._log_start(*tp) for tp in self.dispatcher.hwm}
+        starts = {tp: log_start(self.store, *tp) for tp in self.dispatcher.hwm}
         if starts == self._log_starts and not force:
             return 0
         self._log_starts = starts
@@ -164,8 +183,10 @@ class QueueMaintenance:
         self._purge[q.qid] = q.start
         log.info("dropped unheld filter queue %s (next seq %d kept)", q.name, q.next)
 
-    def _log_start(self, t: str, p: int) -> int:
-        try:
-            return int(self.store.log_start_offset(t, p))
-        except UnknownTopicOrPartitionError:
-            return 1 << 62
+
+def log_start(store: LogBackend, t: str, p: int) -> int:
+    """The partition's log start; far beyond any offset for a partition that is gone."""
+    try:
+        return int(store.log_start_offset(t, p))
+    except UnknownTopicOrPartitionError:
+        return 1 << 62

@@ -40,7 +40,7 @@ from lightqueue.keys import (
     entry_key,
     read_entries_py,
 )
-from lightqueue.maintenance import QueueMaintenance
+from lightqueue.maintenance import QueueMaintenance, log_start
 from lightqueue.model import Position, ReadResult, StoredMessage
 from lightqueue.rebuild import recover_dirs
 from lightqueue.resolver import Resolver
@@ -94,8 +94,9 @@ def replay_queue_name(filt: str, since_ms: int | None = None,
     return f"{REPLAY_PREFIX}{int(since_ms or 0)}/{filt}"
 
 
-class LightQueues(QueueMaintenance):
-    """Dispatcher + queues + read/resolve + sessions + retained over one LevelDB."""
+class LightQueues:
+    """Dispatcher + queues + read/resolve + sessions + retained over one LevelDB; its
+    housekeeping (GC, retention trimming, purging) is its `QueueMaintenance`."""
 
     def __init__(self, qdb: QueueDB, store: LogBackend, config: LightQueueConfig,
                  sink: EventSink | None) -> None:  # fmt: skip
@@ -118,9 +119,9 @@ class LightQueues(QueueMaintenance):
         self._backfills: dict[str, Backfill] = {}
         self._tasks: list[asyncio.Task[Any]] = []
         self.dispatch_task: asyncio.Task[None] | None = None
-        self._log_starts: dict[tuple[str, int], int] = {}
-        self._purge: dict[int, int] = {}  # qid → entries below this sequence are garbage
-        self._scrub_pos = 0
+        self.maintenance = QueueMaintenance(
+            qdb, store, config, self.trie, self.dispatcher, self._filters, self._backfills
+        )
         for name, rec in qdb.filters.items():
             q = qdb.queues[name]
             self._filters[name] = q
@@ -178,7 +179,7 @@ class LightQueues(QueueMaintenance):
             self.store.add_topic_listener(self.on_topic_event)
         loop = asyncio.get_running_loop()
         self.start_dispatch()
-        self._tasks.append(loop.create_task(self._maintenance(), name="lightqueue-maintenance"))
+        self._tasks.append(loop.create_task(self.maintenance.run(), name="lightqueue-maintenance"))
         self._tasks[-1].add_done_callback(_task_ended)
         for bf in self._backfills.values():
             self._tasks.append(loop.create_task(bf.run(), name=f"backfill {bf.q.name}"))
@@ -217,6 +218,21 @@ class LightQueues(QueueMaintenance):
         self._tasks.clear()
         self.qdb.close()
 
+    # -- housekeeping (QueueMaintenance does it) ---------------------------------------------
+
+    def maintain(self, now: float | None = None) -> None:
+        """GC unheld filters, trim queues behind moved log starts, purge garbage entries."""
+        self.maintenance.maintain(now)
+
+    def gc(self, now: float | None = None) -> int:
+        return self.maintenance.gc(now)
+
+    def trim(self, force: bool = False) -> int:
+        return self.maintenance.trim(force)
+
+    def purge(self, budget: int) -> int:
+        return self.maintenance.purge(budget)
+
     def on_topic_event(self, event: str, topic: str) -> None:
         """Store topic listener. A moved log start trims the queues at once. A deleted log topic
         leaves nothing behind that points into it:
@@ -233,8 +249,7 @@ class LightQueues(QueueMaintenance):
         wb.write()
         self.dispatcher.forget(topic)
         self.resolver.forget(topic)
-        for tp in [tp for tp in self._log_starts if tp[0] == topic]:
-            del self._log_starts[tp]
+        self.maintenance.forget_topic(topic)
         for bf in self._backfills.values():
             for tp in [tp for tp in bf.cursor if tp[0] == topic]:
                 del bf.cursor[tp]
@@ -393,7 +408,7 @@ class LightQueues(QueueMaintenance):
             if ent is not None:
                 ls = starts.get((ent[0], ent[1]))
                 if ls is None:
-                    ls = starts[(ent[0], ent[1])] = self._log_start(ent[0], ent[1])
+                    ls = starts[(ent[0], ent[1])] = log_start(self.store, ent[0], ent[1])
                 if ent[2] >= ls:
                     break
             skip += 1

@@ -237,7 +237,7 @@ async def rebuild_queues(data_dir: Path,
         store = await Store.open(Path(data_dir), store_config)
     try:
         if getattr(store, "remote_reads", False):
-            # A cluster log (store.kafka_log) fetches on its event loop: the rebuild runs in a
+            # A cluster log (store.cluster.kafka_log) fetches on its event loop: the rebuild runs in a
             # thread, where its reads wait for their fetches.
             return await asyncio.to_thread(
                 rebuild_sync, Path(data_dir), store, progress, batch_records

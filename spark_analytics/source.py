@@ -51,7 +51,8 @@ from spark_analytics.options import (
     offset_for,
     parse_options,
 )
-from store import cluster_read, cluster_times
+from store.cluster import offsets_by_time
+from store.cluster import reader as cluster_reader
 from store.record_batch import (
     BH_ATTRIBUTES,
     BH_BASE_OFFSET,
@@ -109,7 +110,7 @@ def cluster_ranges(opts: ReadOptions) -> dict[tuple[str, int], tuple[int, int]]:
     names = list(opts.topics)
     if opts.mqtt_filter is not None:
         names = topics_for_filter(opts.mqtt_filter, names)
-    return cluster_read.partition_spans(opts.bootstrap, names)
+    return cluster_reader.partition_spans(opts.bootstrap, names)
 
 
 def _cluster_times(
@@ -118,12 +119,12 @@ def _cluster_times(
     """`startingTimestamp` on the cluster: each partition's first offset at/after it."""
     if opts.starting_timestamp is None or opts.bootstrap is None:
         return None
-    return cluster_times.offsets_for_time(opts.bootstrap, spans, opts.starting_timestamp)
+    return offsets_by_time.offsets_for_time(opts.bootstrap, spans, opts.starting_timestamp)
 
 
 def _cluster_batches(opts: ReadOptions, r: LogRange) -> Iterator[Batch]:
     assert opts.bootstrap is not None
-    for mv in cluster_read.iter_range(opts.bootstrap, r.topic, r.partition, r.start, r.end):
+    for mv in cluster_reader.iter_range(opts.bootstrap, r.topic, r.partition, r.start, r.end):
         h = HEADER.unpack_from(mv, 0)
         yield Batch(
             h[BH_BASE_OFFSET],

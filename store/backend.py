@@ -1,7 +1,7 @@
 """`LogBackend`: what the light queues, delivery, replay and the MQTT proxy need from a log.
 
 Two implementations stand behind it (STYLE 17): `store.Store`, the commitlog in the data dir
-(`log = "local"`), and `store.kafka_log.KafkaLog`, the topics of a Kafka cluster
+(`log = "local"`), and `store.cluster.kafka_log.KafkaLog`, the topics of a Kafka cluster
 (`log = "kafka"`, docs/deployment.md). Callers type their log with this Protocol and use
 nothing else, so the dispatcher, the resolver, replay backfill and the proxy are the same code
 over either.

@@ -53,7 +53,7 @@ from store.mapping import (
 from store.mqtt_batches import build_mqtt_batches
 from store.record_batch import CONTROL_MASK, TRANSACTIONAL_MASK, split_batches
 from store.topic_admin import TopicAdmin, TopicListener, log_failure, remove_orphans
-from store.txn_index import TransactionalReads, TxnIndex
+from store.txn_index import TxnIndex
 
 log = logging.getLogger("lightgate.store")
 
@@ -62,7 +62,7 @@ TOPICS_FILE = "topics.json"
 TXN_BITS = TRANSACTIONAL_MASK | CONTROL_MASK
 
 
-class Store(TopicAdmin, TransactionalReads):
+class Store:
     remote_reads = False  # store.backend.LogBackend: every read answers from the files
 
     def __init__(self, data_dir: Path, config: StoreConfig) -> None:
@@ -77,12 +77,16 @@ class Store(TopicAdmin, TransactionalReads):
         self._routes: dict[str, tuple[str, int, bytes, Log]] = {}
         self.txn_index = TxnIndex(self.log_dir)  # first listener: the LSO moves with the hwm
         self._listeners: list[Callable[[str, int, int], None]] = [self.txn_index.advance]
-        self._topic_listeners: list[TopicListener] = []
         self._commit = GroupCommit(
             lambda lg: self._tconf[lg.topic].fsync, self._seal, self._listeners
         )
         self._timers: list[asyncio.TimerHandle] = []
         self._bg = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store-seal")
+        self.admin = TopicAdmin(
+            config, self.log_dir, topics=self._topics, counts=self._counts, tconf=self._tconf,
+            logs=self._logs, routes=self._routes, commit=self._commit, txn_index=self.txn_index,
+            bg=self._bg, register=self._register, save_topics=self._save_topics, lookup=self._log,
+        )  # fmt: skip
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
 
@@ -278,6 +282,52 @@ class Store(TopicAdmin, TransactionalReads):
         if lg is None:
             raise UnknownTopicOrPartitionError(f"unknown topic or partition {topic}-{partition}")
         return lg
+
+    # --- topic admin and read_committed (delegated to TopicAdmin, TxnIndex) -----------------------
+
+    def add_topic_listener(self, cb: TopicListener) -> None:
+        """cb(event, topic) after a topic is deleted, grows partitions or changes config."""
+        self.admin.add_topic_listener(cb)
+
+    def remove_topic_listener(self, cb: TopicListener) -> None:
+        self.admin.remove_topic_listener(cb)
+
+    def topic_uuid(self, name: str) -> uuid.UUID:
+        return self.admin.topic_uuid(name)
+
+    def max_timestamp(self, topic: str, partition: int) -> int:
+        return self.admin.max_timestamp(topic, partition)
+
+    def partition_size(self, topic: str, partition: int) -> int:
+        return self.admin.partition_size(topic, partition)
+
+    def topic_overrides(self, name: str) -> dict[str, Any]:
+        return self.admin.topic_overrides(name)
+
+    async def delete_topic(self, name: str) -> None:
+        await self.admin.delete_topic(name)
+
+    async def delete_records(self, topic: str, partition: int, offset: int) -> int:
+        return await self.admin.delete_records(topic, partition, offset)
+
+    def create_partitions(self, name: str, count: int) -> None:
+        self.admin.create_partitions(name, count)
+
+    def alter_topic_config(
+        self, name: str, set_: dict[str, Any], delete: list[str] | None = None
+    ) -> TopicConfig:
+        return self.admin.alter_topic_config(name, set_, delete)
+
+    def last_stable_offset(self, topic: str, partition: int) -> int:
+        """First offset of the earliest open Kafka transaction, else the high watermark."""
+        lg = self._log(topic, partition)
+        return max(self.txn_index.last_stable_offset(topic, partition, lg.hwm), lg.log_start_offset)
+
+    def aborted_transactions(
+        self, topic: str, partition: int, start: int, end: int
+    ) -> list[tuple[int, int]]:
+        """(producer id, first offset) of aborted transactions overlapping [start, end)."""
+        return self.txn_index.aborted_in(topic, partition, start, end)
 
     # --- append ---------------------------------------------------------------------------------
 

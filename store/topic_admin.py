@@ -1,7 +1,7 @@
 """Topic administration: delete a topic, delete records, add partitions, change a topic's config.
 
 What Kafka's admin APIs (DeleteTopics, DeleteRecords, CreatePartitions, IncrementalAlterConfigs)
-do to the log, as a mixin of `Store` (event-loop-only, like the rest of it). Each change is made
+do to the log, for `Store`, which holds a `TopicAdmin` (event-loop-only, like the rest of it). Each change is made
 durable before it is visible to others, and listeners (`add_topic_listener`) hear of it, so that
 derived data (light queues, retained messages, the proxies' partition counts, Kafka group offsets)
 can follow:
@@ -33,7 +33,7 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from store.config import (
     MAX_PARTITIONS,
@@ -50,6 +50,10 @@ from store.log import (
     fsync_dir,
     write_text_atomic,
 )
+
+if TYPE_CHECKING:
+    from store.commit import GroupCommit
+    from store.txn_index import TxnIndex
 
 log = logging.getLogger("lightgate.store")
 
@@ -78,30 +82,42 @@ def remove_orphans(log_dir: Path, topics: dict[str, Any]) -> int:
 
 
 class TopicAdmin:
-    """Mixin of `Store`: the admin operations. Attributes are Store's."""
+    """The admin operations `Store` delegates to. It works on the store's topic tables (dicts
+    the store mutates in place, never rebinds): `topics` (topics.json's entries), `counts`,
+    `tconf`, `logs` and the MQTT-topic `routes` cache; `register`, `save_topics` and `lookup`
+    are the store's own steps for a topic's entry, topics.json and a partition's Log."""
 
-    config: StoreConfig
-    log_dir: Path
-    _topics: dict[str, dict[str, Any]]
-    _counts: dict[str, int]
-    _tconf: dict[str, TopicConfig]
-    _logs: dict[tuple[str, int], Log]
-    _routes: dict[str, Any]
-    _bg: ThreadPoolExecutor
-    _topic_listeners: list[TopicListener]
-    _commit: Any
-    txn_index: Any
-
-    def _register(
-        self, name: str, partitions: int, overrides: dict[str, Any], topic_id: str | None = None
+    def __init__(
+        self,
+        config: StoreConfig,
+        log_dir: Path,
+        *,
+        topics: dict[str, dict[str, Any]],
+        counts: dict[str, int],
+        tconf: dict[str, TopicConfig],
+        logs: dict[tuple[str, int], Log],
+        routes: dict[str, Any],
+        commit: GroupCommit,
+        txn_index: TxnIndex,
+        bg: ThreadPoolExecutor,
+        register: Callable[[str, int, dict[str, Any], str | None], None],
+        save_topics: Callable[[], None],
+        lookup: Callable[[str, int], Log],
     ) -> None:
-        raise NotImplementedError
-
-    def _save_topics(self) -> None:
-        raise NotImplementedError
-
-    def _log(self, topic: str, partition: int) -> Log:
-        raise NotImplementedError
+        self.config = config
+        self.log_dir = log_dir
+        self._topics = topics
+        self._counts = counts
+        self._tconf = tconf
+        self._logs = logs
+        self._routes = routes
+        self._commit = commit
+        self.txn_index = txn_index
+        self._bg = bg
+        self._register = register
+        self._save_topics = save_topics
+        self._log = lookup
+        self._topic_listeners: list[TopicListener] = []
 
     def add_topic_listener(self, cb: TopicListener) -> None:
         """cb(event, topic) after a topic is deleted, grows partitions or changes config."""

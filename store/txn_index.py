@@ -42,7 +42,7 @@ from store.record_batch import (
     parse_header,
 )
 
-__all__ = ["ABORT", "COMMIT", "PartitionTxns", "TransactionalReads", "TxnIndex", "control_type"]
+__all__ = ["ABORT", "COMMIT", "PartitionTxns", "TxnIndex", "control_type"]
 
 ABORT, COMMIT = 0, 1
 SNAPSHOT = "txn-index.json"
@@ -260,22 +260,3 @@ class TxnIndex:
                 os.fsync(f.fileno())
             os.replace(tmp, self._path)
             self._written = doc["seq"]
-
-
-class TransactionalReads:
-    """Mixin of `Store`: what read_committed readers ask. Event-loop-only."""
-
-    txn_index: TxnIndex
-
-    def _log(self, topic: str, partition: int) -> Any: ...
-
-    def last_stable_offset(self, topic: str, partition: int) -> int:
-        """First offset of the earliest open Kafka transaction, else the high watermark."""
-        lg = self._log(topic, partition)
-        return max(self.txn_index.last_stable_offset(topic, partition, lg.hwm), lg.log_start_offset)
-
-    def aborted_transactions(
-        self, topic: str, partition: int, start: int, end: int
-    ) -> list[tuple[int, int]]:
-        """(producer id, first offset) of aborted transactions overlapping [start, end)."""
-        return self.txn_index.aborted_in(topic, partition, start, end)

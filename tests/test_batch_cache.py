@@ -1,4 +1,4 @@
-"""store.batch_cache.BatchCache (the cluster log's fetched batches): what it answers after
+"""store.cluster.batch_cache.BatchCache (the cluster log's fetched batches): what it answers after
 evictions, re-fetches of evicted ranges and retention, against a plain model of the same FIFO.
 
 Real RecordBatch v2 bytes (store.record_batch.build_batch), no cluster needed: the cache only
@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from collections import OrderedDict
 
-from store.batch_cache import BatchCache
+from store.cluster.batch_cache import BatchCache
 from store.record_batch import build_batch, set_base_offset
 
 PROTO = bytes(build_batch([(0, b"k", b"x" * 64, [])], base_offset=0))

@@ -168,7 +168,7 @@ async def test_reads_for_delivery_batch_by_partition(tmp_path: Path, tansu: Tans
     the light queues, the dispatcher and the resolver are the local log's, unchanged."""
     from lightqueue import LightQueues
     from store import MqttMessage
-    from store.kafka_log import KafkaLog, KafkaLogConfig
+    from store.cluster.kafka_log import KafkaLog, KafkaLogConfig
 
     cfg = KafkaLogConfig(tansu.bootstrap, topic_partitions=2, client={"enable_idempotence": False},
                          connect_timeout_s=10)  # fmt: skip

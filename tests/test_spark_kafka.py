@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow]
 async def _write(t: Tansu, data_dir: Path) -> None:
     """MQTT messages through the cluster log, plus a plain Kafka record from another client."""
     from store import MqttMessage
-    from store.kafka_log import KafkaLog, KafkaLogConfig
+    from store.cluster.kafka_log import KafkaLog, KafkaLogConfig
 
     cfg = KafkaLogConfig(t.bootstrap, topic_partitions=2, client={"enable_idempotence": False},
                          connect_timeout_s=10)  # fmt: skip

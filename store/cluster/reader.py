@@ -21,7 +21,7 @@ from aiokafka.protocol.fetch import FetchRequest
 from aiokafka.protocol.offset import OffsetRequest
 from aiokafka.structs import TopicPartition
 
-from store.cluster_txns import ClusterTxns
+from store.cluster.txns import ClusterTxns
 from store.config import StoreError
 from store.record_batch import BatchWalk
 
@@ -76,7 +76,7 @@ async def fetch_raw(client: Any, node: int, wanted: dict[tuple[str, int], int], 
 
 
 async def connect(bootstrap: str, kwargs: dict[str, Any] | None) -> Any:
-    """An aiokafka client with fresh metadata (also for store.cluster_times)."""
+    """An aiokafka client with fresh metadata (also for store.cluster.offsets_by_time)."""
     client = AIOKafkaClient(bootstrap_servers=bootstrap, **(kwargs or {}))
     await client.bootstrap()
     await client.force_metadata_update()
@@ -120,7 +120,7 @@ def iter_range(bootstrap: str, topic: str, partition: int, start: int, end: int,
     """The complete batches holding offsets in [start, end), in offset order, as memoryviews
     of the fetched bytes (each starts with its 61-byte header). read_committed: batches of
     aborted Kafka transactions are left out, learned from the markers as the MQTT path does
-    (store.cluster_txns; a batch whose marker is further on is held until it is fetched)."""
+    (store.cluster.txns; a batch whose marker is further on is held until it is fetched)."""
     loop = asyncio.new_event_loop()
     client = None
     tp = (topic, partition)

@@ -18,7 +18,7 @@ import logging
 import struct
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from aiokafka.producer.message_accumulator import BatchBuilder
@@ -89,50 +89,60 @@ class _Pending:
         self.now_ms = int(time.time() * 1000)
 
 
-class ClusterAppends:
-    """KafkaLog's write half: appends queued in call order, one sender task, offsets and
-    durability with the cluster's acks=all (theory of operation: store/kafka_log.py)."""
+class ClusterAppender:
+    """KafkaLog's writes: appends queued in call order, one sender task (`run`), offsets and
+    durability with the cluster's acks=all (theory of operation: store/cluster/kafka_log.py).
 
-    _closed: bool
-    _counts: dict[str, int]
-    _hwm: dict[tuple[str, int], int]
-    _loop: asyncio.AbstractEventLoop
-    _queue: deque[_Pending]
-    _send_wake: asyncio.Event
-    _creating: dict[str, asyncio.Future[None]]
-    _producer: Any
-    config: Any
-    fsync_latency: LatencyHistogram
+    It shares the log's partition counts, high watermarks and topics being created (dicts the
+    log mutates in place), and calls back `ensure_topic` (unknown log topics) and `want` (fetch
+    what was just written, so the dispatcher reads it next)."""
 
-    def ensure_topic(self, name: str, partitions: int | None = None) -> int:
-        raise NotImplementedError
-
-    def _want(self, tp: tuple[str, int], offset: int) -> None:
-        raise NotImplementedError
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        counts: dict[str, int],
+        hwm: dict[tuple[str, int], int],
+        creating: dict[str, asyncio.Future[None]],
+        auto_create_topics: bool,
+        ensure_topic: Callable[[str], int],
+        want: Callable[[tuple[str, int], int], None],
+    ) -> None:
+        self._loop = loop
+        self._counts = counts
+        self._hwm = hwm
+        self._creating = creating
+        self._auto_create_topics = auto_create_topics
+        self._ensure_topic = ensure_topic
+        self._want = want
+        self.producer: Any = None  # the aiokafka producer, set once the log is connected
+        self.queue: deque[_Pending] = deque()
+        self._wake = asyncio.Event()
+        self.closed = False
+        self.fsync_latency = LatencyHistogram()  # produce → acks=all, per send (for /metrics)
 
     # --- append ---------------------------------------------------------------------------------
 
     def append_mqtt(self, messages: Sequence[MqttMessage], sync: bool = True) -> AppendResult:
         """Queue MQTT messages for the cluster; offsets and durability with its acks=all.
         Raises TopicMappingError for an invalid topic before anything is queued."""
-        if self._closed:
+        if self.closed:
             raise StoreError("log is closed")
         for m in messages:
             lt = log_topic_for(m.topic)
             if lt not in self._counts:
-                if not self.config.auto_create_topics:
+                if not self._auto_create_topics:
                     raise UnknownTopicOrPartitionError(f"log topic {lt!r} does not exist")
-                self.ensure_topic(lt)
+                self._ensure_topic(lt)
         return self._enqueue(list(messages), None, len(messages))
 
     def append_batch(
         self, topic: str, partition: int, batch: bytes, sync: bool = True
     ) -> AppendResult:
         """Produce already-built batches (base offset 0) to one partition."""
-        if self._closed:
+        if self.closed:
             raise StoreError("log is closed")
         if topic not in self._counts:
-            self.ensure_topic(topic)
+            self._ensure_topic(topic)
         if not 0 <= partition < self._counts[topic]:
             raise UnknownTopicOrPartitionError(f"unknown topic or partition {topic}-{partition}")
         count = sum(h.record_count for h in split_batches(batch))
@@ -141,20 +151,27 @@ class ClusterAppends:
     def _enqueue(self, msgs: Any, raw: Any, count: int) -> AppendResult:
         loop = self._loop
         res = AppendResult(None, count, loop.create_future(), loop.create_future())
-        self._queue.append(_Pending(msgs, raw, res))
-        self._send_wake.set()
+        self.queue.append(_Pending(msgs, raw, res))
+        self._wake.set()
         return res
 
-    async def _sender(self) -> None:
-        """Hand queued appends to the producer in call order (one build for all that queued)."""
-        while not self._closed:
-            await self._send_wake.wait()
-            self._send_wake.clear()
-            while self._queue:
+    async def drain(self) -> None:
+        """Until every queued append was handed to the producer."""
+        while self.queue:
+            self._wake.set()
+            await asyncio.sleep(0.01)
+
+    async def run(self) -> None:
+        """The sender task: hand queued appends to the producer in call order (one build for
+        all that queued)."""
+        while not self.closed:
+            await self._wake.wait()
+            self._wake.clear()
+            while self.queue:
                 if self._creating:
                     await asyncio.gather(*self._creating.values(), return_exceptions=True)
-                items = list(self._queue)
-                self._queue.clear()
+                items = list(self.queue)
+                self.queue.clear()
                 try:
                     await self._send(items)
                 except Exception as exc:
@@ -188,7 +205,7 @@ class ClusterAppends:
         t0 = time.perf_counter()
         futs = []
         for t, p, batch, _idxs, _it in sends:
-            futs.append(await self._producer.send_batch(batch, t, partition=p))
+            futs.append(await self.producer.send_batch(batch, t, partition=p))
         done = asyncio.gather(*futs, return_exceptions=True)
         done.add_done_callback(lambda f: self._acked(f.result(), sends, items, owner, t0))
 

@@ -15,7 +15,7 @@ missed (`FetchPending`, `prefetch`) and, every `poll_ms` when idle, the tail of 
 (records produced by other clients, and our own). Every fetch response moves the partition's
 high watermark, last stable offset and log start, and wakes the partition's append listeners,
 so the dispatcher reads again. Fetches are read_committed; which Kafka transactions were
-aborted is learned from their markers (store.cluster_txns). Fetches are raw Fetch requests through aiokafka's client: the record set comes
+aborted is learned from their markers (store.cluster.txns). Fetches are raw Fetch requests through aiokafka's client: the record set comes
 back as the bytes the cluster stores, and is never decoded here.
 
 The data dir holds no log: only DATA/LOCK (taken as the local store takes it) and what the
@@ -29,7 +29,6 @@ import inspect
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,22 +38,23 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.client import AIOKafkaClient
 
+from store.append_result import AppendResult
 from store.backend import AppendListener, FetchPending, LogBackend
-from store.batch_cache import BatchCache
-from store.cluster_produce import ClusterAppends, _Pending
-from store.cluster_read import (
+from store.cluster.appender import ClusterAppender
+from store.cluster.batch_cache import BatchCache
+from store.cluster.offsets_by_time import OffsetsByTime
+from store.cluster.reader import (
     EMPTY_RETRIES,
     READER_WAIT_MS,
     by_leader,
     fetch_raw,
     list_offsets,
 )
-from store.cluster_times import ClusterTimes
-from store.cluster_txns import ClusterTxns
+from store.cluster.txns import ClusterTxns
 from store.config import StoreError, UnknownTopicOrPartitionError
 from store.data_dir_lock import release_data_dir_lock, take_data_dir_lock
-from store.latency import LatencyHistogram
 from store.log import OffsetOutOfRangeError
+from store.mapping import MqttMessage
 from store.store import Store
 
 log = logging.getLogger("lightgate.store.kafka_log")
@@ -85,8 +85,9 @@ def _kwargs_for(cls: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in kwargs.items() if k in names}
 
 
-class KafkaLog(ClusterAppends, ClusterTimes):
-    """The cluster's topics as a LogBackend. Event-loop-only except where a method says so."""
+class KafkaLog:
+    """The cluster's topics as a LogBackend. Event-loop-only except where a method says so.
+    Writes go through its `ClusterAppender`, offsets by time through its `OffsetsByTime`."""
 
     remote_reads = True
 
@@ -106,18 +107,22 @@ class KafkaLog(ClusterAppends, ClusterTimes):
         self._listeners: list[AppendListener] = []
         self.cache = BatchCache(config.cache_bytes)
         self._wanted: dict[tuple[str, int], int] = {}
-        self._times: dict[tuple[str, int, int], int | None] = {}  # prefetch_times' answers
         self._lso: dict[tuple[str, int], int] = {}  # where the cluster said LSO < HW
         self.txn_index = ClusterTxns()  # aborted transactions (lightqueue's aborted_check)
         self._kick = asyncio.Event()
-        self._queue: deque[_Pending] = deque()
-        self._send_wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
-        self.fsync_latency = LatencyHistogram()  # produce → acks=all, per send (for /metrics)
         self.fetches = 0  # Fetch requests sent for readers (tests check batching), not polls
         self.polls = 0  # tail polls (one Fetch per leader every poll_ms when idle)
         self._meta_at = 0.0
+        self.appender = ClusterAppender(
+            self._loop, self._counts, self._hwm, self._creating, config.auto_create_topics,
+            self.ensure_topic, self._want,
+        )  # fmt: skip
+        self.fsync_latency = self.appender.fsync_latency  # produce → acks=all (for /metrics)
+        self.times = OffsetsByTime(
+            self._hwm, self._start, self.last_stable_offset, self._list_offsets, self._fetch_one
+        )
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -137,7 +142,7 @@ class KafkaLog(ClusterAppends, ClusterTimes):
             self._lock_fd = -1
             raise
         self._tasks = [
-            asyncio.create_task(self._sender(), name="kafka-log-sender"),
+            asyncio.create_task(self.appender.run(), name="kafka-log-sender"),
             asyncio.create_task(self._fetcher(), name="kafka-log-fetcher"),
         ]
         return self
@@ -176,6 +181,7 @@ class KafkaLog(ClusterAppends, ClusterTimes):
         self._producer = AIOKafkaProducer(bootstrap_servers=cfg.bootstrap, **pkw)
         try:
             await self._producer.start()
+            self.appender.producer = self._producer
         except Exception as exc:
             hint = (
                 " (the cluster refused InitProducerId; set kafka_client_enable_idempotence = false"
@@ -202,15 +208,13 @@ class KafkaLog(ClusterAppends, ClusterTimes):
         """Send what is queued, wait for its acks, stop the tasks and the clients, unlock."""
         if self._closed:
             return
-        while self._queue:
-            self._send_wake.set()
-            await asyncio.sleep(0.01)
+        await self.appender.drain()
         if self._producer is not None:
             try:
                 await self._producer.flush()
             except Exception:
                 log.exception("flushing the Kafka producer")
-        self._closed = True
+        self._closed = self.appender.closed = True
         for t in self._tasks:
             t.cancel()
         if self._tasks:
@@ -219,6 +223,26 @@ class KafkaLog(ClusterAppends, ClusterTimes):
         if self._lock_fd >= 0:
             release_data_dir_lock(self._lock_fd)
             self._lock_fd = -1
+
+    # --- writes and offsets by time (delegated) -----------------------------------------------
+
+    def append_mqtt(self, messages: Sequence[MqttMessage], sync: bool = True) -> AppendResult:
+        """Queue MQTT messages for the cluster; offsets and durability with its acks=all."""
+        return self.appender.append_mqtt(messages, sync)
+
+    def append_batch(
+        self, topic: str, partition: int, batch: bytes, sync: bool = True
+    ) -> AppendResult:
+        """Produce already-built batches (base offset 0) to one partition."""
+        return self.appender.append_batch(topic, partition, batch, sync)
+
+    def offset_for_timestamp(self, topic: str, partition: int, ts_ms: int) -> int | None:
+        """The first offset at/after `ts_ms` as `prefetch_times` found it (see OffsetsByTime)."""
+        return self.times.offset_for_timestamp(self._tp(topic, partition), ts_ms)
+
+    async def prefetch_times(self, wants: Sequence[tuple[str, int, int]]) -> None:
+        """Find the first offset at/after each (topic, partition, ts_ms) on the cluster."""
+        await self.times.prefetch_times(wants)
 
     # --- topics ---------------------------------------------------------------------------------
 
@@ -358,7 +382,7 @@ class KafkaLog(ClusterAppends, ClusterTimes):
         if cached is None:
             self._want(tp, offset)
             raise FetchPending(f"{topic}-{partition} offset {offset}")
-        # Only batches whose Kafka transaction is known decided (store.cluster_txns).
+        # Only batches whose Kafka transaction is known decided (store.cluster.txns).
         data, marker_at = self.txn_index.decided_prefix(tp, cached, offset)
         if not data:
             self._want(tp, marker_at)

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from store.cluster_read import (
+from store.cluster.reader import (
     EMPTY_RETRIES,
     FETCH_BYTES,
     READER_WAIT_MS,
@@ -102,32 +102,30 @@ def offsets_for_time(bootstrap: str, spans: dict[tuple[str, int], tuple[int, int
     return asyncio.run(run())
 
 
-class ClusterTimes:
-    """KafkaLog's offsets-by-time half (theory: the module docstring)."""
+class OffsetsByTime:
+    """KafkaLog's offsets by time (theory: the module docstring). It keeps the answers; it
+    shares the log's high watermarks and log starts (dicts the log mutates in place) and asks
+    the log for its last stable offset, ListOffsets and single-partition fetches."""
 
-    _hwm: dict[tuple[str, int], int]
-    _start: dict[tuple[str, int], int]
-    _times: dict[tuple[str, int, int], int | None]
+    def __init__(
+        self,
+        hwm: dict[tuple[str, int], int],
+        start: dict[tuple[str, int], int],
+        last_stable_offset: Callable[[str, int], int],
+        list_offsets: Callable[[list[tuple[str, int]], int], Awaitable[dict[tuple[str, int], int]]],
+        fetch_one: Callable[[tuple[str, int], int, bool], Awaitable[bytes]],
+    ) -> None:
+        self._hwm = hwm
+        self._start = start
+        self._last_stable_offset = last_stable_offset
+        self._list_offsets = list_offsets
+        self._fetch_one = fetch_one
+        self._times: dict[tuple[str, int, int], int | None] = {}  # prefetch_times' answers
 
-    def _tp(self, topic: str, partition: int) -> tuple[str, int]:
-        raise NotImplementedError
-
-    def last_stable_offset(self, topic: str, partition: int) -> int:
-        raise NotImplementedError
-
-    async def _list_offsets(
-        self, tps: list[tuple[str, int]], ts: int
-    ) -> dict[tuple[str, int], int]:
-        raise NotImplementedError
-
-    async def _fetch_one(self, tp: tuple[str, int], offset: int, keep: bool) -> bytes:
-        raise NotImplementedError
-
-    def offset_for_timestamp(self, topic: str, partition: int, ts_ms: int) -> int | None:
+    def offset_for_timestamp(self, tp: tuple[str, int], ts_ms: int) -> int | None:
         """The cluster's answer as `prefetch_times` found it; without one (a caller that did
-        not ask first), the log start (None for a time in the future)."""
-        tp = self._tp(topic, partition)
-        key = (topic, partition, ts_ms)
+        not ask first), the log start (None for a time in the future). `tp` is known."""
+        key = (tp[0], tp[1], ts_ms)
         if key in self._times:
             return self._times[key]
         return None if ts_ms > int(time.time() * 1000) else self._start[tp]
@@ -155,7 +153,7 @@ class ClusterTimes:
         if o < 0:
             return None  # Kafka: every record is older
         o, empty = max(o, self._start[tp]), 0
-        while o < self.last_stable_offset(*tp):  # read_committed: nothing above it
+        while o < self._last_stable_offset(*tp):  # read_committed: nothing above it
             found, nxt = first_at_time(await self._fetch_one(tp, o, False), o, ts)
             if found is not None:
                 return found
