@@ -66,6 +66,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TICK = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
 KEEPALIVE = 600  # s: applications only receive, and the connect phase may take a while
+IP_BIND_ADDRESS_NO_PORT = getattr(socket, "IP_BIND_ADDRESS_NO_PORT", 24)  # Linux
 STAMP = struct.Struct(">QI")  # send time (CLOCK_MONOTONIC ns), device index
 
 
@@ -136,7 +137,7 @@ class Client(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is no subclass of it
         sock = transport.get_extra_info("socket")
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        transport.write(self.hello)
+        self.transport.write(self.hello)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -193,15 +194,21 @@ async def open_client(
 ) -> Client:
     loop = asyncio.get_running_loop()
     ready: asyncio.Future[None] = loop.create_future()
-    _, proto = await asyncio.wait_for(
-        loop.create_connection(
-            lambda: Client(counters, hello, acks_due, ready),
-            "127.0.0.1",
-            port,
-            local_addr=(source, 0),
-        ),
-        timeout,
-    )
+    # a socket of our own: create_connection(host, local_addr=...) would resolve both addresses
+    # in the loop's thread pool for every connection
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setblocking(False)
+        # the port is chosen at connect() (per 4-tuple): bind() picking it walks every bound port
+        sock.setsockopt(socket.SOL_IP, IP_BIND_ADDRESS_NO_PORT, 1)
+        sock.bind((source, 0))
+        await asyncio.wait_for(loop.sock_connect(sock, ("127.0.0.1", port)), timeout)
+        _, proto = await loop.create_connection(
+            lambda: Client(counters, hello, acks_due, ready), sock=sock
+        )
+    except BaseException:
+        sock.close()
+        raise
     await asyncio.wait_for(ready, timeout)
     return proto
 
@@ -457,7 +464,7 @@ def run_once(args: argparse.Namespace, kind: str, rnd: int) -> dict[str, Any]:
                 p.start()
                 procs.append(p)
                 pipes.append(here)
-            ready = [_recv(pp, 60 + conns / 200) for pp in pipes]
+            ready = [recv_within(pp, 60 + conns / 200) for pp in pipes]
             connect_s = time.monotonic() - t_c0
             bpids = process_tree(broker.pid)
             cpu_connect = cpu_s(bpids) - cpu_b0
@@ -477,7 +484,7 @@ def run_once(args: argparse.Namespace, kind: str, rnd: int) -> dict[str, Any]:
             sleep_until(plan["w1"])
             b1, g1, m1 = cpu_s(bpids), [cpu_s([g]) for g in gpids], machine_busy_s()
             rss = rss_kb(process_tree(broker.pid))
-            done = [_recv(pp, args.drain + 60) for pp in pipes]
+            done = [recv_within(pp, args.drain + 60) for pp in pipes]
         finally:
             for proc in procs:
                 proc.join(5)
@@ -537,7 +544,7 @@ def run_once(args: argparse.Namespace, kind: str, rnd: int) -> dict[str, Any]:
     }
 
 
-def _recv(pipe: Connection, timeout: float) -> dict[str, Any]:
+def recv_within(pipe: Connection, timeout: float) -> dict[str, Any]:
     if not pipe.poll(timeout):
         raise RuntimeError(f"a load worker did not answer within {timeout:.0f} s")
     msg: dict[str, Any] = pipe.recv()
