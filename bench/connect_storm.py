@@ -37,7 +37,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from many_devices import (
+from fleet_mqtt import (
     ROOT,
     Client,
     Counters,
