@@ -192,12 +192,18 @@ def process_tree(pid: int) -> list[int]:
 
 
 def cpu_s(pids: list[int]) -> float:
-    total = 0
+    """CPU time (s) of these processes, all their threads, to the nanosecond: the kernel's
+    per-process CPU clock (clock_getcpuclockid), as /proc's utime + stime count 10 ms ticks,
+    too coarse for a broker at 1 msg/s. A process that is gone counts nothing."""
+    total = 0.0
     for p in pids:
-        with contextlib.suppress(OSError):
-            f = proc_stat(p)
-            total += int(f[11]) + int(f[12])
-    return total / TICK
+        try:
+            total += time.clock_gettime(((~p) << 3) | 2)  # MAKE_PROCESS_CPUCLOCK(p, SCHED)
+        except OSError:
+            with contextlib.suppress(OSError):
+                f = proc_stat(p)
+                total += (int(f[11]) + int(f[12])) / TICK
+    return total
 
 
 def rss_kb(pids: list[int]) -> int:
