@@ -224,7 +224,10 @@ def main() -> None:
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     if args.rate * args.seconds + 100 > hard:
-        print(f"warning: {args.rate * args.seconds:.0f} connections and a hard fd limit of {hard}")
+        raise SystemExit(
+            f"{args.rate * args.seconds:.0f} connections do not fit the hard fd limit of {hard} "
+            "(`ulimit -Hn`), which the brokers inherit: fewer --seconds, or raise it (as root)"
+        )
     brokers = args.brokers.split(",")
     out = args.out or ROOT / "bench" / "results" / f"connect-storm-{dt.date.today()}.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -357,10 +357,14 @@ def main() -> None:
         args.devices, args.rate = 1, 1.0
     if args.payload < STAMP.size:
         raise SystemExit(f"--payload must be at least {STAMP.size}")
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     if 2 * args.devices + 100 > hard:
-        print(f"warning: {2 * args.devices} connections and a hard fd limit of {hard}")
+        # a broker out of descriptors refuses connections (or spins on accept): no figure
+        raise SystemExit(
+            f"{2 * args.devices} connections do not fit the hard fd limit of {hard} "
+            "(`ulimit -Hn`), which the brokers inherit: raise it (as root) or use fewer devices"
+        )
     brokers = args.brokers.split(",")
     out = args.out or ROOT / "bench" / "results" / f"many-devices-{dt.date.today()}.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
