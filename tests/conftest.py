@@ -40,7 +40,7 @@ BOTH_IMPLS = {
 # and the longest units are handed out first, so no worker is left with a long file at the end.
 GATEWAY_PARAMS = {"serve", "split", "pure"}
 LONGEST_FIRST = [  # the slowest files of a full run (make test prints the slowest tests)
-    "test_spark_notebook", "test_mqtt_replay", "test_spark_jobs", "test_mqtt_pubsub",
+    "test_bridge", "test_spark_notebook", "test_mqtt_replay", "test_spark_jobs", "test_mqtt_pubsub",
     "test_spark_docs", "test_mqtt_connect", "test_mqtt_sessions", "test_spark_source",
     "test_docs_snippets", "test_kafka_txn_delivery", "test_mqtt_clients",
 ]  # fmt: skip
