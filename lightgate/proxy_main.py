@@ -21,10 +21,10 @@ from lightgate.config import ConfigError, GatewayConfig
 from lightgate.gc_pauses import freeze_startup_heap
 from lightgate.link_registry import HELLO, STATS, MethodRegistry
 from lightgate.split import READY_PREFIX, core_link_security
-from mqtt_proxy.cluster import ProxyCluster
-from mqtt_proxy.remote_notify import LinkNotifier
-from mqtt_proxy.remote_queues import RemoteLightQueues
-from mqtt_proxy.remote_store import RemoteStore
+from mqtt_proxy.backends.cluster import ProxyCluster
+from mqtt_proxy.backends.remote_notify import LinkNotifier
+from mqtt_proxy.backends.remote_queues import RemoteLightQueues
+from mqtt_proxy.backends.remote_store import RemoteStore
 from notify.link import RpcPeer, connect
 from notify.link_frames import AUTH_FAILED, RpcError
 from store.auth import Security

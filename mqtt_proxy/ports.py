@@ -5,11 +5,11 @@ record implementations, so no seam is `Any`): the in-process `Store` and the cor
 `RemoteStore`; the
 in-process `InProcessNotifier` and the link's `LinkNotifier`; `LocalBackend` and
 `RemoteBackend` in front of the light queues. The proxy code names the `Protocol` here, never
-one twin, and mypy checks that every twin satisfies it (`_twins` at the end of backend.py;
-`_is_a_peer` at the end of connection.py).
+one twin, and mypy checks that every twin satisfies it (`_twins` at the end of
+backends/backend.py; `_is_a_peer` at the end of connection/connection.py).
 
 `PeerPort` is what delivery and the session code use of a client connection, so they type it
-without importing `connection.py` (which imports the handlers, which import the sessions...).
+without importing `connection/connection.py` (which imports the handlers, which import the sessions...).
 
 Only structure lives here: no behaviour.
 """
@@ -21,14 +21,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequen
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 from lightqueue.model import Position, ReadResult, StoredMessage
-from mqtt_proxy.subscriptions import FilterSpec
+from mqtt_proxy.sessions.topic_filters import FilterSpec
 from store.append_result import AppendResult, Run
 from store.auth import ClientAcl
 from store.mapping import MqttMessage
 
 if TYPE_CHECKING:
-    from mqtt_proxy.cluster import ProxyCluster
-    from mqtt_proxy.topic_aliases import OutAliases
+    from mqtt_proxy.backends.cluster import ProxyCluster
+    from mqtt_proxy.delivery.topic_aliases import OutAliases
 
 # A message delivery reads: one this proxy appended (kept by `remember`), or a stored one.
 Message: TypeAlias = MqttMessage | StoredMessage

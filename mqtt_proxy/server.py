@@ -16,8 +16,8 @@
 `security` (store.auth.Security: password file, ACL, anonymous policy) is shared with the Kafka
 server and reloaded in place on SIGHUP; the hooks above are checked in addition to it.
 
-Per-connection protocol work lives in `connection.py`, session state in `session.py`, the pull
-side in `delivery.py`; this module owns what crosses connections.
+Per-connection protocol work lives in `connection/`, session state in `sessions/`, the pull
+side in `delivery/`; this module owns what crosses connections.
 """
 
 from __future__ import annotations
@@ -30,24 +30,24 @@ from collections.abc import Callable
 from time import time as _time
 from typing import TYPE_CHECKING, Any
 
-from mqtt_proxy.backend import LocalBackend
-from mqtt_proxy.badclients import BadClientLog
+from mqtt_proxy.backends.backend import LocalBackend
+from mqtt_proxy.backends.remote import RemoteBackend
+from mqtt_proxy.backends.remote_queues import RemoteLightQueues
+from mqtt_proxy.backends.remote_store import RemoteStore
 from mqtt_proxy.codec import EMPTY_PROPERTIES, Properties, Subscribe
-from mqtt_proxy.delivery import Delivery
+from mqtt_proxy.connection.badclients import BadClientLog
+from mqtt_proxy.connection.inbound import Inbound
+from mqtt_proxy.connection.keepalive import KeepaliveWheel
+from mqtt_proxy.connection.limits import ConnectionRate
+from mqtt_proxy.connection.websocket import WebSocketProtocol
+from mqtt_proxy.delivery.delivery import Delivery
 from mqtt_proxy.device_events import DeviceEvents
-from mqtt_proxy.inbound import Inbound
-from mqtt_proxy.keepalive import KeepaliveWheel
-from mqtt_proxy.limits import ConnectionRate
 from mqtt_proxy.ports import LogPort, NotifierPort, QueuesPort
-from mqtt_proxy.remote_backend import RemoteBackend
-from mqtt_proxy.remote_queues import RemoteLightQueues
-from mqtt_proxy.remote_store import RemoteStore
-from mqtt_proxy.session import Will
-from mqtt_proxy.sessions import SessionManager
+from mqtt_proxy.sessions.manager import SessionManager
+from mqtt_proxy.sessions.state import Will
+from mqtt_proxy.sessions.topic_filters import FilterError, parse_filter
 from mqtt_proxy.settings import ProxySettings
-from mqtt_proxy.subscriptions import FilterError, parse_filter
 from mqtt_proxy.sys_topics import SysPublisher
-from mqtt_proxy.websocket import WebSocketProtocol
 from store.auth import Security
 from store.auth.http_hook import PUBLISH, SUBSCRIBE, HttpAuth
 from store.bans import BanList
@@ -57,7 +57,7 @@ from store.mapping import MqttMessage, MqttProperties
 
 if TYPE_CHECKING:
     from lightqueue.queues import LightQueues
-    from mqtt_proxy.connection import MqttConnection
+    from mqtt_proxy.connection.connection import MqttConnection
 
 log = logging.getLogger("lightgate.mqtt")
 
@@ -109,7 +109,7 @@ class MqttServer:
     ) -> None:
         """Construct inside the running event loop: the server binds to it. `remote`: store and
         queues are a `RemoteStore` / `RemoteLightQueues` and the notifier a `LinkNotifier`
-        (this proxy runs in its own process; see backend.py)."""
+        (this proxy runs in its own process; see backends/)."""
         self.loop = asyncio.get_running_loop()
         self.settings = settings or ProxySettings()
         self.proxy_id = proxy_id
@@ -248,7 +248,7 @@ class MqttServer:
     def _make_conn(self) -> MqttConnection:
         cls = self._conn_cls
         if cls is None:  # imported here: connection.py imports this module's names
-            from mqtt_proxy.connection import MqttConnection
+            from mqtt_proxy.connection.connection import MqttConnection
 
             cls = self._conn_cls = MqttConnection
         return cls(self)

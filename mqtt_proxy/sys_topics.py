@@ -12,15 +12,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from mqtt_proxy.codec import EMPTY_PROPERTIES, Properties, PublishTemplate
-from mqtt_proxy.subscriptions import topic_matches
+from mqtt_proxy.sessions.topic_filters import topic_matches
 
 if TYPE_CHECKING:
     from mqtt_proxy.server import MqttServer
-    from mqtt_proxy.session import Subscription
+    from mqtt_proxy.sessions.state import Subscription
 
 
 # Figures that are sums over every proxy of the gateway when there are several (the core sums
-# them on request: mqtt_proxy.cluster.ProxyCluster.sys_totals); the rest are this proxy's own.
+# them on request: mqtt_proxy.backends.cluster.ProxyCluster.sys_totals); the rest are this proxy's own.
 SUMMED = (
     "clients_connected", "sessions", "messages_received", "messages_sent", "publish_dropped",
     "bytes_received", "bytes_sent",

@@ -56,19 +56,19 @@ def test_the_check_sees_an_upward_import(tmp_path: Path) -> None:
 # so they stay out of the connection -> handlers -> server -> sessions import cycle.
 BELOW_THE_CONNECTION = {
     "mqtt_proxy/ports.py",
-    "mqtt_proxy/delivery.py",
-    "mqtt_proxy/cohorts.py",
-    "mqtt_proxy/shared_groups.py",
-    "mqtt_proxy/queue_cache.py",
-    "mqtt_proxy/session.py",
-    "mqtt_proxy/backend.py",
+    "mqtt_proxy/delivery/delivery.py",
+    "mqtt_proxy/delivery/cohorts.py",
+    "mqtt_proxy/delivery/shared_groups.py",
+    "mqtt_proxy/delivery/queue_cache.py",
+    "mqtt_proxy/sessions/state.py",
+    "mqtt_proxy/backends/backend.py",
 }
 ABOVE = {
-    "mqtt_proxy.connection",
-    "mqtt_proxy.handlers",
-    "mqtt_proxy.connect_handler",
+    "mqtt_proxy.connection.connection",
+    "mqtt_proxy.connection.handlers",
+    "mqtt_proxy.connection.connect_handler",
     "mqtt_proxy.server",
-    "mqtt_proxy.sessions",
+    "mqtt_proxy.sessions.manager",
 }
 
 
