@@ -59,6 +59,7 @@ async def run_proxy(
     this module needs neither the gateway (`lightgate.app`) nor the TLS setup: `security` builds
     the users and ACL (a ConfigError exits 2), `reload` re-reads them on SIGHUP, `tls_ctx` makes
     the mqtts/wss listeners' context (None: no TLS listeners)."""
+    from mqtt_proxy.backends.remote import RemoteBackend
     from mqtt_proxy.server import MqttServer
     from mqtt_proxy.settings import ProxySettings
 
@@ -106,17 +107,10 @@ async def run_proxy(
     asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, reload, users)
     settings = ProxySettings.from_config(cfg)
     settings.internal_secret = internal_secret
-    server = MqttServer(
-        rs,
-        rq,
-        notifier,
-        settings,
-        proxy_id=proxy_id,
-        remote=True,
-        security=users,
-        bans=cluster.bans,
-    )
-    server.backend.cluster = server.delivery.leases = cluster
+    backend = RemoteBackend(rs, rq, notifier, proxy_id, settings.recent_cache_bytes)
+    backend.cluster = cluster
+    server = MqttServer(backend, settings, reuse_port=True, security=users, bans=cluster.bans)
+    server.delivery.leases = cluster
     if server.report_disconnect is not None:  # flapping detection: the core counts
         server.report_disconnect = cluster.flapped
     cluster.server = server

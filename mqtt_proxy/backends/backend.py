@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, cast
 from lightqueue.model import Position, ReadResult, StoredMessage
 from mqtt_proxy.ports import (
     Acquired,
+    ClusterPort,
     Entries,
     EntriesSink,
     LoadDone,
@@ -51,7 +52,6 @@ from store.twins import twin
 
 if TYPE_CHECKING:
     from lightqueue.queues import LightQueues
-    from mqtt_proxy.backends.cluster import ProxyCluster
     from mqtt_proxy.backends.remote_notify import LinkNotifier
     from mqtt_proxy.backends.remote_store import RemoteStore
     from notify import InProcessNotifier
@@ -74,7 +74,7 @@ class Backend:
 
     # With proxies in their own processes, the core's client-id claims and will registry
     # (mqtt_proxy.backends.cluster.ProxyCluster); None in one process.
-    cluster: ProxyCluster | None = None
+    cluster: ClusterPort | None = None
 
     def __init__(
         self, store: LogPort, notifier: NotifierPort, proxy_id: str, recent_bytes: int
@@ -93,6 +93,9 @@ class Backend:
 
     async def start(self) -> None:
         """Anything to learn from the layers below before serving clients."""
+
+    def skip_known_events(self, known: Callable[[str, int], bool]) -> None:
+        """Only a local backend's rounds push entries before their events (`LocalBackend`)."""
 
     def write_now(self) -> None:
         """The tick's appends are all made: write (and index) them now if this process has the
