@@ -109,6 +109,19 @@ class ClusterPort(Protocol):
         ...
 
 
+class LeasesPort(Protocol):
+    """`$share` group positions held by the core when there are several proxies: delivery takes
+    leases of sequences, reports each one done, gives back what a leaving member held."""
+
+    def ask(self, delivery: Any, qs: Any, g: Any) -> None:
+        """Lease the group's next sequences; the answer marks the queue for delivery."""
+        ...
+
+    def done(self, key: str, seq: int) -> None: ...
+
+    def give_back(self, key: str, seqs: list[int]) -> None: ...
+
+
 class QueuesPort(Protocol):
     """The light queues, the retained store and the session store as the proxy code calls them:
     `LocalBackend` (in-process, answers inside the call) or `RemoteBackend` (the answer comes

@@ -152,7 +152,12 @@ class MqttServer:
         self.inbound = Inbound(self)
         self.sessions = SessionManager(self)
         self.events = DeviceEvents(backend.store)
-        self.sys = SysPublisher(self)
+        self.sys = SysPublisher(
+            self.stats,
+            self.sessions.sessions,
+            lambda: (c.session for c in self.conns.values() if c.session is not None),
+            self.backend,
+        )
         # Garbage, refused WebSocket handshakes, no CONNECT in time: one line each, rate-limited.
         self.bad_clients = BadClientLog(logging.getLogger("lightgate.mqtt.bad"))
         self.connection_rate = ConnectionRate(self.settings.max_connection_rate)

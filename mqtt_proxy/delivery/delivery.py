@@ -61,7 +61,7 @@ from store.latency import LatencyHistogram
 from store.mapping import PROBE_TOPIC, SYSTEM_TOPIC_PREFIX
 
 if TYPE_CHECKING:
-    from mqtt_proxy.backends.cluster import ProxyCluster
+    from mqtt_proxy.ports import LeasesPort
 
 log = logging.getLogger("lightgate.mqtt.delivery")
 
@@ -99,7 +99,7 @@ class Delivery:
         self.lag: dict[str, int] = {}
         self._loop = asyncio.get_running_loop()
         # Several proxies: `$share` groups take leases from the core (mqtt_proxy.backends.cluster).
-        self.leases: ProxyCluster | None = None
+        self.leases: LeasesPort | None = None
         self._cohorts = CohortPump(self.read_range, self.deliver_latency, self.aliases)
         self._groups = GroupDelivery(self, self._batch)
 
