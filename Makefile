@@ -58,6 +58,6 @@ bench-mqtt: $(STAMP)
 # clean also removes what `pip install -e .` compiled in place (setup.py: the Cython modules).
 clean:
 	rm -rf $(VENV) data analytics .pytest_cache build
-	rm -f store/*.so mqtt_proxy/*.so mqtt_proxy/codec/*.so lightqueue/*.so store/_c*.c store/_slots.c store/_fsync.c \
-		mqtt_proxy/codec/_cparser.c mqtt_proxy/_c*.c lightqueue/_cblocks.c \
+	rm -f store/*.so mqtt_proxy/*.so mqtt_proxy/*/*.so lightqueue/*.so store/_c*.c store/_slots.c store/_fsync.c \
+		mqtt_proxy/*/_c*.c lightqueue/_cblocks.c \
 		lightqueue/_cindex.c lightqueue/_cresolve.c

@@ -25,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from lightqueue.queues import LightQueueConfig, LightQueues  # noqa: E402
-from mqtt_proxy.queue_cache import RAW_TYPES, CachedMsg, fill_cache  # noqa: E402
+from mqtt_proxy.delivery.queue_cache import RAW_TYPES, CachedMsg, fill_cache  # noqa: E402
 from store import MqttMessage, Store, StoreConfig  # noqa: E402
 
 

@@ -17,11 +17,11 @@ sys.path.insert(
     0, str(Path(sys.argv[1]).resolve() if len(sys.argv) > 1 else Path(__file__).parents[1])
 )
 
-from mqtt_proxy import handlers  # noqa: E402
 from mqtt_proxy.codec import Puback  # noqa: E402
-from mqtt_proxy.delivery import Delivery  # noqa: E402
-from mqtt_proxy.session import Inflight, Session, Subscription  # noqa: E402
-from mqtt_proxy.subscriptions import parse_filter  # noqa: E402
+from mqtt_proxy.connection import handlers  # noqa: E402
+from mqtt_proxy.delivery.delivery import Delivery  # noqa: E402
+from mqtt_proxy.sessions.state import Inflight, Session, Subscription  # noqa: E402
+from mqtt_proxy.sessions.topic_filters import parse_filter  # noqa: E402
 
 N = 64
 

@@ -209,7 +209,7 @@ def micro(n: int = 100_000, topics: int = 100) -> None:
     one delivered PUBLISH costs to encode without and with an alias."""
     sys.path.insert(0, str(ROOT))
     from mqtt_proxy.codec import PublishTemplate, publish_qos0, publish_qos0_alias
-    from mqtt_proxy.topic_aliases import AliasBook, OutAliases
+    from mqtt_proxy.delivery.topic_aliases import AliasBook, OutAliases
 
     names = [f"dev/{i}/telemetry" for i in range(topics)]
     seq = [names[k % topics] for k in range(n)]

@@ -129,6 +129,7 @@ class Gateway:
         its route table over the core link (lightgate/core_link.py).
         """
         from lightqueue import LightQueueConfig, LightQueues
+        from mqtt_proxy.backends.backend import LocalBackend
         from mqtt_proxy.server import MqttServer
         from mqtt_proxy.settings import ProxySettings
         from notify import InProcessNotifier
@@ -156,9 +157,8 @@ class Gateway:
             return
         settings = ProxySettings.from_config(cfg)
         settings.internal_secret = self.internal_secret
-        mqtt = self.mqtt = MqttServer(
-            self.store, queues, notifier, settings, security=self.security, bans=self.bans
-        )
+        backend = LocalBackend(self.store, queues, notifier, "mqtt-0", settings.recent_cache_bytes)
+        mqtt = self.mqtt = MqttServer(backend, settings, security=self.security, bans=self.bans)
         await mqtt.start()
         self._closers.append(mqtt)
         if cfg.mqtt_port != -1:

@@ -19,7 +19,7 @@ from lightgate.link_registry import HELLO, STATS, MethodRegistry
 from lightgate.link_services import LightQueueService, NotifyService, StoreService
 from lightgate.owners import ClientRegistry
 from lightgate.shares import SharedGroups
-from mqtt_proxy.cluster import BANS, FLAP, SYS
+from mqtt_proxy.backends.cluster import BANS, FLAP, SYS
 from notify.link import RpcPeer, RpcServer
 from store.bans import Ban, BanList, encode_bans
 

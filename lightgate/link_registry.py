@@ -12,7 +12,7 @@ Method numbers (u16), by the module that defines the bodies:
     32-63  light queues   lightqueue.wire  READ .. ENTRIES (32-44)
     64-95  the wiring     here             HELLO (64), STATS (65)
                           notify.wire      REGISTER, UNREGISTER, EVENTS (66-68)
-    200-209 several proxies mqtt_proxy.cluster CLAIM, TAKE, WILL, GONE (200-203): client ids
+    200-209 several proxies mqtt_proxy.backends.cluster CLAIM, TAKE, WILL, GONE (200-203): client ids
                           (lightgate.owners); LEASE, DONE, RETURN, WAKE (204-207): `$share`
                           groups (lightgate.shares); SYS (208): summed `$SYS` figures;
                           LAG (209): delivery lag, flow control across proxies

@@ -277,7 +277,7 @@ class LightQueueService:
 
     async def _resolve_fetched(self, entries: list[Position | None]) -> bytes:
         """The cluster log: the records in memory first (one fetch per partition run), as
-        `mqtt_proxy.backend.LocalBackend` does in one process; the proxy does not know."""
+        `mqtt_proxy.backends.backend.LocalBackend` does in one process; the proxy does not know."""
         await self.queues.prefetch(entries)
         return lw.encode_messages(self.queues.resolve(entries))
 

@@ -31,7 +31,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from mqtt_proxy.cluster import CLAIM, GONE, TAKE, WILL, decode_will
+from mqtt_proxy.backends.cluster import CLAIM, GONE, TAKE, WILL, decode_will
 from notify.link import RpcPeer
 from store.bans import BanList, encode_bans
 from store.mapping import MqttMessage

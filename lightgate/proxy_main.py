@@ -21,10 +21,10 @@ from lightgate.config import ConfigError, GatewayConfig
 from lightgate.gc_pauses import freeze_startup_heap
 from lightgate.link_registry import HELLO, STATS, MethodRegistry
 from lightgate.split import READY_PREFIX, core_link_security
-from mqtt_proxy.cluster import ProxyCluster
-from mqtt_proxy.remote_notify import LinkNotifier
-from mqtt_proxy.remote_queues import RemoteLightQueues
-from mqtt_proxy.remote_store import RemoteStore
+from mqtt_proxy.backends.cluster import ProxyCluster
+from mqtt_proxy.backends.remote_notify import LinkNotifier
+from mqtt_proxy.backends.remote_queues import RemoteLightQueues
+from mqtt_proxy.backends.remote_store import RemoteStore
 from notify.link import RpcPeer, connect
 from notify.link_frames import AUTH_FAILED, RpcError
 from store.auth import Security
@@ -59,6 +59,7 @@ async def run_proxy(
     this module needs neither the gateway (`lightgate.app`) nor the TLS setup: `security` builds
     the users and ACL (a ConfigError exits 2), `reload` re-reads them on SIGHUP, `tls_ctx` makes
     the mqtts/wss listeners' context (None: no TLS listeners)."""
+    from mqtt_proxy.backends.remote import RemoteBackend
     from mqtt_proxy.server import MqttServer
     from mqtt_proxy.settings import ProxySettings
 
@@ -106,17 +107,10 @@ async def run_proxy(
     asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, reload, users)
     settings = ProxySettings.from_config(cfg)
     settings.internal_secret = internal_secret
-    server = MqttServer(
-        rs,
-        rq,
-        notifier,
-        settings,
-        proxy_id=proxy_id,
-        remote=True,
-        security=users,
-        bans=cluster.bans,
-    )
-    server.backend.cluster = server.delivery.leases = cluster
+    backend = RemoteBackend(rs, rq, notifier, proxy_id, settings.recent_cache_bytes)
+    backend.cluster = cluster
+    server = MqttServer(backend, settings, reuse_port=True, security=users, bans=cluster.bans)
+    server.delivery.leases = cluster
     if server.report_disconnect is not None:  # flapping detection: the core counts
         server.report_disconnect = cluster.flapped
     cluster.server = server

@@ -13,7 +13,7 @@ again without waiting for the next message. State is in memory: after a core res
 starts again from its first member's stored position (unacknowledged ones are delivered again,
 which QoS 1 allows).
 
-Wire (JSON bodies, method numbers in `mqtt_proxy.cluster`): LEASE [key, queue, hint, n] →
+Wire (JSON bodies, method numbers in `mqtt_proxy.backends.cluster`): LEASE [key, queue, hint, n] →
 [[seq, ...], low]; DONE/RETURN [key, [seq, ...]]; WAKE (core → proxy) [queue].
 """
 
@@ -24,7 +24,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from mqtt_proxy.cluster import DONE, LAG, LAG_STEP, LEASE, RETURN, WAKE
+from mqtt_proxy.backends.cluster import DONE, LAG, LAG_STEP, LEASE, RETURN, WAKE
 from notify.link import RpcPeer
 
 log = logging.getLogger("lightgate.shares")
@@ -61,7 +61,7 @@ class SharedGroups:
     def methods(self) -> dict[int, Any]:
         return {LEASE: self._lease, DONE: self._done, RETURN: self._return, LAG: self._lag}
 
-    # -- flow control across proxies (mqtt_proxy.cluster.LAG) --------------------------------
+    # -- flow control across proxies (mqtt_proxy.backends.cluster.LAG) --------------------------------
     def _lag(self, peer: RpcPeer, body: bytes) -> None:
         """A proxy's delivery lag changed: tell each other proxy the largest lag of the rest
         (or the dispatcher's backlog, if larger) when that moved by LAG_STEP (or fell to 0), so

@@ -16,7 +16,7 @@ The same `lightgate proxy --core HOST:PORT` runs on another host against a core 
 `mqtt_processes = N` (or `auto`) `serve` starts N proxies on the same ports (SO_REUSEPORT), and
 more may join from other hosts; what must be one across them (client ids, sessions nobody holds,
 wills, `$share` positions, `$SYS` sums, flow control) is the core's: lightgate/owners.py,
-lightgate/shares.py, with the proxy's half in mqtt_proxy/cluster.py.
+lightgate/shares.py, with the proxy's half in mqtt_proxy/backends/cluster.py.
 
 Where the pieces are (docs/architecture.md, "The core link"): the core's end in
 lightgate/core_link.py (services in lightgate/link_services.py, method numbers in

@@ -115,7 +115,7 @@ def check_tls_files(cfg: GatewayConfig) -> None:
 def certificate_cn(cert: dict[str, Any]) -> str | None:
     """The subject CN of a verified peer certificate (`SSLObject.getpeercert()`), or None:
     the user name under `tls_identity_as_username` (the MQTT side reads it the same way in
-    mqtt_proxy/connect_handler.py, which may not import lightgate)."""
+    mqtt_proxy/connection/connect_handler.py, which may not import lightgate)."""
     for rdn in cert.get("subject", ()):
         for name, value in rdn:
             if name == "commonName" and value:

@@ -9,7 +9,7 @@ from lightqueue.model import Position, ReadResult, StoredMessage
 from lightqueue.queues import Acquired, LightQueueConfig, LightQueues, replay_queue_name
 from lightqueue.rebuild import RebuildProgress, RebuildStats, rebuild_queues
 from lightqueue.retained import RetainedStore
-from lightqueue.sessions import SessionStore
+from lightqueue.session_store import SessionStore
 from lightqueue.topic_trie import (
     FilterError,
     FilterTrie,

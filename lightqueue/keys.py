@@ -13,7 +13,7 @@ Derived data (rebuilt from the commitlog by `rebuild_queues`, never trusted as t
 
 State (not derived; kept by `rebuild_queues`):
   f | queue name                   → filter / replay record (codec.encode'd dict, see queues.py)
-  s | client id                    → MQTT session (codec.encode'd dict, see sessions.py)
+  s | client id                    → MQTT session (codec.encode'd dict, see session_store.py)
   r | topic, levels joined by NUL  → retained message (see retained.py)
 
 Fixed-width big-endian ids and sequences keep one queue's entries contiguous and in sequence

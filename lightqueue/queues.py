@@ -45,7 +45,7 @@ from lightqueue.model import Position, ReadResult, StoredMessage
 from lightqueue.rebuild import recover_dirs
 from lightqueue.resolver import Resolver
 from lightqueue.retained import RetainedStore
-from lightqueue.sessions import BridgePositions, SessionStore
+from lightqueue.session_store import BridgePositions, SessionStore
 from lightqueue.topic_trie import FilterError, FilterTrie, is_wildcard, validate_filter
 from store.backend import LogBackend
 from store.twins import twin

@@ -3,7 +3,7 @@
 LevelDB allows one process per database, so the process that owns the store and the dispatcher
 also owns the light queues, sessions and retained messages, and a proxy in another process reads
 them through these methods (transport `notify.link`, methods 32-63; service half
-`lightgate.link_services.LightQueueService`, client half `mqtt_proxy.remote_queues`). Both halves
+`lightgate.link_services.LightQueueService`, client half `mqtt_proxy.backends.remote_queues`). Both halves
 encode and decode through here only.
 
 Wire bodies (str = u16 length + UTF-8; `codec` = lightqueue.codec, used for the cold calls)::

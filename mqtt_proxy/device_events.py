@@ -3,7 +3,7 @@
 Each event is one Kafka record: key = client id, value = JSON
 `{"event": "connect"|"disconnect", "client_id", "ts", "reason", "remote"}`, so Kafka consumers and
 Spark see device presence next to device data. The topic is internal: its records are not MQTT
-messages (the proxy never delivers `__lightgate*` topics to MQTT subscribers; see delivery.py).
+messages (the proxy never delivers `__lightgate*` topics to MQTT subscribers; see delivery/delivery.py).
 
 Events are buffered and appended every FLUSH_S as one RecordBatch per partition (the store's
 builder), so a connect storm costs one append per flush, not one per connection. The partition is

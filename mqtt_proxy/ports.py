@@ -5,11 +5,11 @@ record implementations, so no seam is `Any`): the in-process `Store` and the cor
 `RemoteStore`; the
 in-process `InProcessNotifier` and the link's `LinkNotifier`; `LocalBackend` and
 `RemoteBackend` in front of the light queues. The proxy code names the `Protocol` here, never
-one twin, and mypy checks that every twin satisfies it (`_twins` at the end of backend.py;
-`_is_a_peer` at the end of connection.py).
+one twin, and mypy checks that every twin satisfies it (`_twins` at the end of
+backends/backend.py; `_is_a_peer` at the end of connection/connection.py).
 
 `PeerPort` is what delivery and the session code use of a client connection, so they type it
-without importing `connection.py` (which imports the handlers, which import the sessions...).
+without importing `connection/connection.py` (which imports the handlers, which import the sessions...).
 
 Only structure lives here: no behaviour.
 """
@@ -21,14 +21,15 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequen
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 from lightqueue.model import Position, ReadResult, StoredMessage
-from mqtt_proxy.subscriptions import FilterSpec
+from mqtt_proxy.sessions.topic_filters import FilterSpec
 from store.append_result import AppendResult, Run
 from store.auth import ClientAcl
 from store.mapping import MqttMessage
 
 if TYPE_CHECKING:
-    from mqtt_proxy.cluster import ProxyCluster
-    from mqtt_proxy.topic_aliases import OutAliases
+    from mqtt_proxy.delivery.topic_aliases import OutAliases
+    from mqtt_proxy.sessions.state import Will
+    from store.bans import Ban
 
 # A message delivery reads: one this proxy appended (kept by `remember`), or a stored one.
 Message: TypeAlias = MqttMessage | StoredMessage
@@ -42,6 +43,8 @@ SessionState: TypeAlias = dict[str, Any]
 EntriesSink: TypeAlias = Callable[[str, int, Entries], None]  # (queue, first sequence, entries)
 # A whole dispatch round's pushes at once (in one process): delivery pumps them in the same pass.
 RoundSink: TypeAlias = Callable[[Sequence[tuple[str, int, Entries]]], None]
+Claimed: TypeAlias = Callable[[dict[str, Any] | None], None]  # the state handed over, or None
+Banned: TypeAlias = Callable[["Ban"], None]
 
 
 class LogPort(Protocol):
@@ -82,6 +85,43 @@ class NotifierPort(Protocol):
         ...
 
 
+class ClusterPort(Protocol):
+    """What a proxy asks the core when several proxies share the client ids
+    (`backends.cluster.ProxyCluster`): who owns a client id, the wills due if this proxy dies."""
+
+    def claim(self, client_id: str, address: str, done: Claimed, banned: Banned) -> None:
+        """Own `client_id` before answering its CONNECT; `done(handed-over state or None)`."""
+        ...
+
+    def will(
+        self, client_id: str, will: Will | None, expiry: int = 0, due: float | None = None
+    ) -> None: ...
+
+    def gone(self, client_id: str) -> None: ...
+
+    @property
+    def others_lag(self) -> int:
+        """The largest delivery lag of the other proxies (our publishers fill their queues)."""
+        ...
+
+    def sys_totals(self, done: Callable[[dict[str, Any]], None]) -> None:
+        """The core's sums of every proxy's counters, for `$SYS`."""
+        ...
+
+
+class LeasesPort(Protocol):
+    """`$share` group positions held by the core when there are several proxies: delivery takes
+    leases of sequences, reports each one done, gives back what a leaving member held."""
+
+    def ask(self, delivery: Any, qs: Any, g: Any) -> None:
+        """Lease the group's next sequences; the answer marks the queue for delivery."""
+        ...
+
+    def done(self, key: str, seq: int) -> None: ...
+
+    def give_back(self, key: str, seqs: list[int]) -> None: ...
+
+
 class QueuesPort(Protocol):
     """The light queues, the retained store and the session store as the proxy code calls them:
     `LocalBackend` (in-process, answers inside the call) or `RemoteBackend` (the answer comes
@@ -91,9 +131,11 @@ class QueuesPort(Protocol):
     round_sink: RoundSink | None
     # With proxies in their own processes: the core's client-id claims, wills and `$share`
     # leases; None in one process.
-    cluster: ProxyCluster | None
+    cluster: ClusterPort | None
     cache_hits: int
     cache_misses: int
+    store: LogPort  # the log this proxy appends to (in process, or over the core link)
+    proxy_id: str
 
     @property
     def recent_count(self) -> int: ...
@@ -104,6 +146,11 @@ class QueuesPort(Protocol):
     async def start(self) -> None: ...
 
     def close(self) -> None: ...
+
+    def skip_known_events(self, known: Callable[[str, int], bool]) -> None:
+        """Let the notifier drop events whose entries delivery already has (`known(queue,
+        seq)`): rounds of this process push their entries before the event is published."""
+        ...
 
     def remember(self, msgs: list[MqttMessage], runs: list[Run]) -> None: ...
 

@@ -1,8 +1,9 @@
 """The MQTT server: listeners, the session registry, hooks, inbound batching, stats.
 
-`MqttServer(store, queues, notifier, settings)` is what `lightgate serve` embeds:
+`MqttServer(backend, settings)` is what `lightgate serve` embeds; the caller builds the backend:
 
-    server = MqttServer(store, queues, notifier, ProxySettings.from_config(cfg), security=sec)
+    backend = LocalBackend(store, queues, notifier, "mqtt-0", settings.recent_cache_bytes)
+    server = MqttServer(backend, settings, security=sec)
     server.authenticate = my_auth            # (client_id, username, password) -> bool
     server.authorize_subscribe = my_acl      # (client_id, filter) -> bool
     server.authorize_publish = my_acl        # (client_id, topic) -> bool
@@ -16,8 +17,8 @@
 `security` (store.auth.Security: password file, ACL, anonymous policy) is shared with the Kafka
 server and reloaded in place on SIGHUP; the hooks above are checked in addition to it.
 
-Per-connection protocol work lives in `connection.py`, session state in `session.py`, the pull
-side in `delivery.py`; this module owns what crosses connections.
+Per-connection protocol work lives in `connection/`, session state in `sessions/`, the pull
+side in `delivery/`; this module owns what crosses connections.
 """
 
 from __future__ import annotations
@@ -30,24 +31,20 @@ from collections.abc import Callable
 from time import time as _time
 from typing import TYPE_CHECKING, Any
 
-from mqtt_proxy.backend import LocalBackend
-from mqtt_proxy.badclients import BadClientLog
 from mqtt_proxy.codec import EMPTY_PROPERTIES, Properties, Subscribe
-from mqtt_proxy.delivery import Delivery
+from mqtt_proxy.connection.badclients import BadClientLog
+from mqtt_proxy.connection.inbound import Inbound
+from mqtt_proxy.connection.keepalive import KeepaliveWheel
+from mqtt_proxy.connection.limits import ConnectionRate
+from mqtt_proxy.connection.websocket import WebSocketProtocol
+from mqtt_proxy.delivery.delivery import Delivery
 from mqtt_proxy.device_events import DeviceEvents
-from mqtt_proxy.inbound import Inbound
-from mqtt_proxy.keepalive import KeepaliveWheel
-from mqtt_proxy.limits import ConnectionRate
-from mqtt_proxy.ports import LogPort, NotifierPort, QueuesPort
-from mqtt_proxy.remote_backend import RemoteBackend
-from mqtt_proxy.remote_queues import RemoteLightQueues
-from mqtt_proxy.remote_store import RemoteStore
-from mqtt_proxy.session import Will
-from mqtt_proxy.sessions import SessionManager
+from mqtt_proxy.ports import QueuesPort
+from mqtt_proxy.sessions.manager import SessionManager
+from mqtt_proxy.sessions.state import Will
+from mqtt_proxy.sessions.topic_filters import FilterError, parse_filter
 from mqtt_proxy.settings import ProxySettings
-from mqtt_proxy.subscriptions import FilterError, parse_filter
 from mqtt_proxy.sys_topics import SysPublisher
-from mqtt_proxy.websocket import WebSocketProtocol
 from store.auth import Security
 from store.auth.http_hook import PUBLISH, SUBSCRIBE, HttpAuth
 from store.bans import BanList
@@ -56,8 +53,7 @@ from store.latency import LatencyHistogram
 from store.mapping import MqttMessage, MqttProperties
 
 if TYPE_CHECKING:
-    from lightqueue.queues import LightQueues
-    from mqtt_proxy.connection import MqttConnection
+    from mqtt_proxy.connection.connection import MqttConnection
 
 log = logging.getLogger("lightgate.mqtt")
 
@@ -97,33 +93,24 @@ class MqttServer:
 
     def __init__(
         self,
-        store: LogPort,
-        queues: LightQueues | RemoteLightQueues,
-        notifier: NotifierPort,
+        backend: QueuesPort,
         settings: ProxySettings | None = None,
         *,
-        proxy_id: str = "mqtt-0",
-        remote: bool = False,
+        reuse_port: bool = False,
         security: Security | None = None,
         bans: BanList | None = None,
     ) -> None:
-        """Construct inside the running event loop: the server binds to it. `remote`: store and
-        queues are a `RemoteStore` / `RemoteLightQueues` and the notifier a `LinkNotifier`
-        (this proxy runs in its own process; see backend.py)."""
+        """Construct inside the running event loop: the server binds to it. `backend`: the
+        layers below, built by the caller (`backends.LocalBackend` in one process,
+        `backends.RemoteBackend` in a proxy process); `reuse_port`: several proxy processes
+        share the listening ports."""
         self.loop = asyncio.get_running_loop()
         self.settings = settings or ProxySettings()
-        self.proxy_id = proxy_id
-        self.reuse_port = remote  # several proxy processes share the listening ports
+        self.proxy_id = backend.proxy_id
+        self.reuse_port = reuse_port
         self._conn_cls: type[MqttConnection] | None = None  # bound at the first connection
-        self.store = store
-        size = self.settings.recent_cache_bytes
-        self.backend: QueuesPort
-        if remote:
-            assert isinstance(store, RemoteStore) and isinstance(queues, RemoteLightQueues)
-            self.backend = RemoteBackend(store, queues, notifier, proxy_id, size)
-        else:
-            assert not isinstance(queues, RemoteLightQueues)
-            self.backend = LocalBackend(store, queues, notifier, proxy_id, size)
+        self.store = backend.store
+        self.backend = backend
         # Users and rights (docs/security.md); with none given, anyone may do anything.
         self.security = security if security is not None else Security.open()
         self.security.on_reload(self._security_reloaded)
@@ -160,13 +147,17 @@ class MqttServer:
             self.backend, self.settings, self.counters, self.backend.set_interest
         )
         self.backend.entries_sink = self.delivery.on_entries
-        if isinstance(self.backend, LocalBackend):
-            self.backend.round_sink = self.delivery.on_round
-            self.backend.skip_known_events(self.delivery.knows)
+        self.backend.round_sink = self.delivery.on_round  # called by a local backend only
+        self.backend.skip_known_events(self.delivery.knows)
         self.inbound = Inbound(self)
         self.sessions = SessionManager(self)
-        self.events = DeviceEvents(store)
-        self.sys = SysPublisher(self)
+        self.events = DeviceEvents(backend.store)
+        self.sys = SysPublisher(
+            self.stats,
+            self.sessions.sessions,
+            lambda: (c.session for c in self.conns.values() if c.session is not None),
+            self.backend,
+        )
         # Garbage, refused WebSocket handshakes, no CONNECT in time: one line each, rate-limited.
         self.bad_clients = BadClientLog(logging.getLogger("lightgate.mqtt.bad"))
         self.connection_rate = ConnectionRate(self.settings.max_connection_rate)
@@ -248,7 +239,7 @@ class MqttServer:
     def _make_conn(self) -> MqttConnection:
         cls = self._conn_cls
         if cls is None:  # imported here: connection.py imports this module's names
-            from mqtt_proxy.connection import MqttConnection
+            from mqtt_proxy.connection.connection import MqttConnection
 
             cls = self._conn_cls = MqttConnection
         return cls(self)

@@ -9,18 +9,19 @@ current values at once (as retained messages, as Mosquitto does). Names follow M
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from mqtt_proxy.codec import EMPTY_PROPERTIES, Properties, PublishTemplate
-from mqtt_proxy.subscriptions import topic_matches
+from mqtt_proxy.sessions.topic_filters import topic_matches
 
 if TYPE_CHECKING:
-    from mqtt_proxy.server import MqttServer
-    from mqtt_proxy.session import Subscription
+    from mqtt_proxy.ports import QueuesPort
+    from mqtt_proxy.sessions.state import Session, Subscription
 
 
 # Figures that are sums over every proxy of the gateway when there are several (the core sums
-# them on request: mqtt_proxy.cluster.ProxyCluster.sys_totals); the rest are this proxy's own.
+# them on request: mqtt_proxy.backends.cluster.ProxyCluster.sys_totals); the rest are this proxy's own.
 SUMMED = (
     "clients_connected", "sessions", "messages_received", "messages_sent", "publish_dropped",
     "bytes_received", "bytes_sent",
@@ -28,12 +29,24 @@ SUMMED = (
 
 
 class SysPublisher:
-    def __init__(self, server: MqttServer) -> None:
-        self.server = server
+    """Gets what it reads: the server's `stats`, its sessions (all, and those connected) and
+    the backend (with several proxies, its cluster sums the figures)."""
+
+    def __init__(
+        self,
+        stats: Callable[[], dict[str, Any]],
+        sessions: Mapping[str, Session],
+        connected: Callable[[], Iterable[Session]],
+        backend: QueuesPort,
+    ) -> None:
+        self._stats = stats
+        self._sessions = sessions
+        self._connected = connected
+        self._backend = backend
         self.totals: dict[str, Any] = {}  # several proxies: the core's last sums (SUMMED keys)
 
     def values(self) -> dict[str, str]:
-        st = self.server.stats()
+        st = self._stats()
         st.update((k, v) for k, v in self.totals.items() if k in SUMMED)
         return {
             "$SYS/broker/version": str(st["version"]),
@@ -46,7 +59,7 @@ class SysPublisher:
             "$SYS/broker/bytes/received": str(st["bytes_received"]),
             "$SYS/broker/bytes/sent": str(st["bytes_sent"]),
             "$SYS/broker/subscriptions/count": str(
-                sum(len(s.subs) for s in self.server.sessions.sessions.values())
+                sum(len(s.subs) for s in self._sessions.values())
             ),
         }
 
@@ -77,14 +90,13 @@ class SysPublisher:
     def publish(self) -> None:
         subs = [
             sub
-            for conn in self.server.conns.values()
-            if conn.session is not None
-            for sub in conn.session.subs.values()
+            for session in self._connected()
+            for sub in session.subs.values()
             if sub.local and sub.spec.filter.startswith("$SYS")
         ]
         if subs:
             self._send(subs, self.values(), False)
-            cluster = self.server.backend.cluster
+            cluster = self._backend.cluster
             if cluster is not None:  # the next interval shows every proxy's figures
                 cluster.sys_totals(self.totals.update)
 

@@ -3,7 +3,7 @@
 The proxy registers interest in queues and the core routes the dispatcher's events to it
 (`RouteTable`), coalesced per queue in the proxy's mailbox and drained into one EVENTS frame per
 loop tick. Service half: `lightgate.link_services.NotifyService`; client half:
-`mqtt_proxy.remote_notify.LinkNotifier`; transport `notify.link`.
+`mqtt_proxy.backends.remote_notify.LinkNotifier`; transport `notify.link`.
 
 Wire bodies (str = u16 length + UTF-8)::
 

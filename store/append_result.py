@@ -17,7 +17,7 @@ class AppendResult:
     the input messages in offset order, batch bytes), so nobody pays for a tuple per message
     who does not need one; `offsets` (log topic, partition, offset) per message or record is
     derived from it on first use. In-process both are known at once and `staged` is None;
-    through `mqtt_proxy.remote_store.RemoteStore` they arrive with the core's reply (`runs` is None until
+    through `mqtt_proxy.backends.remote_store.RemoteStore` they arrive with the core's reply (`runs` is None until
     `staged` resolves), and both futures fail if the core refused the append.
     """
 

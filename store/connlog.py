@@ -1,5 +1,5 @@
 """One log line per connection lifecycle event (connected, refused, closed), each naming the
-connection id, rate-limited the way `mqtt_proxy.badclients.BadClientLog` is: a connect storm
+connection id, rate-limited the way `mqtt_proxy.connection.badclients.BadClientLog` is: a connect storm
 writes a summary, not a line per client. Used by the MQTT proxy (ids `c1`, `c2`, ...; also on its
 bad-connection lines) and the Kafka listener (`k1`, ...); it lives in `store`, the bottom of the
 import arrows, so both can.

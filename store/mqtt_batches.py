@@ -1,7 +1,7 @@
 """MQTT messages → RecordBatch v2 bytes, one batch per partition, for the store or a remote proxy.
 
 The same code builds the batches whether the store is in this process (`Store.append_mqtt`
-stages them on its `Log`s) or behind the core link (`mqtt_proxy.remote_store.RemoteStore` ships them to
+stages them on its `Log`s) or behind the core link (`mqtt_proxy.backends.remote_store.RemoteStore` ships them to
 the core, which appends them as it appends a Kafka producer's). So a record written for an MQTT
 PUBLISH is byte-identical either way (docs/topic-mapping.md: key = MQTT topic, headers `mqtt.*`).
 

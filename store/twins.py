@@ -2,7 +2,7 @@
 
 A module that has a compiled version of one of its functions binds it with one call::
 
-    fill_cache = twin(fill_cache_py, "mqtt_proxy._cqueue_cache", "fill_cache", what="...")
+    fill_cache = twin(fill_cache_py, "mqtt_proxy.delivery._cqueue_cache", "fill_cache", what="...")
 
 which returns the compiled one unless its module is not built or LIGHTGATE_NO_EXTENSIONS=1
 (`store.speedups`), and the pure one otherwise. Every call is recorded in `REGISTRY`, which is

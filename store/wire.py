@@ -1,7 +1,7 @@
 """The store's methods on the core link: numbers and request/reply bodies, pure (no I/O).
 
 The transport is `notify.link`; the service half is `lightgate.link_services.StoreService`, the
-client half `mqtt_proxy.remote_store.RemoteStore`. Both encode and decode through here only, so
+client half `mqtt_proxy.backends.remote_store.RemoteStore`. Both encode and decode through here only, so
 the bytes of each method are written down once.
 
 A proxy builds its MQTT RecordBatches itself (`store.mqtt_batches`, the same bytes the in-process

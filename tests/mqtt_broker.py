@@ -78,6 +78,7 @@ class InProcessBroker:
             loop.close()
 
     async def _main(self, ready: Future[None]) -> None:
+        from mqtt_proxy.backends.backend import LocalBackend
         from mqtt_proxy.server import MqttServer
         from mqtt_proxy.settings import ProxySettings
         from store import Store, StoreConfig
@@ -86,7 +87,8 @@ class InProcessBroker:
         store = await Store.open(self.data_dir, StoreConfig(fsync="always"))
         queues, notifier, extra = await open_queues(store, self.data_dir)
         settings = ProxySettings(**{"sys_interval_s": 1, **self.settings_overrides})
-        server = MqttServer(store, queues, notifier, settings)
+        backend = LocalBackend(store, queues, notifier, "mqtt-0", settings.recent_cache_bytes)
+        server = MqttServer(backend, settings)
         self.server = server
         _, self.port = await server.start_tcp("127.0.0.1", self.port)
         _, self.ws_port = await server.start_ws("127.0.0.1", self.ws_port)

@@ -56,19 +56,19 @@ def test_the_check_sees_an_upward_import(tmp_path: Path) -> None:
 # so they stay out of the connection -> handlers -> server -> sessions import cycle.
 BELOW_THE_CONNECTION = {
     "mqtt_proxy/ports.py",
-    "mqtt_proxy/delivery.py",
-    "mqtt_proxy/cohorts.py",
-    "mqtt_proxy/shared_groups.py",
-    "mqtt_proxy/queue_cache.py",
-    "mqtt_proxy/session.py",
-    "mqtt_proxy/backend.py",
+    "mqtt_proxy/delivery/delivery.py",
+    "mqtt_proxy/delivery/cohorts.py",
+    "mqtt_proxy/delivery/shared_groups.py",
+    "mqtt_proxy/delivery/queue_cache.py",
+    "mqtt_proxy/sessions/state.py",
+    "mqtt_proxy/backends/backend.py",
 }
 ABOVE = {
-    "mqtt_proxy.connection",
-    "mqtt_proxy.handlers",
-    "mqtt_proxy.connect_handler",
+    "mqtt_proxy.connection.connection",
+    "mqtt_proxy.connection.handlers",
+    "mqtt_proxy.connection.connect_handler",
     "mqtt_proxy.server",
-    "mqtt_proxy.sessions",
+    "mqtt_proxy.sessions.manager",
 }
 
 
@@ -103,3 +103,140 @@ def test_link_bodies_are_pure_and_the_transport_knows_no_method() -> None:
             if module in IO_MODULES or module.split(".")[0] in IO_MODULES:
                 wrong.append(f"{rel}:{line} imports {module} (framing and handshake are sans-IO)")
     assert not wrong, "\n".join(wrong)
+
+
+# Inside mqtt_proxy, by room (docs/architecture.md, "`mqtt_proxy` (the MQTT server), by role"):
+# what a lower room may not name. Counted with the imports under TYPE_CHECKING.
+ROOM_MAY_NOT_IMPORT: dict[str, set[str]] = {
+    # the sans-IO codec knows nothing of the server around it
+    "codec": {"connection", "sessions", "delivery", "backends", "bridge", "server", "ports",
+              "settings", "sys_topics", "device_events"},
+    # delivery writes to connections through ports.PeerPort, reads through ports.QueuesPort
+    "delivery": {"connection", "backends", "bridge", "server", "sys_topics", "device_events",
+                 "sessions.manager"},
+    # the layers below are reached only through ports; lightgate/ builds and hands them in
+    "backends": {"connection", "delivery", "bridge", "sessions.manager", "sys_topics"},
+    "sessions.state": {"connection", "delivery", "backends", "bridge", "server",
+                       "sessions.manager"},
+    "sessions.topic_filters": {"connection", "delivery", "backends", "bridge", "server", "ports",
+                               "sessions.state", "sessions.manager"},
+    "bridge": {"connection", "sessions", "delivery", "backends", "server", "sys_topics"},
+    # the leaf every room types its neighbours with
+    "ports": {"connection", "backends", "bridge", "server", "sessions.manager", "delivery.delivery",
+              "sys_topics"},
+    # the connection layer names no concrete backend (it gets the server's, typed by ports)
+    "connection": {"backends", "bridge"},
+}  # fmt: skip
+# Nothing in mqtt_proxy outside backends/ names a concrete backend: lightgate/ chooses it.
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+    return ".".join(parts)
+
+
+def _within(module: str, room: str) -> bool:
+    full = "mqtt_proxy." + room
+    return module == full or module.startswith(full + ".")
+
+
+def _own_imports(pkg: str) -> dict[str, set[str]]:
+    """Module -> the modules of `pkg` it imports, TYPE_CHECKING imports included; `from a import
+    b` names the module a.b when there is one (else a)."""
+    paths = {_module_name(p): p for p in sorted((ROOT / pkg).rglob("*.py"))}
+    graph: dict[str, set[str]] = {}
+    for name, path in paths.items():
+        out: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                out.update(a.name for a in node.names if a.name in paths)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                subs = [f"{node.module}.{a.name}" for a in node.names]
+                out.update(s for s in subs if s in paths)
+                if node.module in paths and any(s not in paths for s in subs):
+                    out.add(node.module)
+        out.discard(name)
+        graph[name] = out
+    return graph
+
+
+def test_lower_rooms_of_the_proxy_do_not_name_the_upper_ones() -> None:
+    graph = _own_imports("mqtt_proxy")
+    wrong = []
+    for module, imported in sorted(graph.items()):
+        for room, banned in ROOM_MAY_NOT_IMPORT.items():
+            if not _within(module, room):
+                continue
+            for target in sorted(imported):
+                if any(_within(target, b) for b in banned) and not _within(target, room):
+                    wrong.append(f"{module} imports {target} ({room} may not name it)")
+        if not _within(module, "backends"):
+            wrong += [f"{module} imports {t} (a concrete backend)" for t in sorted(imported)
+                      if _within(t, "backends")]  # fmt: skip
+    assert not wrong, "\n".join(wrong)
+
+
+def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's strongly connected components (iterative: import graphs can be deep)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            v, edges = work[-1]
+            for w in edges:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(sorted(graph[w]))))
+                    break
+                if w in on_stack:
+                    low[v] = min(low[v], index[w])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[v])
+                if low[v] == index[v]:
+                    comp = []
+                    while True:
+                        w = stack.pop()
+                        on_stack.discard(w)
+                        comp.append(w)
+                        if w == v:
+                            break
+                    out.append(sorted(comp))
+    return out
+
+
+# The largest circle of imports allowed in a package. mqtt_proxy's is the server, the connection,
+# its handlers, CONNECT, inbound and the session registry (they still reach each other through
+# the server object); its delivery/ room is a circle of five.
+MAX_IMPORT_CYCLE = 6
+
+
+def test_no_package_has_a_large_import_cycle() -> None:
+    """A cycle makes its modules one unit: none can be read, tested or moved alone. Typing a
+    parameter with a narrow Protocol of mqtt_proxy/ports.py instead of importing the concrete
+    class (even under TYPE_CHECKING) keeps a lower module out of the circle."""
+    wrong = []
+    for pkg in ALLOWED:
+        for comp in strongly_connected(_own_imports(pkg)):
+            if len(comp) > MAX_IMPORT_CYCLE:
+                wrong.append(f"{pkg}: a cycle of {len(comp)} modules: {', '.join(comp)}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_cycle_check_sees_a_cycle() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"e"}}
+    comps = sorted(strongly_connected(graph), key=len)
+    assert comps[-1] == ["a", "b", "c"] and len(comps) == 3

@@ -1,5 +1,5 @@
 """store/bans.py on its own: the sliding window of flapping detection, expiry, persistence, and
-mqtt_proxy/limits.py's PublishLimit (messages and bytes, debt, whole chunks)."""
+mqtt_proxy/connection/limits.py's PublishLimit (messages and bytes, debt, whole chunks)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from mqtt_proxy.codec import Publish
-from mqtt_proxy.limits import PublishLimit
+from mqtt_proxy.connection.limits import PublishLimit
 from store.bans import Ban, BanList, decode_bans, encode_bans
 
 

@@ -20,8 +20,8 @@ from lightqueue_helpers import flushed, msg
 from lightgate.link_registry import DuplicateMethodError, MethodRegistry
 from lightgate.link_services import LightQueueService, StoreService
 from lightqueue.queues import LightQueueConfig, LightQueues
-from mqtt_proxy.remote_queues import RemoteLightQueues
-from mqtt_proxy.remote_store import RemoteStore
+from mqtt_proxy.backends.remote_queues import RemoteLightQueues
+from mqtt_proxy.backends.remote_store import RemoteStore
 from notify.link import RpcPeer, RpcServer, connect
 from notify.link_frames import (
     AUTH,
@@ -437,7 +437,7 @@ def test_each_end_of_the_real_link_has_one_handler_per_number() -> None:
     queues 32-63, wiring and notify 64-95)."""
     from lightgate.link_registry import HELLO, STATS
     from lightqueue import wire as lw
-    from mqtt_proxy.remote_notify import LinkNotifier
+    from mqtt_proxy.backends.remote_notify import LinkNotifier
     from notify import wire as nw
     from store import wire as sw
 

@@ -15,7 +15,7 @@ from typing import Any
 from lightgate.core_link import CoreLink
 from lightgate.link_registry import HELLO, MethodRegistry
 from lightqueue import LightQueueConfig, LightQueues
-from mqtt_proxy.remote_notify import LinkNotifier
+from mqtt_proxy.backends.remote_notify import LinkNotifier
 from notify.inprocess import InProcessNotifier
 from notify.link import connect
 from store import Store, StoreConfig

@@ -49,6 +49,7 @@ class MixedGateway:
             loop.close()
 
     async def _main(self, ready: Future[None]) -> None:
+        from mqtt_proxy.backends.backend import LocalBackend
         from mqtt_proxy.server import MqttServer
         from mqtt_proxy.settings import ProxySettings
         from store import Store, StoreConfig
@@ -57,7 +58,9 @@ class MixedGateway:
         self._stop = asyncio.Event()
         store = await Store.open(self.data_dir, StoreConfig(fsync="always", default_partitions=2))
         queues, notifier, closers = await open_queues(store, self.data_dir)
-        mqtt = MqttServer(store, queues, notifier, ProxySettings())
+        settings = ProxySettings()
+        backend = LocalBackend(store, queues, notifier, "mqtt-0", settings.recent_cache_bytes)
+        mqtt = MqttServer(backend, settings)
         _, self.mqtt_port = await mqtt.start_tcp("127.0.0.1", 0)
         kafka = KafkaServer(store, "127.0.0.1", 0, KafkaConfig())
         await kafka.start()

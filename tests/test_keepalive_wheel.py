@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
-from mqtt_proxy.keepalive import TICK_S, KeepaliveWheel
+from mqtt_proxy.connection.keepalive import TICK_S, KeepaliveWheel
 
 
 class Deadline:

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from lightqueue import codec
 from lightqueue.retained import RetainedStore
-from lightqueue.sessions import SessionStore
+from lightqueue.session_store import SessionStore
 from lightqueue.topic_trie import topic_matches
 from store.mapping import MqttProperties
 

@@ -17,7 +17,7 @@ from gateway_process import GatewayProcess
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect as ws_connect
 
-from mqtt_proxy.badclients import BadClientLog
+from mqtt_proxy.connection.badclients import BadClientLog
 
 
 @pytest.fixture

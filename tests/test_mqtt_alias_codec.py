@@ -163,18 +163,18 @@ def test_golden_alias_bytes() -> None:
     )
 
 
-# -- the numbering policy (mqtt_proxy/topic_aliases.py), sans-IO -----------------------------
+# -- the numbering policy (mqtt_proxy/delivery/topic_aliases.py), sans-IO -----------------------------
 
 
 def test_book_first_use_until_full() -> None:
-    from mqtt_proxy.topic_aliases import AliasBook
+    from mqtt_proxy.delivery.topic_aliases import AliasBook
 
     book = AliasBook(3)
     assert [book.lookup(t) for t in ("a", "b", "a", "c", "d", "b")] == [1, 2, 1, 3, 0, 2]
 
 
 def test_book_promotes_hot_topics_and_keeps_uniform_traffic_stable() -> None:
-    from mqtt_proxy.topic_aliases import AliasBook
+    from mqtt_proxy.delivery.topic_aliases import AliasBook
 
     book = AliasBook(2, window=100)
     book.lookup("cold1"), book.lookup("cold2")
@@ -190,7 +190,7 @@ def test_book_promotes_hot_topics_and_keeps_uniform_traffic_stable() -> None:
 
 
 def test_book_candidates_stay_bounded() -> None:
-    from mqtt_proxy.topic_aliases import AliasBook
+    from mqtt_proxy.delivery.topic_aliases import AliasBook
 
     book = AliasBook(4)
     for t in "abcd":
@@ -202,7 +202,7 @@ def test_book_candidates_stay_bounded() -> None:
 
 
 def test_out_aliases_per_connection() -> None:
-    from mqtt_proxy.topic_aliases import AliasBook, OutAliases
+    from mqtt_proxy.delivery.topic_aliases import AliasBook, OutAliases
 
     book = AliasBook(8, window=10_000)
     a, b = OutAliases(book, 2), OutAliases(book, 2)

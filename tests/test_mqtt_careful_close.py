@@ -1,5 +1,5 @@
 """Every refusal reaches the client: a close with input still unread must not reset the
-connection before the client has read the DISCONNECT or CONNACK in flight (mqtt_proxy/linger.py).
+connection before the client has read the DISCONNECT or CONNACK in flight (mqtt_proxy/connection/linger.py).
 
 Repeated on purpose: the reset that swallowed the DISCONNECT happened about one run in three (the
 Paho v5 interoperability suite's `test_flow_control2`), so one passing round proves little.

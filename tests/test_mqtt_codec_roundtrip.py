@@ -370,7 +370,7 @@ def test_delivery_encoders_agree(topic: str, payload: bytes, retain: bool, versi
 def test_joined_v3_acks_parse_back(ptype: int, pids: list[int]) -> None:
     """The acks of one fsync, packed at once for a 3.1.1 connection, are the codec's PUBACKs /
     PUBRECs for those ids, in order."""
-    from mqtt_proxy.outbound import acks
+    from mqtt_proxy.delivery.outbound import acks
 
     data = acks(ptype, pids)
     kind = Puback if ptype == 4 else Pubrec

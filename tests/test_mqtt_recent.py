@@ -1,4 +1,4 @@
-"""The proxy's recent-append cache (mqtt_proxy.backend): runs by log position, bounded by bytes.
+"""The proxy's recent-append cache (mqtt_proxy.backends.backend): runs by log position, bounded by bytes.
 
 Filled from real `Store.append_mqtt` results, checked against the offsets the store assigned.
 """
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mqtt_proxy.backend import RECENT_EVICT_FRACTION, RECENT_OVERHEAD, Backend
+from mqtt_proxy.backends.backend import RECENT_EVICT_FRACTION, RECENT_OVERHEAD, Backend
 from store import MqttMessage, Store, StoreConfig
 
 

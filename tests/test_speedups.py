@@ -6,10 +6,11 @@ light-queue entries, same packets and errors): each pair has a test here marked 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from collections import deque
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import pytest
@@ -53,7 +54,14 @@ def compiled_delivery() -> Any:
     import importlib
     import types
 
-    names = ("_cqueue_cache", "_ccohorts", "_cqos1_run", "_chandlers", "_coutbound", "_cbackend")
+    names = (
+        "delivery._cqueue_cache",
+        "delivery._ccohorts",
+        "delivery._cqos1_run",
+        "connection._chandlers",
+        "delivery._coutbound",
+        "backends._cbackend",
+    )
     mods = [importlib.import_module(f"mqtt_proxy.{n}") for n in names]
     return types.SimpleNamespace(
         **{k: getattr(m, k) for m in mods for k in dir(m) if not k.startswith("_")}
@@ -111,22 +119,22 @@ def test_extensions_built_and_in_use() -> None:
     assert resolver._group_offsets is cr.group_offsets
     assert resolver._resolve_records is cr.resolve_records
     assert cp.__file__.endswith(".so")
-    import mqtt_proxy.cohorts as cohorts
-    import mqtt_proxy.queue_cache as queue_cache
+    import mqtt_proxy.delivery.cohorts as cohorts
+    import mqtt_proxy.delivery.queue_cache as queue_cache
 
     cd = compiled_delivery()
     assert cohorts.qos0_run is cd.qos0_run and queue_cache.fill_cache is cd.fill_cache
     assert queue_cache.evict_oldest is cd.evict_oldest
-    import mqtt_proxy.handlers as handlers
+    import mqtt_proxy.connection.handlers as handlers
 
     assert handlers._publish_messages is cd.publish_messages
-    import mqtt_proxy.outbound as outbound
+    import mqtt_proxy.delivery.outbound as outbound
 
     assert outbound.acks is cd.acks
-    import mqtt_proxy.qos1_run as qos1_run
+    import mqtt_proxy.delivery.qos1_run as qos1_run
 
     assert qos1_run.qos1_run is cd.qos1_run
-    import mqtt_proxy.backend as backend
+    import mqtt_proxy.backends.backend as backend
 
     assert backend._from_recent_runs is cd.from_recent
     assert issubclass(queue_cache.CachedMsg, cd.CachedBase)
@@ -139,7 +147,7 @@ def test_env_var_forces_pure_python() -> None:
         "import store.speedups as s; from lightgate.twins_docs import import_all; "
         "twins = import_all(); print(s.status()); "
         "print(len(twins), all(t.compiled is None for t in twins)); "
-        "import mqtt_proxy.queue_cache as q, mqtt_proxy.outbound as o, mqtt_proxy.connection as mc, "
+        "import mqtt_proxy.delivery.queue_cache as q, mqtt_proxy.delivery.outbound as o, mqtt_proxy.connection.connection as mc, "
         "mqtt_proxy.codec.parser as p, store.commit as sc, lightqueue.dispatcher as d; "
         "print(q.CachedMsg.__base__ is q._CachedFields, mc.acks is o.acks_py, "
         "p._walk is p.Parser._walk, sc._FsyncPool, d._index_batch is d._index_batch_py)"
@@ -662,12 +670,12 @@ def test_group_by_slot_same_as_twin(topics: list[str], nslots: int, as_tuple: bo
         assert keys == [m.topic.encode() for m in msgs]
 
 
-@pytest.mark.twin("mqtt_proxy._cqueue_cache.cached_end")
+@pytest.mark.twin("mqtt_proxy.delivery._cqueue_cache.cached_end")
 @SETTINGS
 @given(st.sets(st.integers(0, 80)), st.integers(-5, 90), st.integers(0, 40))
 def test_cached_end_same_as_twin(held: set[int], pos: int, n: int) -> None:
     """Where a reader's cached run from `pos` ends (at most `n` on), compiled and pure."""
-    from mqtt_proxy.queue_cache import cached_end_py
+    from mqtt_proxy.delivery.queue_cache import cached_end_py
 
     cache: dict[int, Any] = dict.fromkeys(held)
     got = compiled_delivery().cached_end(cache, pos, pos + n)
@@ -682,7 +690,7 @@ def test_trim_below_same_as_twin(keys: list[int], low: int) -> None:
     """A queue's cache trimmed to what its readers still need (`Delivery._trim`: the eviction
     over the whole cache): every key below `low` goes, wherever it was inserted, compiled and
     pure; the rest keep their order."""
-    from mqtt_proxy.queue_cache import evict_oldest_py
+    from mqtt_proxy.delivery.queue_cache import evict_oldest_py
 
     a: dict[int, Any] = {k: str(k) for k in keys}
     b = dict(a)
@@ -691,13 +699,13 @@ def test_trim_below_same_as_twin(keys: list[int], low: int) -> None:
     assert list(a.items()) == list(b.items()) == [(k, str(k)) for k in keys if k >= low]
 
 
-@pytest.mark.twin("mqtt_proxy._cqueue_cache.evict_oldest")
+@pytest.mark.twin("mqtt_proxy.delivery._cqueue_cache.evict_oldest")
 @SETTINGS
 @given(st.lists(st.integers(0, 60), unique=True), st.integers(0, 70), st.integers(-5, 70))
 def test_evict_oldest_same_as_twin(keys: list[int], over: int, start: int) -> None:
     """A queue's cache held to its size: the oldest `over` keys below `start` go, compiled and
     pure; insertion order (not key order) says which are oldest."""
-    from mqtt_proxy.queue_cache import evict_oldest_py
+    from mqtt_proxy.delivery.queue_cache import evict_oldest_py
 
     a: dict[int, Any] = dict.fromkeys(keys)
     b = dict(a)
@@ -844,15 +852,27 @@ def test_parser_walk_same_packets_and_errors(
 
 
 def test_clean_removes_built_modules() -> None:
-    """`make clean` deletes what `pip install -e .` builds into the source tree."""
+    """`make clean` deletes what `pip install -e .` builds into the source tree: each compiled
+    module's C file and shared object, wherever its package sits."""
     text = (ROOT / "Makefile").read_text()
     clean = text[text.index("\nclean:") :]
-    assert "*.so" in clean and "store/_c*.c" in clean and "_cparser.c" in clean
-    assert "mqtt_proxy/*.so" in clean and "mqtt_proxy/_c*.c" in clean
-    assert "lightqueue/*.so" in clean and "_cblocks.c" in clean and "_cresolve.c" in clean
-    assert "_cindex.c" in clean
-    ignored = (ROOT / ".gitignore").read_text()
-    assert "*.so" in ignored and "lightqueue/_cresolve.c" in ignored
+    clean = clean[: clean.index("\n\n")] if "\n\n" in clean else clean
+    globs = [w for w in clean.replace("\\", " ").split() if "/" in w]
+    sources = re.findall(r'"([\w/]+)\.pyx"', (ROOT / "setup.py").read_text())
+    assert sources
+    for src in sources:
+        folder = src.rpartition("/")[0]
+        assert any(PurePosixPath(src + ".c").match(g) for g in globs), src + ".c"
+        assert any(PurePosixPath(folder + "/x.so").match(g) for g in globs), folder + "/*.so"
+    # Nor does git see them: every source's C file and shared object matches an ignore pattern.
+    patterns = [
+        line.strip().lstrip("/")
+        for line in (ROOT / ".gitignore").read_text().splitlines()
+        if line.strip() and not line.startswith(("#", "!"))
+    ]
+    for src in sources:
+        for built in (src + ".c", src + ".cpython-311-x86_64-linux-gnu.so"):
+            assert any(PurePosixPath(built).match(p) for p in patterns), built
 
 
 @pytest.mark.twin("store._cmapping.untrack")
@@ -916,7 +936,9 @@ _cached = st.one_of(  # as the proxy appended it (MqttMessage) or as read back (
 )  # fmt: skip
 
 
-@pytest.mark.twin("mqtt_proxy._cqueue_cache.fill_cache", "mqtt_proxy._ccohorts.qos0_run")
+@pytest.mark.twin(
+    "mqtt_proxy.delivery._cqueue_cache.fill_cache", "mqtt_proxy.delivery._ccohorts.qos0_run"
+)
 @SETTINGS
 @example(  # found by this test: a message stamped after `now` kept its whole expiry, and more
     [MqttMessage("a", b"", 0, "", False, MqttProperties(message_expiry=3_195_455_668), 2**40)],
@@ -949,8 +971,8 @@ def test_delivery_cache_and_qos0_run_same_as_twins(
     import gc
 
     cd = compiled_delivery()
-    from mqtt_proxy.cohorts import qos0_run_py
-    from mqtt_proxy.queue_cache import RAW_TYPES, CachedMsg, cached, fill_cache_py
+    from mqtt_proxy.delivery.cohorts import qos0_run_py
+    from mqtt_proxy.delivery.queue_cache import RAW_TYPES, CachedMsg, cached, fill_cache_py
 
     raw_types = RAW_TYPES if raw else ()
     caches: list[dict[int, Any]] = [{}, {}]
@@ -986,12 +1008,12 @@ def test_delivery_cache_and_qos0_run_same_as_twins(
         assert len(got) == n
 
 
-@pytest.mark.twin("mqtt_proxy._cqueue_cache.CachedBase")
+@pytest.mark.twin("mqtt_proxy.delivery._cqueue_cache.CachedBase")
 @SETTINGS
 @given(st.builds(MqttMessage, **_mfields))
 def test_cached_base_same_fields_as_twin(m: MqttMessage) -> None:
     """The compiled base of CachedMsg starts with the fields of its pure twin (the expiry too)."""
-    from mqtt_proxy.queue_cache import _CachedFields
+    from mqtt_proxy.delivery.queue_cache import _CachedFields
 
     cd = compiled_delivery()
     args = (m.topic, m.payload, m.qos, m.retain, m.client_id, m.properties, m.timestamp_ms)
@@ -1044,7 +1066,7 @@ def test_fsync_pool_same_as_python_threads(tmp_path: Path) -> None:
     assert got[0] == got[1] and got[0][0] is None and got[0][1] is not None
 
 
-@pytest.mark.twin("mqtt_proxy._cqos1_run.qos1_run")
+@pytest.mark.twin("mqtt_proxy.delivery._cqos1_run.qos1_run")
 @SETTINGS
 @given(
     st.lists(_cached, max_size=30),
@@ -1077,9 +1099,9 @@ def test_qos1_run_same_as_twin(
     import gc
 
     cd = compiled_delivery()
-    from mqtt_proxy.qos1_run import qos1_run_py
-    from mqtt_proxy.queue_cache import RAW_TYPES, CachedMsg, fill_cache_py
-    from mqtt_proxy.session import Inflight
+    from mqtt_proxy.delivery.qos1_run import qos1_run_py
+    from mqtt_proxy.delivery.queue_cache import RAW_TYPES, CachedMsg, fill_cache_py
+    from mqtt_proxy.sessions.state import Inflight
 
     cache: dict[int, Any] = {}
     raw_types = RAW_TYPES if raw else ()
@@ -1128,7 +1150,7 @@ _publish = st.builds(
 )
 
 
-@pytest.mark.twin("mqtt_proxy._coutbound.acks")
+@pytest.mark.twin("mqtt_proxy.delivery._coutbound.acks")
 @SETTINGS
 @given(st.sampled_from([4, 5]), st.lists(st.integers(1, 0xFFFF), max_size=300))
 @example(4, [1, 0xFF, 0x100, 0xFFFF])
@@ -1136,7 +1158,7 @@ def test_acks_same_as_twin(ptype: int, pids: list[int]) -> None:
     """One fsync's PUBACKs / PUBRECs of a connection: the compiled writer's bytes are its twin's,
     each parsed back as the ack of its packet id, in order; an id out of range is refused."""
     from mqtt_proxy.codec import Puback, Pubrec
-    from mqtt_proxy.outbound import acks_py
+    from mqtt_proxy.delivery.outbound import acks_py
 
     cd = compiled_delivery()
     got = cd.acks(ptype, pids)
@@ -1149,7 +1171,7 @@ def test_acks_same_as_twin(ptype: int, pids: list[int]) -> None:
             cd.acks(ptype, [*pids, bad])
 
 
-@pytest.mark.twin("mqtt_proxy._chandlers.publish_messages")
+@pytest.mark.twin("mqtt_proxy.connection._chandlers.publish_messages")
 @SETTINGS
 @given(st.lists(_publish, max_size=30), st.integers(0, 30), st.integers(0, 2**41))
 def test_publish_messages_same_as_twin(packets: list[Any], i: int, now_ms: int) -> None:
@@ -1160,7 +1182,7 @@ def test_publish_messages_same_as_twin(packets: list[Any], i: int, now_ms: int) 
     import gc
 
     cd = compiled_delivery()
-    from mqtt_proxy.handlers import publish_messages_py
+    from mqtt_proxy.connection.handlers import publish_messages_py
 
     i = min(i, len(packets))
     want = publish_messages_py(packets, i, "dev-1", now_ms, EMPTY_PROPERTIES, MqttMessage)
@@ -1177,7 +1199,7 @@ def test_publish_messages_same_as_twin(packets: list[Any], i: int, now_ms: int) 
         assert hash(m) == hash(w) and dataclasses.replace(m, qos=0) == dataclasses.replace(w, qos=0)
 
 
-@pytest.mark.twin("mqtt_proxy._cbackend.from_recent")
+@pytest.mark.twin("mqtt_proxy.backends._cbackend.from_recent")
 @SETTINGS
 @given(
     st.dictionaries(
@@ -1197,7 +1219,7 @@ def test_from_recent_same_as_twin(
     """Entries resolved from the recent-append runs, compiled and pure: the same messages and
     the same indexes left to read from the store (gaps between runs, a run's end, unknown
     partitions, void entries); each found message is the one at its offset."""
-    from mqtt_proxy.backend import from_recent_py
+    from mqtt_proxy.backends.backend import from_recent_py
 
     cd = compiled_delivery()
     parts: dict[tuple[str, int], tuple[list[int], list[list[Any]]]] = {}

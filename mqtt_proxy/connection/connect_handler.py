@@ -15,15 +15,15 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from mqtt_proxy.codec import EMPTY_PROPERTIES, Connect, Properties, ReasonCode
-from mqtt_proxy.session import Will
-from mqtt_proxy.topic_aliases import OutAliases
+from mqtt_proxy.delivery.topic_aliases import OutAliases
+from mqtt_proxy.sessions.state import Will
 from store.auth import ConnectVerdict
 from store.auth.jwt_auth import Grant, looks_like_jwt
 from store.bans import Ban
 from store.mapping import internal_password, is_internal_client
 
 if TYPE_CHECKING:
-    from mqtt_proxy.connection import MqttConnection
+    from mqtt_proxy.connection.connection import MqttConnection
 
 SUCCESS = ReasonCode.SUCCESS
 PROTOCOL_ERROR = ReasonCode.PROTOCOL_ERROR

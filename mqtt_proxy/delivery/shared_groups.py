@@ -1,7 +1,7 @@
 """Delivery to `$share/<group>/<filter>` groups: one position per group, each message to one
 member with room (round robin), a leaving member's unacknowledged messages redelivered to the
 others. With several proxies, a group reads the sequences the core leased to this proxy
-(mqtt_proxy.cluster, lightgate/shares.py) instead of its own position. Driven by `Delivery`,
+(mqtt_proxy.backends.cluster, lightgate/shares.py) instead of its own position. Driven by `Delivery`,
 which owns the queues, their reads and the scheduling."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
+from mqtt_proxy.delivery.queue_cache import PUMP_BATCHES, CachedMsg, QueueState, cached, cached_get
 from mqtt_proxy.ports import PeerPort
-from mqtt_proxy.queue_cache import PUMP_BATCHES, CachedMsg, QueueState, cached, cached_get
-from mqtt_proxy.session import Inflight, Session, Subscription
+from mqtt_proxy.sessions.state import Inflight, Session, Subscription
 
 if TYPE_CHECKING:
-    from mqtt_proxy.delivery import Delivery
+    from mqtt_proxy.delivery.delivery import Delivery
 
 
 class _Pick(enum.Enum):

@@ -12,14 +12,14 @@ from typing import TYPE_CHECKING, TypeAlias
 
 from lightqueue.model import StoredMessage
 from mqtt_proxy.codec import PublishTemplate, publish_qos0, publish_qos0_alias
-from mqtt_proxy.outbound import delivery_properties
+from mqtt_proxy.delivery.outbound import delivery_properties
 from mqtt_proxy.ports import Entries, Message
-from mqtt_proxy.session import Subscription
+from mqtt_proxy.sessions.state import Subscription
 from store.mapping import MqttMessage, MqttProperties
 from store.twins import twin
 
 if TYPE_CHECKING:
-    from mqtt_proxy.shared_groups import SharedGroup
+    from mqtt_proxy.delivery.shared_groups import SharedGroup
 
 PUMP_BATCHES = 64  # reads of `read_batch` entries per reader per tick before yielding the loop
 
@@ -72,7 +72,7 @@ if TYPE_CHECKING:
 else:
     _Base = twin(
         _CachedFields,
-        "mqtt_proxy._cqueue_cache",
+        "mqtt_proxy.delivery._cqueue_cache",
         "CachedBase",
         what="a cached message's fields (read from its slots)",
     )
@@ -194,7 +194,10 @@ def cached_get(cache: dict[int, Cached], seq: int) -> CachedMsg | None:
 
 
 fill_cache = twin(
-    fill_cache_py, "mqtt_proxy._cqueue_cache", "fill_cache", what="a queue's cached messages"
+    fill_cache_py,
+    "mqtt_proxy.delivery._cqueue_cache",
+    "fill_cache",
+    what="a queue's cached messages",
 )
 
 
@@ -207,7 +210,10 @@ def cached_end_py(cache: dict[int, Cached], pos: int, limit: int) -> int:
 
 
 cached_end = twin(
-    cached_end_py, "mqtt_proxy._cqueue_cache", "cached_end", what="where a queue's cached run ends"
+    cached_end_py,
+    "mqtt_proxy.delivery._cqueue_cache",
+    "cached_end",
+    what="where a queue's cached run ends",
 )
 
 
@@ -222,7 +228,7 @@ def evict_oldest_py(cache: dict[int, Cached], over: int, start: int) -> None:
 
 evict_oldest = twin(
     evict_oldest_py,
-    "mqtt_proxy._cqueue_cache",
+    "mqtt_proxy.delivery._cqueue_cache",
     "evict_oldest",
     what="a queue's cache held to its size",
 )

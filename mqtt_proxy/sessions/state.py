@@ -2,7 +2,7 @@
 
 A `Session` holds the subscriptions (each with its light-queue position), the outbound QoS 1/2
 messages in flight, the inbound QoS 2 packet ids awaiting PUBREL (de-duplication), the will and the
-expiry. It is plain data; `server.py` and `delivery.py` drive it. Persistence is a JSON-able dict
+expiry. It is plain data; `manager.py` and `delivery/` drive it. Persistence is a JSON-able dict
 (`to_state` / `from_state`) written to the light-queue DB's session store, so a gateway restart
 resumes every persistent subscriber from its last stored position.
 
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mqtt_proxy.ports import PeerPort, SessionState
-from mqtt_proxy.subscriptions import FilterSpec
+from mqtt_proxy.sessions.topic_filters import FilterSpec
 from store.auth import ClientAcl
 from store.mapping import MqttProperties
 

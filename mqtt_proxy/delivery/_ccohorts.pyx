@@ -8,8 +8,8 @@ from cpython.object cimport PyObject
 from libc.stdint cimport int64_t, uint8_t
 from libc.string cimport memcpy
 
-from mqtt_proxy._cpublish cimport _head, _varint_size
-from mqtt_proxy._cqueue_cache cimport CachedBase, _fields, _Msg
+from mqtt_proxy.delivery._cpublish cimport _head, _varint_size
+from mqtt_proxy.delivery._cqueue_cache cimport CachedBase, _fields, _Msg
 
 
 cdef extern from "Python.h":

@@ -1,6 +1,6 @@
 """`RemoteBackend`: the proxy's backend (backend.py) when the store, the light queues and notify
-live in the core process, reached over the core link (mqtt_proxy.remote_store,
-mqtt_proxy.remote_queues, mqtt_proxy.remote_notify; docs/architecture.md, "The core link").
+live in the core process, reached over the core link (mqtt_proxy.backends.remote_store,
+mqtt_proxy.backends.remote_queues, mqtt_proxy.backends.remote_notify; docs/architecture.md, "The core link").
 Calls that need an answer complete later, on the link's reply."""
 
 from __future__ import annotations
@@ -11,14 +11,14 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from lightqueue.model import ReadResult, StoredMessage
-from mqtt_proxy.backend import Backend
+from mqtt_proxy.backends.backend import Backend
 from mqtt_proxy.ports import Acquired, Entries, LoadDone, NotifierPort, SessionState
-from mqtt_proxy.subscriptions import FilterSpec
+from mqtt_proxy.sessions.topic_filters import FilterSpec
 from store.mapping import MqttMessage
 
 if TYPE_CHECKING:
-    from mqtt_proxy.remote_queues import RemoteLightQueues
-    from mqtt_proxy.remote_store import RemoteStore
+    from mqtt_proxy.backends.remote_queues import RemoteLightQueues
+    from mqtt_proxy.backends.remote_store import RemoteStore
 
 log = logging.getLogger("lightgate.mqtt.backend")
 

@@ -34,16 +34,16 @@ from mqtt_proxy.codec import (
     Unsuback,
     Unsubscribe,
 )
-from mqtt_proxy.connect_handler import handle_connect
+from mqtt_proxy.connection.connect_handler import handle_connect
 from mqtt_proxy.ports import Acquired
-from mqtt_proxy.subscriptions import FilterError, FilterSpec, parse_filter
+from mqtt_proxy.sessions.topic_filters import FilterError, FilterSpec, parse_filter
 from store.mapping import MqttMessage, untrack_messages
 from store.twins import twin
 
 if TYPE_CHECKING:
-    from mqtt_proxy.connection import MqttConnection
-    from mqtt_proxy.delivery import Delivery
-    from mqtt_proxy.session import Inflight, Session
+    from mqtt_proxy.connection.connection import MqttConnection
+    from mqtt_proxy.delivery.delivery import Delivery
+    from mqtt_proxy.sessions.state import Inflight, Session
 
 log = logging.getLogger("lightgate.mqtt")
 
@@ -142,7 +142,7 @@ def publish_messages_py(
 ) -> tuple[list[MqttMessage], list[int], int]:
     """From `packets[i]` on, the plain PUBLISHes (QoS 0/1, not retained, no properties, topic
     not `$...`) as messages, until the first other one: (messages, the QoS 1 ones' packet ids,
-    its index or len(packets)). The pure twin of `mqtt_proxy._chandlers.publish_messages`."""
+    its index or len(packets)). The pure twin of `mqtt_proxy.connection._chandlers.publish_messages`."""
     msgs: list[MqttMessage] = []
     pids: list[int] = []
     n = len(packets)
@@ -159,7 +159,7 @@ def publish_messages_py(
 
 _publish_messages = twin(
     publish_messages_py,
-    "mqtt_proxy._chandlers",
+    "mqtt_proxy.connection._chandlers",
     "publish_messages",
     what="a read chunk's plain PUBLISHes as `MqttMessage`s",
 )

@@ -10,8 +10,8 @@ from collections.abc import Callable
 from typing import Any
 
 from mqtt_proxy.codec import publish_v3_qos1
-from mqtt_proxy.queue_cache import CachedMsg
-from mqtt_proxy.session import Inflight, free_pid
+from mqtt_proxy.delivery.queue_cache import CachedMsg
+from mqtt_proxy.sessions.state import Inflight, free_pid
 from store.twins import twin
 
 
@@ -82,7 +82,7 @@ def qos1_run_py(
 
 qos1_run = twin(
     qos1_run_py,
-    "mqtt_proxy._cqos1_run",
+    "mqtt_proxy.delivery._cqos1_run",
     "qos1_run",
     what="a 3.1.1 QoS 1 reader's PUBLISH run, packet ids and `Inflight` records",
 )

@@ -36,13 +36,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from lightqueue.model import StoredMessage
+from mqtt_proxy.delivery.queue_cache import CachedMsg
 from mqtt_proxy.ports import SessionState
-from mqtt_proxy.queue_cache import CachedMsg
-from mqtt_proxy.session import Inflight, Session, Subscription, Will
-from mqtt_proxy.subscriptions import FilterSpec
+from mqtt_proxy.sessions.state import Inflight, Session, Subscription, Will
+from mqtt_proxy.sessions.topic_filters import FilterSpec
 
 if TYPE_CHECKING:
-    from mqtt_proxy.connection import MqttConnection
+    from mqtt_proxy.connection.connection import MqttConnection
     from mqtt_proxy.server import MqttServer
 
 log = logging.getLogger("lightgate.mqtt.sessions")
@@ -500,7 +500,7 @@ class SessionManager:
         """Write one persistent session now (SUBSCRIBE / UNSUBSCRIBE, before their ack), then
         `done`: a `kill -9` right after a SUBACK must not lose the subscription (the periodic
         flush runs every `session_flush_ms`). A LevelDB write without fsync, as every session
-        write (lightqueue/sessions.py): the OS has it when `done` runs."""
+        write (lightqueue/session_store.py): the OS has it when `done` runs."""
         if session.persistent:
             self.server.backend.save_sessions([self._state(session)], done)
         else:

@@ -30,7 +30,7 @@ from wsproto.events import (
 )
 from wsproto.utilities import RemoteProtocolError
 
-from mqtt_proxy.linger import LINGER_S
+from mqtt_proxy.connection.linger import LINGER_S
 
 log = logging.getLogger("lightgate.mqtt.ws")
 SUBPROTOCOLS = ("mqtt", "mqttv3.1")

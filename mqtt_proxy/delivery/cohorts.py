@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from mqtt_proxy.codec import publish_qos0
+from mqtt_proxy.delivery.queue_cache import PUMP_BATCHES, Cached, CachedMsg, QueueState, cached
+from mqtt_proxy.delivery.topic_aliases import AliasBook, OutAliases
 from mqtt_proxy.ports import PeerPort
-from mqtt_proxy.queue_cache import PUMP_BATCHES, Cached, CachedMsg, QueueState, cached
-from mqtt_proxy.session import Subscription
-from mqtt_proxy.topic_aliases import AliasBook, OutAliases
+from mqtt_proxy.sessions.state import Subscription
 from store.latency import LatencyHistogram
 from store.twins import twin
 
@@ -230,7 +230,7 @@ def qos0_run_py(
 
 qos0_run = twin(
     qos0_run_py,
-    "mqtt_proxy._ccohorts",
+    "mqtt_proxy.delivery._ccohorts",
     "qos0_run",
     what="a QoS 0 cohort's PUBLISH run in one buffer",
 )

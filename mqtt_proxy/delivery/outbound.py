@@ -38,14 +38,14 @@ def acks_py(ptype: int, pids: list[int]) -> bytes:
     """Success PUBACKs (4) or PUBRECs (5) for 3.1.1, four fixed bytes each, joined: one pack for
     a connection's acks of one fsync (96 ns per ack against 270 for building each and a join,
     timed alone). `pids` are 1..65535 (the parser's). The pure twin of
-    `mqtt_proxy._coutbound.acks`."""
+    `mqtt_proxy.delivery._coutbound.acks`."""
     head = (ptype << 28) | 0x20000
     return pack(f">{len(pids)}I", *[head | pid for pid in pids])
 
 
 acks = twin(
     acks_py,
-    "mqtt_proxy._coutbound",
+    "mqtt_proxy.delivery._coutbound",
     "acks",
     what="a connection's PUBACKs/PUBRECs of one fsync in one buffer",
 )

@@ -5,9 +5,9 @@ session state) once. Two implementations, one interface:
 
 - `LocalBackend`: the store, light queues and notifier live in this process (`lightgate serve`
   by default). Every call completes before it returns; the callbacks run inside the call.
-- `RemoteBackend` (remote_backend.py): they live in the core process, reached over the core link
-  (mqtt_proxy.remote_store, mqtt_proxy.remote_queues, and notify through
-  mqtt_proxy.remote_notify; docs/architecture.md, "The core link"). Calls that need an answer
+- `RemoteBackend` (remote.py): they live in the core process, reached over the core link
+  (mqtt_proxy.backends.remote_store, mqtt_proxy.backends.remote_queues, and notify through
+  mqtt_proxy.backends.remote_notify; docs/architecture.md, "The core link"). Calls that need an answer
   complete later, on the link's reply.
 
 So the proxy code is written in continuation style (`load(..., done)`, `acquire_many(..., done)`)
@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, cast
 from lightqueue.model import Position, ReadResult, StoredMessage
 from mqtt_proxy.ports import (
     Acquired,
+    ClusterPort,
     Entries,
     EntriesSink,
     LoadDone,
@@ -44,16 +45,15 @@ from mqtt_proxy.ports import (
     RoundSink,
     SessionState,
 )
-from mqtt_proxy.subscriptions import FilterSpec
+from mqtt_proxy.sessions.topic_filters import FilterSpec
 from store.append_result import Run
 from store.mapping import MqttMessage
 from store.twins import twin
 
 if TYPE_CHECKING:
     from lightqueue.queues import LightQueues
-    from mqtt_proxy.cluster import ProxyCluster
-    from mqtt_proxy.remote_notify import LinkNotifier
-    from mqtt_proxy.remote_store import RemoteStore
+    from mqtt_proxy.backends.remote_notify import LinkNotifier
+    from mqtt_proxy.backends.remote_store import RemoteStore
     from notify import InProcessNotifier
     from store import Store
 
@@ -73,8 +73,8 @@ class Backend:
     """What both backends share: the recent-append cache and the notify side."""
 
     # With proxies in their own processes, the core's client-id claims and will registry
-    # (mqtt_proxy.cluster.ProxyCluster); None in one process.
-    cluster: ProxyCluster | None = None
+    # (mqtt_proxy.backends.cluster.ProxyCluster); None in one process.
+    cluster: ClusterPort | None = None
 
     def __init__(
         self, store: LogPort, notifier: NotifierPort, proxy_id: str, recent_bytes: int
@@ -93,6 +93,9 @@ class Backend:
 
     async def start(self) -> None:
         """Anything to learn from the layers below before serving clients."""
+
+    def skip_known_events(self, known: Callable[[str, int], bool]) -> None:
+        """Only a local backend's rounds push entries before their events (`LocalBackend`)."""
 
     def write_now(self) -> None:
         """The tick's appends are all made: write (and index) them now if this process has the
@@ -390,7 +393,7 @@ class LocalBackend(Backend):
 
 
 if TYPE_CHECKING:
-    from mqtt_proxy.remote_backend import RemoteBackend
+    from mqtt_proxy.backends.remote import RemoteBackend
 
     # The twins behind each seam satisfy the proxy's ports (mqtt_proxy/ports.py); mypy checks it.
     def _twins(
@@ -437,7 +440,7 @@ def from_recent_py(
 
 _from_recent_runs = twin(
     from_recent_py,
-    "mqtt_proxy._cbackend",
+    "mqtt_proxy.backends._cbackend",
     "from_recent",
     what="entries -> the messages this proxy appended lately (its recent runs)",
 )

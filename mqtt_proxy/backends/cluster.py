@@ -31,7 +31,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from mqtt_proxy.session import Will, _props_from_state, _props_state
+from mqtt_proxy.sessions.state import Will, _props_from_state, _props_state
 from notify.link import RpcPeer
 from notify.link_frames import RpcError
 from store.bans import Ban, BanList, decode_bans
@@ -48,7 +48,7 @@ LEASE, DONE, RETURN, WAKE = 204, 205, 206, 207  # `$share` groups (lightgate/sha
 SYS = 208  # proxy → core, call: the MQTT counters summed over every proxy (JSON), for `$SYS`
 # both ways, one-way: a proxy's delivery lag (what it owes readers that can take data now);
 # the core answers each proxy with the largest lag of the others, so publishers on every proxy
-# slow down when delivery on one falls behind (mqtt_proxy/inbound.py, flow control).
+# slow down when delivery on one falls behind (mqtt_proxy/connection/inbound.py, flow control).
 LAG = 209
 BANS, FLAP = 210, 211  # the core's ban list, mirrored; disconnects counted by the core
 LAG_STEP = 1000  # report a change of at least this many messages (and every fall to 0)

@@ -39,10 +39,9 @@ from typing import TYPE_CHECKING
 
 from lightqueue.model import ReadResult
 from mqtt_proxy.codec import publish_v3_qos1
-from mqtt_proxy.cohorts import CohortPump
-from mqtt_proxy.ports import Entries, Message, PeerPort, QueuesPort
-from mqtt_proxy.qos1_run import qos1_run
-from mqtt_proxy.queue_cache import (
+from mqtt_proxy.delivery.cohorts import CohortPump
+from mqtt_proxy.delivery.qos1_run import qos1_run
+from mqtt_proxy.delivery.queue_cache import (
     PUMP_BATCHES,
     RAW_TYPES,
     CachedMsg,
@@ -52,16 +51,17 @@ from mqtt_proxy.queue_cache import (
     evict_oldest,
     fill_cache,
 )
-from mqtt_proxy.session import Inflight, Session, Subscription
+from mqtt_proxy.delivery.shared_groups import GroupDelivery, SharedGroup
+from mqtt_proxy.delivery.topic_aliases import AliasBook
+from mqtt_proxy.ports import Entries, Message, PeerPort, QueuesPort
+from mqtt_proxy.sessions.state import Inflight, Session, Subscription
+from mqtt_proxy.sessions.topic_filters import topic_matches
 from mqtt_proxy.settings import ProxySettings
-from mqtt_proxy.shared_groups import GroupDelivery, SharedGroup
-from mqtt_proxy.subscriptions import topic_matches
-from mqtt_proxy.topic_aliases import AliasBook
 from store.latency import LatencyHistogram
 from store.mapping import PROBE_TOPIC, SYSTEM_TOPIC_PREFIX
 
 if TYPE_CHECKING:
-    from mqtt_proxy.cluster import ProxyCluster
+    from mqtt_proxy.ports import LeasesPort
 
 log = logging.getLogger("lightgate.mqtt.delivery")
 
@@ -98,8 +98,8 @@ class Delivery:
         # lag, not slow consumers). Inbound throttles publishers on its maximum.
         self.lag: dict[str, int] = {}
         self._loop = asyncio.get_running_loop()
-        # Several proxies: `$share` groups take leases from the core (mqtt_proxy.cluster).
-        self.leases: ProxyCluster | None = None
+        # Several proxies: `$share` groups take leases from the core (mqtt_proxy.backends.cluster).
+        self.leases: LeasesPort | None = None
         self._cohorts = CohortPump(self.read_range, self.deliver_latency, self.aliases)
         self._groups = GroupDelivery(self, self._batch)
 

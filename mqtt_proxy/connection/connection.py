@@ -22,7 +22,6 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from mqtt_proxy import handlers
 from mqtt_proxy.codec import (
     EMPTY_PROPERTIES,
     PROTOCOL_MAX_PACKET_SIZE,
@@ -39,16 +38,17 @@ from mqtt_proxy.codec import (
     chunk_kind,
 )
 from mqtt_proxy.codec.reason_codes import ReasonCode, v3_connack_code
-from mqtt_proxy.limits import PublishLimit
-from mqtt_proxy.linger import LINGER_BYTES, linger_close
-from mqtt_proxy.outbound import acks
-from mqtt_proxy.topic_aliases import OutAliases
+from mqtt_proxy.connection import handlers
+from mqtt_proxy.connection.limits import PublishLimit
+from mqtt_proxy.connection.linger import LINGER_BYTES, linger_close
+from mqtt_proxy.delivery.outbound import acks
+from mqtt_proxy.delivery.topic_aliases import OutAliases
 
 if TYPE_CHECKING:
     from mqtt_proxy.codec import Properties
     from mqtt_proxy.ports import PeerPort
     from mqtt_proxy.server import MqttServer
-    from mqtt_proxy.session import Session
+    from mqtt_proxy.sessions.state import Session
     from store.auth import ClientAcl
 
 log = logging.getLogger("lightgate.mqtt.conn")

@@ -28,9 +28,9 @@ from store.append_result import AppendResult
 from store.mapping import MqttMessage
 
 if TYPE_CHECKING:
-    from mqtt_proxy.connection import MqttConnection
+    from mqtt_proxy.connection.connection import MqttConnection
     from mqtt_proxy.server import MqttServer
-    from mqtt_proxy.session import Session
+    from mqtt_proxy.sessions.state import Session
 
 # (connection, packet ids, ack packet type): a read chunk's QoS 1 ids in one run
 Ack = tuple["MqttConnection", list[int], int]
