@@ -16,7 +16,7 @@ $(BIN)/python:
 	$(BIN)/python -m pip install -q --upgrade pip setuptools wheel
 
 # Re-installed (and the Cython modules rebuilt) when the dependencies or a .pyx change.
-$(STAMP): pyproject.toml setup.py $(wildcard */*.pyx */*/*.pyx */*.pxd) | $(BIN)/python
+$(STAMP): pyproject.toml setup.py $(wildcard */*.pyx */*/*.pyx */*.pxd */*/*.pxd) | $(BIN)/python
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $(STAMP)
 

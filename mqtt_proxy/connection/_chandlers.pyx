@@ -5,22 +5,12 @@
 
 from cpython.object cimport PyObject
 
+from store._capi cimport (
+    PyObject_GC_UnTrack, PyUnicode_GET_LENGTH, PyUnicode_READ_CHAR, _AllocType
+)
 from store._slots cimport learn_slots, put_slot
 
 from store._slots import MESSAGE_FIELDS as _FIELDS
-
-
-cdef extern from "Python.h":
-    int PyDict_Next(object d, Py_ssize_t* pos, PyObject** key, PyObject** value)
-    Py_ssize_t PyLong_AsSsize_t(object o) except? -1
-    const char* PyUnicode_AsUTF8AndSize(object s, Py_ssize_t* size) except NULL
-    void PyObject_GC_UnTrack(void* op)
-    Py_ssize_t PyUnicode_GET_LENGTH(object s)
-    Py_UCS4 PyUnicode_READ_CHAR(object s, Py_ssize_t i)
-
-cdef extern from "Python.h":
-    ctypedef struct _AllocType "PyTypeObject":
-        object (*tp_alloc)(_AllocType*, Py_ssize_t)
 
 
 cdef Py_ssize_t _off[7]

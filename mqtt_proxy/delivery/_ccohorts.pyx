@@ -10,19 +10,7 @@ from libc.string cimport memcpy
 
 from mqtt_proxy.delivery._cpublish cimport _head, _varint_size
 from mqtt_proxy.delivery._cqueue_cache cimport CachedBase, _fields, _Msg
-
-
-cdef extern from "Python.h":
-    int PyDict_Next(object d, Py_ssize_t* pos, PyObject** key, PyObject** value)
-    Py_ssize_t PyLong_AsSsize_t(object o) except? -1
-    const char* PyUnicode_AsUTF8AndSize(object s, Py_ssize_t* size) except NULL
-    void PyObject_GC_UnTrack(void* op)
-    Py_ssize_t PyUnicode_GET_LENGTH(object s)
-    Py_UCS4 PyUnicode_READ_CHAR(object s, Py_ssize_t i)
-
-cdef extern from "Python.h":
-    ctypedef struct _AllocType "PyTypeObject":
-        object (*tp_alloc)(_AllocType*, Py_ssize_t)
+from store._capi cimport PyUnicode_AsUTF8AndSize
 
 
 def qos0_run(dict cache, Py_ssize_t start, Py_ssize_t end, int64_t now_ms, bint v5,
