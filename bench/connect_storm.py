@@ -28,7 +28,6 @@ import datetime as dt
 import json
 import multiprocessing as mp
 import resource
-import signal
 import statistics
 import tempfile
 import time
@@ -49,6 +48,8 @@ from fleet_mqtt import (
     process_tree,
     recv_within,
     rss_kb,
+    run_worker,
+    source_addresses,
     start_broker,
     stop_broker,
 )
@@ -106,20 +107,14 @@ async def storm(spec: dict[str, Any], pipe: Connection) -> None:
 
 
 def worker_entry(spec: dict[str, Any], pipe: Connection) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        import uvloop  # type: ignore[import-not-found,unused-ignore]
-
-        uvloop.run(storm(spec, pipe))
-    except ImportError:
-        asyncio.run(storm(spec, pipe))
+    run_worker(storm, spec, pipe)
 
 
 def run_once(args: argparse.Namespace, kind: str, rnd: int) -> dict[str, Any]:
     port = free_port()
     total = int(args.rate * args.seconds)
-    n_src = args.source_ips or max(1, -(-total // 25000))
-    sources = [f"127.0.0.{2 + k}" for k in range(n_src)]
+    sources = source_addresses(total, args.source_ips)
+    n_src = len(sources)
     with tempfile.TemporaryDirectory(prefix=f"connect-storm-{kind}-") as tmp:
         broker = start_broker(kind, port, Path(tmp), args.serve_args.split())
         procs: list[Any] = []

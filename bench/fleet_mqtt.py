@@ -13,6 +13,7 @@ import struct
 import subprocess
 import time
 from array import array
+from collections.abc import Callable, Coroutine
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, cast
@@ -221,6 +222,26 @@ def machine_busy_s() -> float:
 
 
 # ---- brokers -----------------------------------------------------------------------------------
+
+
+def source_addresses(connections: int, override: int = 0) -> list[str]:
+    """Loopback source addresses for `connections` client sockets (`override` of them when set):
+    one per 25,000 connections, so no (source, destination) pair runs out of ephemeral ports."""
+    n = override or max(1, -(-connections // 25000))
+    return [f"127.0.0.{2 + k}" for k in range(n)]
+
+
+def run_worker(main: Callable[[dict[str, Any], Connection], Coroutine[Any, Any, None]],
+               spec: dict[str, Any], pipe: Connection) -> None:  # fmt: skip
+    """A load process's body: `main(spec, pipe)` on uvloop where installed; Ctrl-C is the
+    coordinator's to handle."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        import uvloop  # type: ignore[import-not-found,unused-ignore]
+
+        uvloop.run(main(spec, pipe))
+    except ImportError:
+        asyncio.run(main(spec, pipe))
 
 
 def free_port() -> int:

@@ -47,7 +47,6 @@ import datetime as dt
 import json
 import multiprocessing as mp
 import resource
-import signal
 import statistics
 import struct
 import tempfile
@@ -73,7 +72,9 @@ from fleet_mqtt import (
     process_tree,
     recv_within,
     rss_kb,
+    run_worker,
     sleep_until,
+    source_addresses,
     start_broker,
     stop_broker,
     subscribe_packet,
@@ -183,20 +184,14 @@ async def worker_main(spec: dict[str, Any], pipe: Connection) -> None:
 
 
 def worker_entry(spec: dict[str, Any], pipe: Connection) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        import uvloop  # type: ignore[import-not-found,unused-ignore]
-
-        uvloop.run(worker_main(spec, pipe))
-    except ImportError:
-        asyncio.run(worker_main(spec, pipe))
+    run_worker(worker_main, spec, pipe)
 
 
 def run_once(args: argparse.Namespace, kind: str, rnd: int) -> dict[str, Any]:
     port = free_port()
     conns = 2 * args.devices
-    n_src = args.source_ips or max(1, -(-conns // 25000))
-    sources = [f"127.0.0.{2 + k}" for k in range(n_src)]
+    sources = source_addresses(conns, args.source_ips)
+    n_src = len(sources)
     workers = max(1, min(args.workers, args.devices))
     with tempfile.TemporaryDirectory(prefix=f"many-devices-{kind}-") as tmp:
         broker = start_broker(kind, port, Path(tmp), args.serve_args.split())
