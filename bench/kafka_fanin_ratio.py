@@ -12,7 +12,8 @@ Each round runs, in alternating order and each against a fresh Tansu (memory sto
       subscriber on dev/+/telemetry, through `lightgate serve --set log=kafka` on that Tansu
       (`--set` pairs may be added with `--node-set key=value`).
 Prints one JSON line per measurement, the ratio per round, and `uptime` before and after.
-`--profile FILE` runs py-spy on the node during each fan-in (FILE gets the round number).
+`--second-node` adds an idle node on the same cluster (every node indexes every record)
+and reports both nodes' CPU seconds. `--profile FILE` runs py-spy on the node during each fan-in (FILE gets the round number).
 """
 
 from __future__ import annotations
@@ -126,10 +127,13 @@ def mean_ms(http: int, family: str) -> float:
 
 
 def fanin(bootstrap: str, tmp: Path, seconds: float, sets: list[str],
-          profile: str | None, tree: Path = ROOT) -> dict[str, object]:  # fmt: skip
+          profile: str | None, tree: Path = ROOT, second: bool = False) -> dict[str, object]:  # fmt: skip
     proc, port, http = serve(tmp / f"node-{time.monotonic_ns()}", bootstrap, sets, tree)
-    spy = None
+    spy = other = None
     try:
+        if second:  # another node on the cluster, no client of its own: what it costs to follow
+            other = serve(tmp / f"node-{time.monotonic_ns()}", bootstrap, sets, tree)[0]
+            c0, m0 = cpu_s(other.pid), cpu_s(proc.pid)
         if profile:
             spy = subprocess.Popen(
                 [str(Path(PY).parent / "py-spy"), "record", "-p", str(proc.pid), "-o", profile, "-f", "raw", "-r", "200",
@@ -137,6 +141,10 @@ def fanin(bootstrap: str, tmp: Path, seconds: float, sets: list[str],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )  # fmt: skip
         rec = mqttbench(port, proc.pid, "lightgate-kafka", 1, seconds)
+        if other is not None:
+            # whole run (setup, warmup, window, drain) for both: the ratio is what matters
+            rec["second_node_cpu_s"] = round(cpu_s(other.pid) - c0, 2)
+            rec["first_node_cpu_s"] = round(cpu_s(proc.pid) - m0, 2)
         rec["puback_ms"] = mean_ms(http, "lightgate_puback_latency_seconds")
         rec["produce_ms"] = mean_ms(http, "lightgate_fsync_latency_seconds")
         return rec
@@ -144,6 +152,8 @@ def fanin(bootstrap: str, tmp: Path, seconds: float, sets: list[str],
         if spy is not None:
             spy.wait(60)
         stop(proc)
+        if other is not None:
+            stop(other)
 
 
 def main() -> None:
@@ -152,6 +162,11 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=8.0)
     ap.add_argument("--window", type=int, default=1000, help="aiokafka sends unacknowledged")
     ap.add_argument("--node-set", action="append", default=[], help="key=value for the node")
+    ap.add_argument(
+        "--second-node",
+        action="store_true",
+        help="run a second node on the cluster, idle, and report both CPU figures",
+    )
     ap.add_argument("--profile", default="", help="py-spy raw output per round (FILE.N)")
     ap.add_argument(
         "--before",
@@ -187,13 +202,15 @@ def main() -> None:
                         continue
                     prof = f"{a.profile}.{what}.{r}" if a.profile else None
                     tree = Path(a.before) if what == "node_before" else ROOT
-                    rec = fanin(t.bootstrap, tmp, a.duration, a.node_set, prof, tree)
+                    rec = fanin(t.bootstrap, tmp, a.duration, a.node_set, prof, tree,
+                                a.second_node)  # fmt: skip
                     got[what] = float(rec.get("pub_msgs_per_s") or 0)  # type: ignore[arg-type]
                     out({"bench": what, "round": r, "tansu_cpu_s":
                          round(cpu_s(t.proc.pid) - c0, 2), **{
                         k: rec.get(k) for k in ("pub_msgs_per_s", "recv_msgs_per_s",
                                                 "broker_cpu_pct", "broker_cpu_us_per_msg",
                                                 "puback_ms", "produce_ms",
+                                                "first_node_cpu_s", "second_node_cpu_s",
                                                 "machine_busy_pct", "ok")}})  # fmt: skip
                 finally:
                     t.stop()
