@@ -313,3 +313,58 @@ def test_aborted_transactions_of_other_producers_do_not_reach_mqtt(
         replay.expect_none(0.5)
     finally:
         gw.stop()
+
+
+async def test_own_appends_reach_readers_without_fetching_them_back(
+    tmp_path: Path, tansu: Tansu
+) -> None:
+    """A node's own acknowledged appends go to its batch cache as the cluster stores them, so
+    the dispatcher indexes them with no Fetch: fetching every produce back cost the cluster a
+    Fetch per produce and slowed its produce answers (QoS 1 through a node was bound by it)."""
+    from lightqueue import LightQueues
+    from store import MqttMessage
+    from store.cluster.kafka_log import KafkaLog, KafkaLogConfig
+
+    cfg = KafkaLogConfig(tansu.bootstrap, topic_partitions=2, client={"enable_idempotence": False},
+                         connect_timeout_s=10)  # fmt: skip
+    kl = await KafkaLog.open(tmp_path / "d", cfg)
+    lq = LightQueues.open(tmp_path / "d", kl)
+    await lq.start()
+    try:
+        q = lq.acquire_filter("own/#").queue
+        n = 3000
+        fetches0 = kl.fetches
+        for j in range(0, n, 100):  # one produce after another, as QoS 1 ticks come
+            res = kl.append_mqtt([MqttMessage(f"own/{i % 5}", f"m{i}".encode(), 1, "c")
+                                  for i in range(j, j + 100)])  # fmt: skip
+            await res.durable
+        deadline = time.monotonic() + 20
+        while (lq.last_seq(q) or -1) < n - 1 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert lq.last_seq(q) == n - 1
+        assert kl.fetches == fetches0, kl.fetches - fetches0  # was one per produce
+        r = lq.read(q, 0, n)
+        msgs = lq.resolve(r.entries)
+        assert sorted(m.payload for m in msgs) == sorted(f"m{i}".encode() for i in range(n))
+        # What the cache holds is what the cluster stores (but the leader epoch it stamps).
+        for p in range(2):
+            mine = _epochless(kl.cache.read("own", p, 0, 1 << 24) or b"")
+            theirs = _epochless(await kl._fetch_one(("own", p), 0, keep=False))
+            assert mine and mine == theirs[: len(mine)], p
+    finally:
+        await lq.close()
+        await kl.close()
+
+
+def _epochless(data: bytes) -> list[bytes]:
+    """The batches of `data`, their partition leader epoch zeroed (the cluster sets it)."""
+    from store.record_batch import BH_PARTITION_LEADER_EPOCH, HEADER, iter_batches
+
+    out = []
+    for pos, size in iter_batches(data):
+        b = bytearray(data[pos : pos + size])
+        h = list(HEADER.unpack_from(b, 0))
+        h[BH_PARTITION_LEADER_EPOCH] = 0
+        HEADER.pack_into(b, 0, *h)
+        out.append(bytes(b))
+    return out

@@ -13,6 +13,7 @@ link (method numbers 200-209, beside the light queues' and the wiring's):
            session's `expiry` and, while its delay runs, `due` in wall-clock seconds); a client
            id alone clears it. The core publishes these when the link drops.
     GONE   proxy → core, one-way: client id; the session ended here (not persistent, expired).
+           Not sent while this proxy's own CLAIM of the id is out: that claim keeps it here.
     LEASE, DONE, RETURN, WAKE: `$share` groups across proxies (lightgate/shares.py).
     SYS    proxy → core, call: every proxy's MQTT counters summed (JSON), for `$SYS`.
     LAG    both ways, one-way: u32 delivery lag, this proxy's / the others' largest.
@@ -92,6 +93,8 @@ class ProxyCluster:
         self.peer: Any = None
         self.server: MqttServer | None = None
         self._wills: set[str] = set()  # client ids whose will the core has
+        # Client ids with a CLAIM sent and not yet acted on (answer read and handled), how many.
+        self._claiming: dict[str, int] = {}
         self._done: dict[str, list[int]] = {}  # group key -> sequences finished this tick
         self._flush_scheduled = False
         self.others_lag = 0  # the largest delivery lag of the other proxies (the core's LAG)
@@ -212,16 +215,25 @@ class ProxyCluster:
         core's ban list refuses the client (a ban this proxy's copy did not have yet)."""
 
         def answered(body: bytes, err: RpcError | None) -> None:
-            if err is not None:
-                log.warning("claiming client %r failed: %s", client_id, err)
-                done(None)
-            elif body[:1] == b"S":
-                done(json.loads(body[1:]))
-            elif body[:1] == b"B":
-                banned(decode_bans(body[1:])[0])
-            else:
-                done(None)
+            try:
+                if err is not None:
+                    log.warning("claiming client %r failed: %s", client_id, err)
+                    done(None)
+                elif body[:1] == b"S":
+                    done(json.loads(body[1:]))
+                elif body[:1] == b"B":
+                    banned(decode_bans(body[1:])[0])
+                else:
+                    done(None)
+            finally:
+                left = claiming[client_id] - 1
+                if left:
+                    claiming[client_id] = left
+                else:
+                    del claiming[client_id]
 
+        claiming = self._claiming
+        claiming[client_id] = claiming.get(client_id, 0) + 1
         self.peer.call_then(CLAIM, f"{client_id}\0{address}".encode(), answered)
 
     def will(
@@ -240,6 +252,15 @@ class ProxyCluster:
         self.peer.send(WILL, b"".join(out))
 
     def gone(self, client_id: str) -> None:
+        """The session of `client_id` ended here: nobody owns the id any more. Not while a
+        CLAIM of it is out or being acted on: the core answers (or has answered) that claim
+        with "the id is this proxy's" for the new connection, and this GONE, read after it,
+        would disown the new connection (the next CONNECT elsewhere then gets no TAKE and
+        this one stays open). The ended session's will is cleared instead; the new session
+        registers its own."""
+        if client_id in self._claiming:
+            self.will(client_id, None)
+            return
         self._wills.discard(client_id)
         out: list[bytes] = []
         put_str(out, client_id)

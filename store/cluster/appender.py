@@ -106,6 +106,7 @@ class ClusterAppender:
         auto_create_topics: bool,
         ensure_topic: Callable[[str], int],
         want: Callable[[tuple[str, int], int], None],
+        wrote: Callable[[tuple[str, int], int, bytes], None],
     ) -> None:
         self._loop = loop
         self._counts = counts
@@ -114,6 +115,7 @@ class ClusterAppender:
         self._auto_create_topics = auto_create_topics
         self._ensure_topic = ensure_topic
         self._want = want
+        self._wrote = wrote
         self.producer: Any = None  # the aiokafka producer, set once the log is connected
         self.queue: deque[_Pending] = deque()
         self._wake = asyncio.Event()
@@ -222,9 +224,17 @@ class ClusterAppender:
             base = md.offset
             n = batch.record_count()
             tp = (t, p)
-            if base + n > self._hwm.get(tp, 0):
+            seen = self._hwm.get(tp, 0)
+            if base + n > seen:
                 self._hwm[tp] = base + n
-                self._want(tp, base)  # fetch what we just wrote: the dispatcher reads it next
+                if it is not None or base > seen:
+                    # A raw batch (perhaps several, transactional), or records of other
+                    # writers before ours: fetch them, the dispatcher reads them next.
+                    self._want(tp, min(base, seen) if it is not None else seen)
+            if it is None:
+                # One batch we built: the cluster holds exactly these bytes at `base` (the base
+                # offset is outside the CRC), so the reader gets them without fetching them back.
+                self._wrote(tp, base, batch._build())
             if it is not None:
                 runs[it].append((t, p, base, range(n), batch.size()))
                 continue

@@ -10,9 +10,11 @@ offsets arrive with the cluster's acknowledgement: `AppendResult.staged` and `du
 resolve then (so a PUBACK waits for acks=all). Unknown log topics are created first, with
 `kafka_topic_partitions` partitions and `kafka_replication_factor` replicas.
 
-Reads. Batches live in a `BatchCache`, filled by one fetch task: it fetches what readers
-missed (`FetchPending`, `prefetch`) and, every `poll_ms` when idle, the tail of every partition
-(records produced by other clients, and our own). Every fetch response moves the partition's
+Reads. Batches live in a `BatchCache`. What this node produced goes in as it is acknowledged,
+at the offset the cluster gave it (the bytes the cluster stores, the base offset outside the
+CRC), so its readers never fetch it back. One fetch task fills in the rest: what readers missed
+(`FetchPending`, `prefetch`), records of other writers found before ours, and every `poll_ms`
+when idle the tail of every partition (records produced by other clients and nodes). Every fetch response moves the partition's
 high watermark, last stable offset and log start, and wakes the partition's append listeners,
 so the dispatcher reads again. Fetches are read_committed; which Kafka transactions were
 aborted is learned from their markers (store.cluster.txns). Fetches are raw Fetch requests through aiokafka's client: the record set comes
@@ -27,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import struct
 import threading
 import time
 from collections.abc import Sequence
@@ -55,12 +58,14 @@ from store.config import StoreError, UnknownTopicOrPartitionError
 from store.data_dir_lock import release_data_dir_lock, take_data_dir_lock
 from store.log import OffsetOutOfRangeError
 from store.mapping import MqttMessage
+from store.record_batch import BASE_OFFSET_OFFSET
 from store.store import Store
 
 log = logging.getLogger("lightgate.store.kafka_log")
 
 ERR_OFFSET_OUT_OF_RANGE = 1
-METADATA_EVERY_S = 1.0  # new topics (other nodes, other clients) are found this fast
+METADATA_EVERY_S = 1.0
+_BASE = struct.Struct(">q")  # new topics (other nodes, other clients) are found this fast
 
 
 class ClusterUnreachableError(StoreError):
@@ -117,7 +122,7 @@ class KafkaLog:
         self._meta_at = 0.0
         self.appender = ClusterAppender(
             self._loop, self._counts, self._hwm, self._creating, config.auto_create_topics,
-            self.ensure_topic, self._want,
+            self.ensure_topic, self._want, self._wrote,
         )  # fmt: skip
         self.fsync_latency = self.appender.fsync_latency  # produce → acks=all (for /metrics)
         self.times = OffsetsByTime(
@@ -438,6 +443,15 @@ class KafkaLog:
             cb(tp[0], tp[1], self._hwm[tp])
 
     # --- fetching -------------------------------------------------------------------------------
+
+    def _wrote(self, tp: tuple[str, int], base: int, data: bytes) -> None:
+        """A batch this node produced, acknowledged at `base`: cached as the cluster stores it
+        (its base offset set; the CRC does not cover it), and its readers woken. Fetching it
+        back cost the cluster one Fetch per produce, and slowed its produce answers."""
+        buf = bytearray(data)
+        _BASE.pack_into(buf, BASE_OFFSET_OFFSET, base)
+        self.cache.insert(tp[0], tp[1], bytes(buf))
+        self._fire(tp)
 
     def _want(self, tp: tuple[str, int], offset: int) -> None:
         o = self._wanted.get(tp)
