@@ -325,7 +325,8 @@ class LightQueueService:
         return b""
 
     def _retained(self, peer: RpcPeer, body: bytes) -> bytes:
-        return lw.encode_messages(self.queues.retained.match(lw.decode_str_body(body)))
+        filt, after, limit = lw.decode_retained_req(body)
+        return lw.encode_retained_page(*self.queues.retained.page(filt, after, limit))
 
     def _sessions(self, peer: RpcPeer, body: bytes) -> bytes:
         return lw.encode_sessions(self.queues.sessions.load_all())

@@ -8,12 +8,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from lightqueue.db import Queue, QueueDB
 from lightqueue.dispatcher import Dispatcher
 from lightqueue.keys import (
     KIND_DROPPED,
+    KIND_EXACT,
     P_FILTER,
     block_count,
     block_entries,
@@ -25,12 +27,15 @@ from lightqueue.keys import (
 from lightqueue.topic_trie import FilterTrie
 from store import UnknownTopicOrPartitionError
 from store.backend import LogBackend
+from store.mapping import TopicMappingError, log_topic_for
 
 if TYPE_CHECKING:
     from lightqueue.backfill import Backfill
     from lightqueue.queues import LightQueueConfig
 
 log = logging.getLogger("lightgate.lightqueue")
+
+TRIM_SLICE = 20_000  # queues per slice of a trim pass, the loop free between slices
 
 
 class QueueMaintenance:
@@ -66,11 +71,15 @@ class QueueMaintenance:
             del self._log_starts[tp]
 
     async def run(self) -> None:
-        """The maintenance task: `maintain` every `maintenance_interval_s`."""
+        """The maintenance task: `maintain` every `maintenance_interval_s`, a trim over many
+        queues in slices with the loop free between them."""
         while True:
             await asyncio.sleep(self.config.maintenance_interval_s)
             try:
-                self.maintain()
+                self.gc()
+                for _ in self._trim_steps(False):
+                    await asyncio.sleep(0)
+                self.purge(self.config.purge_per_tick)
             except Exception:
                 log.exception("light-queue maintenance failed")
 
@@ -90,16 +99,35 @@ class QueueMaintenance:
 
     def trim(self, force: bool = False) -> int:
         """Advance queue starts past entries whose records retention deleted; returns queues."""
+        return sum(self._trim_steps(force))
+
+    def _trim_steps(self, force: bool) -> Iterator[int]:
+        """`trim` in slices of TRIM_SLICE queues, yielding how many each moved. Only the log
+        topics whose start moved are looked at: an exact queue of another topic is skipped
+        without a read (with a million topics, a pass over every queue's blocks held the loop
+        for seconds at each retention step, and at every start)."""
         starts = {tp: log_start(self.store, *tp) for tp in self.dispatcher.hwm}
-        if starts == self._log_starts and not force:
-            return 0
+        old = self._log_starts
+        if starts == old and not force:
+            return
         self._log_starts = starts
+        moved = {tp[0] for tp, s in starts.items() if force or s != old.get(tp, 0)}
+        if not moved:
+            return
         db = self.qdb.db
         names = self.qdb.topic_names
-        wb = db.write_batch()
         n = 0
-        for q in self.qdb.queues.values():
+        wb = db.write_batch()
+        for i, q in enumerate(list(self.qdb.queues.values()), 1):
+            if i % TRIM_SLICE == 0:
+                wb.write()
+                yield n
+                n = 0
+                db = self.qdb.db
+                wb = db.write_batch()
             if q.kind == KIND_DROPPED or q.start >= q.next:
+                continue
+            if q.kind == KIND_EXACT and _log_topic_of(q.name) not in moved:
                 continue
             new = q.start
             blocks = db.iterator(start=block_start(db, q.qid, q.start),
@@ -107,13 +135,13 @@ class QueueMaintenance:
             for k, v in blocks:
                 seq = entry_key_seq(k)
                 live = False
-                for i, e in enumerate(block_entries(v)):
-                    if seq + i < new:
+                for j, e in enumerate(block_entries(v)):
+                    if seq + j < new:
                         continue
                     if e is not None and e[2] >= starts.get((names[e[0]], e[1]), 0):
                         live = True
                         break
-                    new = seq + i + 1
+                    new = seq + j + 1
                 if live:
                     break
             if new != q.start:
@@ -122,7 +150,7 @@ class QueueMaintenance:
                 self._purge[q.qid] = new
                 n += 1
         wb.write()
-        return n
+        yield n
 
     def purge(self, budget: int) -> int:
         """Delete up to `budget` entries below their queue's start (trimmed or dropped)."""
@@ -182,6 +210,14 @@ class QueueMaintenance:
         self._backfills.pop(q.name, None)
         self._purge[q.qid] = q.start
         log.info("dropped unheld filter queue %s (next seq %d kept)", q.name, q.next)
+
+
+def _log_topic_of(mqtt_topic: str) -> str | None:
+    """The log topic an exact queue's entries are in (None: unknown, so it is looked at)."""
+    try:
+        return log_topic_for(mqtt_topic)
+    except TopicMappingError:
+        return None
 
 
 def log_start(store: LogBackend, t: str, p: int) -> int:

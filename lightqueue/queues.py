@@ -216,7 +216,7 @@ class LightQueues:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         self._tasks.clear()
-        self.qdb.close()
+        self.qdb.close(clean=self.dispatcher.failed is None)
 
     # -- housekeeping (QueueMaintenance does it) ---------------------------------------------
 

@@ -106,20 +106,34 @@ class RetainedStore:
 
     def match(self, filt: str, now_ms: int | None = None) -> list[StoredMessage]:
         """Retained messages whose topic matches `filt`, expired ones dropped (and deleted)."""
+        return self.page(filt, None, 0, now_ms)[0]
+
+    def page(
+        self, filt: str, after: bytes | None, limit: int, now_ms: int | None = None
+    ) -> tuple[list[StoredMessage], bytes | None]:
+        """Up to `limit` (0: all) retained messages matching `filt` whose keys sort after
+        `after`, and the cursor to pass next (None: no more). A `#` subscriber of a million
+        retained topics is fed page by page: neither side holds them all at once."""
         validate_filter(filt)
         now = int(time.time() * 1000) if now_ms is None else now_ms
         levels = [lv.encode("utf-8") for lv in filt.split("/")]
         out: list[StoredMessage] = []
         expired: list[str] = []
-        for key, v in self._walk(P_RETAINED, levels, 0):
+        cursor: bytes | None = None
+        for key, v in self._walk(P_RETAINED, levels, 0, after):
+            if limit and len(out) == limit:
+                break
+            cursor = key
             m = _decode(retained_topic(key), v)
             if m.expired(now):
                 expired.append(m.topic)
             else:
                 out.append(m)
+        else:
+            cursor = None
         for t in expired:
             self.delete(t)
-        return out
+        return out, cursor
 
     def count_keys_visited(self, filt: str) -> int:
         """Keys the walk for `filt` reads (tests prove a lookup does not scan everything)."""
@@ -130,46 +144,57 @@ class RetainedStore:
     _visited = 0
 
     # -- the walk --------------------------------------------------------------------------
-    def _walk(self, base: bytes, levels: list[bytes], i: int) -> Iterator[tuple[bytes, Any]]:
+    def _walk(
+        self, base: bytes, levels: list[bytes], i: int, after: bytes | None
+    ) -> Iterator[tuple[bytes, Any]]:
         """Keys under `base` (levels 0..i-1 joined by NUL; `r` alone at i == 0) matching
-        `levels[i:]`. `base` itself is the key of the topic made of those levels."""
+        `levels[i:]`, in key order, each greater than `after` when given. `base` itself is the
+        key of the topic made of those levels."""
         db = self._db
         n = len(levels)
         if i == n:
-            v = db.get(base)
-            self._visited += 1
-            if v is not None:
-                yield base, v
+            if after is None or base > after:
+                v = db.get(base)
+                self._visited += 1
+                if v is not None:
+                    yield base, v
             return
         lv = levels[i]
         child_prefix = base + _SEP if i > 0 else base
         if lv == b"#":
-            if i > 0:  # `a/#` also matches `a` (MQTT 5 §4.7.1.2)
+            if i > 0 and (after is None or base > after):  # `a/#` also matches `a` (§4.7.1.2)
                 v = db.get(base)
                 self._visited += 1
                 if v is not None:
                     yield base, v
             it = db.iterator(prefix=child_prefix)
-            if i == 0:
-                it.seek(child_prefix)  # `#` at level 0 must skip `$` topics
+            if after is not None and after >= child_prefix:
+                it.seek(after + b"\x00")  # the first key after `after`
+            elif i == 0:
+                it.seek(child_prefix)
             for k, v in it:
                 self._visited += 1
-                if i == 0 and k[1:2] == b"$":
+                if i == 0 and k[1:2] == b"$":  # `#` at level 0 skips `$` topics
                     it.seek(P_RETAINED + b"%")  # '$' + 1: past every `$...` first level
+                    continue
+                if after is not None and k <= after:
                     continue
                 yield k, v
             return
         if lv != b"+":
-            yield from self._walk(child_prefix + lv, levels, i + 1)
+            yield from self._walk(child_prefix + lv, levels, i + 1, after)
             return
         # `+`: enumerate the distinct values of level i, skipping each one's subtree.
         it = db.iterator(prefix=child_prefix, include_value=False)
         plen = len(child_prefix)
+        if after is not None and after.startswith(child_prefix):
+            j = after.find(_SEP, plen)
+            it.seek(after if j < 0 else after[:j])  # resume in the subtree holding `after`
         for k in it:
             self._visited += 1
             rest = k[plen:]
             j = rest.find(_SEP)
             value = rest if j < 0 else rest[:j]
             if not (i == 0 and value[:1] == b"$"):
-                yield from self._walk(child_prefix + value, levels, i + 1)
+                yield from self._walk(child_prefix + value, levels, i + 1, after)
             it.seek(child_prefix + value + _SKIP)

@@ -14,7 +14,8 @@ Wire bodies (str = u16 length + UTF-8; `codec` = lightqueue.codec, used for the 
     RELEASE   str queue                                   (one-way)
     RETAIN    codec [topic, payload, qos, client id, props, ts, [log topic, partition, offset]]
               → empty, once written (a retained PUBLISH is acknowledged after this answer)
-    RETAINED  str filter → u32 n | n × message
+    RETAINED  str filter | u32 limit | u8 has cursor | [u32 len | cursor] → u8 has cursor |
+              [u32 len | cursor] | u32 n | n × message   (one page; no cursor: the last page)
     SESSIONS  → codec [state, ...];  PUT_SESSIONS codec [[client id, state], ...] (call or one-way)
     DEL_SESSION str client id                             (one-way)
     INDEXED   (core → proxy, one-way) i64 records the dispatcher has indexed since it opened
@@ -42,7 +43,7 @@ from lightqueue.model import Position, ReadResult, StoredMessage, props_from_obj
 from store.mapping import MqttProperties
 from store.wire import WireError, get_str, put_str
 from store.wire import decode_str_body as decode_str_body  # the one-str bodies (RELEASE,
-from store.wire import str_body as str_body  # WATCH, UNWATCH, RETAINED, DEL_SESSION)
+from store.wire import str_body as str_body  # WATCH, UNWATCH, DEL_SESSION)
 
 READ, RESOLVE, ACQUIRE, RELEASE, RETAIN, RETAINED = 32, 33, 34, 35, 36, 37
 SESSIONS, PUT_SESSIONS, DEL_SESSION, INDEXED = 38, 39, 40, 41
@@ -134,6 +135,56 @@ def decode_message(body: bytes, pos: int) -> tuple[StoredMessage | None, int]:
     if part == 0xFFFFFFFF:
         part = -1
     return StoredMessage(topic, payload, qos, cid, bool(flags & 2), props, ts, lt, part, off), pos
+
+
+def _put_cursor(out: list[bytes], cursor: bytes | None) -> None:
+    if cursor is None:
+        out.append(b"\x00")
+    else:
+        out.append(b"\x01" + _U32.pack(len(cursor)) + cursor)
+
+
+def _get_cursor(body: bytes, pos: int) -> tuple[bytes | None, int]:
+    if body[pos] == 0:
+        return None, pos + 1
+    (n,) = _U32.unpack_from(body, pos + 1)
+    end = pos + 5 + n
+    if end > len(body):
+        raise WireError("truncated cursor")
+    return body[pos + 5 : end], end
+
+
+def encode_retained_req(filt: str, after: bytes | None, limit: int) -> bytes:
+    out: list[bytes] = []
+    put_str(out, filt)
+    out.append(_U32.pack(limit))
+    _put_cursor(out, after)
+    return b"".join(out)
+
+
+def decode_retained_req(body: bytes) -> tuple[str, bytes | None, int]:
+    try:
+        filt, pos = get_str(body, 0)
+        (limit,) = _U32.unpack_from(body, pos)
+        after, _ = _get_cursor(body, pos + 4)
+    except (struct.error, IndexError) as e:
+        raise WireError(f"bad RETAINED request: {e}") from e
+    return filt, after, limit
+
+
+def encode_retained_page(msgs: Sequence[StoredMessage], cursor: bytes | None) -> bytes:
+    out: list[bytes] = []
+    _put_cursor(out, cursor)
+    return b"".join(out) + encode_messages(msgs)
+
+
+def decode_retained_page(body: bytes) -> tuple[list[StoredMessage], bytes | None]:
+    try:
+        cursor, pos = _get_cursor(body, 0)
+        msgs = decode_messages(body[pos:])
+    except (struct.error, IndexError) as e:
+        raise WireError(f"bad RETAINED page: {e}") from e
+    return [m for m in msgs if m is not None], cursor
 
 
 def encode_messages(msgs: Sequence[StoredMessage | None]) -> bytes:

@@ -45,6 +45,8 @@ EntriesSink: TypeAlias = Callable[[str, int, Entries], None]  # (queue, first se
 RoundSink: TypeAlias = Callable[[Sequence[tuple[str, int, Entries]]], None]
 Claimed: TypeAlias = Callable[[dict[str, Any] | None], None]  # the state handed over, or None
 Banned: TypeAlias = Callable[["Ban"], None]
+# One page of retained messages and the cursor of the next (None: that was the last page).
+RetainedPageSink: TypeAlias = Callable[[list[StoredMessage], bytes | None], None]
 
 
 class LogPort(Protocol):
@@ -188,7 +190,9 @@ class QueuesPort(Protocol):
         """Set or clear a retained message; None when done, else the core's answer."""
         ...
 
-    def retained_for(self, filt: str, done: Callable[[list[StoredMessage]], None]) -> None: ...
+    def retained_page(
+        self, filt: str, after: bytes | None, limit: int, done: RetainedPageSink
+    ) -> None: ...
 
     async def load_sessions(self) -> list[SessionState]: ...
 

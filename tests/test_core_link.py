@@ -328,7 +328,8 @@ async def test_remote_reads_resolve_retained_sessions(tmp_path: Path) -> None:
     props = MqttProperties(None, 3600, None, None, None, (("a", "b"),))
     now = int(time.time() * 1000)
     assert await rq.retain("s/1/t", b"keep", 1, "c9", props, now, ("s", 1, 7)) == b""
-    [m] = await rq.retained_match("s/+/t")
+    [m], cursor = await rq.retained_page("s/+/t", None, 10)
+    assert cursor is None  # one page held everything
     assert (m.topic, m.payload, m.qos, m.client_id, m.retain, m.properties, m.timestamp_ms) == (
         "s/1/t", b"keep", 1, "c9", True, props, now,
     )  # fmt: skip

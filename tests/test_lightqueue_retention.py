@@ -72,6 +72,41 @@ async def test_retention_trims_queues(tmp_path: Path) -> None:
     await store.close()
 
 
+async def test_trim_reads_only_the_topics_whose_start_moved(tmp_path: Path, monkeypatch) -> None:
+    """A moved log start trims the exact queues of that log topic (and the filter queues), in
+    slices; another topic's queues are not read at all, whatever their number: a queue of `k/`
+    whose blocks would make the walk fail shows that none of its blocks was opened."""
+    import lightqueue.maintenance as maint
+
+    monkeypatch.setattr(maint, "TRIM_SLICE", 3)
+    store, lq = await open_small(tmp_path)
+    await lq.start()
+    for i in range(0, 200, 20):
+        store.append_mqtt([MqttMessage(f"r/{j % 5}", b"o", 1, "c", timestamp_ms=NOW - 3_600_000)
+                           for j in range(i, i + 20)])  # fmt: skip
+        store.append_mqtt([msg(f"k/{j % 7}") for j in range(i, i + 20)])
+        await flushed(store)
+        lq.dispatcher.catch_up()
+    store.append_mqtt([msg(f"r/{j % 5}") for j in range(10)])
+    await flushed(store)
+    lq.dispatcher.catch_up()
+    lq.trim()  # the first look: nothing moved from 0 yet
+    assert store.enforce_retention() > 0
+    assert store.log_start_offset("k", 0) == 0 < store.log_start_offset("r", 0)
+    seen: list[int] = []
+    real = maint.block_start
+    monkeypatch.setattr(
+        maint, "block_start", lambda db, qid, seq: seen.append(qid) or real(db, qid, seq)
+    )
+    assert lq.trim() == 5  # r/0..r/4, in slices of 3 queues
+    k_qids = {lq.qdb.queues[f"k/{j}"].qid for j in range(7)}
+    assert seen and not k_qids & set(seen)
+    assert all(lq.info(f"r/{j}")[1] > 0 for j in range(5))  # type: ignore[index]
+    assert all(lq.info(f"k/{j}")[1] == 0 for j in range(7))  # type: ignore[index]
+    await lq.close()
+    await store.close()
+
+
 async def test_unheld_filter_dropped_after_grace_and_never_reuses_seqs(tmp_path: Path) -> None:
     store, lq = await open_small(tmp_path, filter_grace_s=30.0)
     await lq.start()

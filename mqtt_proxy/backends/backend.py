@@ -31,7 +31,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, cast
 
-from lightqueue.model import Position, ReadResult, StoredMessage
+from lightqueue.model import Position, ReadResult
 from mqtt_proxy.ports import (
     Acquired,
     ClusterPort,
@@ -42,6 +42,7 @@ from mqtt_proxy.ports import (
     Message,
     NotifierPort,
     QueuesPort,
+    RetainedPageSink,
     RoundSink,
     SessionState,
 )
@@ -236,8 +237,11 @@ class Backend:
         when done at once, else the future of the core's answer (written when it resolves)."""
         raise NotImplementedError
 
-    def retained_for(self, filt: str, done: Callable[[list[StoredMessage]], None]) -> None:
-        """Unexpired retained messages matching `filt` (a tree walk, not a scan)."""
+    def retained_page(
+        self, filt: str, after: bytes | None, limit: int, done: RetainedPageSink
+    ) -> None:
+        """Up to `limit` unexpired retained messages matching `filt` after the cursor `after`
+        (a tree walk, not a scan), then the next cursor."""
         raise NotImplementedError
 
     async def load_sessions(self) -> list[SessionState]:
@@ -374,8 +378,10 @@ class LocalBackend(Backend):
         )
         return None
 
-    def retained_for(self, filt: str, done: Callable[[list[StoredMessage]], None]) -> None:
-        done(self.queues.retained.match(filt))
+    def retained_page(
+        self, filt: str, after: bytes | None, limit: int, done: RetainedPageSink
+    ) -> None:
+        done(*self.queues.retained.page(filt, after, limit))
 
     async def load_sessions(self) -> list[SessionState]:
         return list(self.queues.sessions.load_all())

@@ -12,7 +12,14 @@ from typing import TYPE_CHECKING
 
 from lightqueue.model import ReadResult, StoredMessage
 from mqtt_proxy.backends.backend import Backend
-from mqtt_proxy.ports import Acquired, Entries, LoadDone, NotifierPort, SessionState
+from mqtt_proxy.ports import (
+    Acquired,
+    Entries,
+    LoadDone,
+    NotifierPort,
+    RetainedPageSink,
+    SessionState,
+)
 from mqtt_proxy.sessions.topic_filters import FilterSpec
 from store.mapping import MqttMessage
 
@@ -115,15 +122,17 @@ class RemoteBackend(Backend):
         fut.add_done_callback(_log_retain_failure)
         return fut
 
-    def retained_for(self, filt: str, done: Callable[[list[StoredMessage]], None]) -> None:
-        def answered(f: asyncio.Future[list[StoredMessage | None]]) -> None:
+    def retained_page(
+        self, filt: str, after: bytes | None, limit: int, done: RetainedPageSink
+    ) -> None:
+        def answered(f: asyncio.Future[tuple[list[StoredMessage], bytes | None]]) -> None:
             if f.cancelled() or f.exception() is not None:
                 log.warning("retained lookup for %r failed: %r", filt, f.exception())
-                done([])
+                done([], None)
             else:
-                done([m for m in f.result() if m is not None])
+                done(*f.result())
 
-        self.queues.retained_match(filt).add_done_callback(answered)
+        self.queues.retained_page(filt, after, limit).add_done_callback(answered)
 
     async def load_sessions(self) -> list[SessionState]:
         return list(await self.queues.load_sessions())

@@ -95,8 +95,11 @@ class RemoteLightQueues:
         )
         return self.peer.call(wire.RETAIN, body)
 
-    def retained_match(self, filt: str) -> asyncio.Future[list[StoredMessage | None]]:
-        return _then(self._call(wire.RETAINED, wire.str_body(filt)), wire.decode_messages)
+    def retained_page(
+        self, filt: str, after: bytes | None, limit: int
+    ) -> asyncio.Future[tuple[list[StoredMessage], bytes | None]]:
+        body = wire.encode_retained_req(filt, after, limit)
+        return _then(self._call(wire.RETAINED, body), wire.decode_retained_page)
 
     async def load_sessions(self) -> list[SessionState]:
         return wire.decode_sessions(await self._call(wire.SESSIONS, b""))

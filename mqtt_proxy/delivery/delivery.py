@@ -209,6 +209,8 @@ class Delivery:
         subscription is not marked: its pump would find nothing (`read_range` reads nothing
         past `last_seq`), and a caught-up QoS 1 reader's every PUBACK cost a pump that found
         nothing. A `$share` member is always marked: acks credit its group."""
+        for feed in session.feeds[:]:  # retained messages waiting for room go first
+            feed.pump()
         for sub in session.subs.values():
             if sub.local:
                 continue

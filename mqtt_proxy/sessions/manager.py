@@ -35,10 +35,9 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from lightqueue.model import StoredMessage
-from mqtt_proxy.delivery.queue_cache import CachedMsg
 from mqtt_proxy.ports import SessionState
-from mqtt_proxy.sessions.state import Inflight, Session, Subscription, Will
+from mqtt_proxy.sessions.retained_feed import RetainedFeed
+from mqtt_proxy.sessions.state import Session, Subscription, Will
 from mqtt_proxy.sessions.topic_filters import FilterSpec
 
 if TYPE_CHECKING:
@@ -306,6 +305,9 @@ class SessionManager:
         if report is not None and not server.closing:  # flapping detection (store/bans.py)
             report(cid, conn.remote.rpartition(":")[0])
         server.conn_log.event("closed", conn.conn_id, "client %r: %s", cid, reason or "closed")
+        for feed in session.feeds[:]:  # retained messages no longer wanted: release the queues
+            if feed.conn is conn:
+                feed.finish()
         if session.conn is not conn:
             return  # already taken over by a newer connection
         session.conn = None
@@ -473,28 +475,31 @@ class SessionManager:
         return sub if initial else None
 
     def send_initial(self, subs: list[Subscription], done: Callable[[], None]) -> None:
-        """What new subscriptions get at once: retained messages, or `$SYS` values; then they
-        are released to delivery and `done` runs (after the last answer, in order)."""
+        """What new subscriptions get at once: retained messages, or `$SYS` values. `done` runs
+        once each has its first page written (in order); each is released to delivery when
+        its last retained message is written."""
         pending = [len(subs) + 1]
 
-        def one_done(sub: Subscription | None) -> None:
-            if sub is not None:
-                sub.held = False
-                if sub.session.conn is not None and not sub.local:
-                    qs = self.server.delivery.queues.get(sub.queue)
-                    if qs is not None:
-                        self.server.delivery.mark(qs)
+        def one_started() -> None:
             pending[0] -= 1
             if pending[0] == 0:
                 done()
 
+        def release(sub: Subscription) -> None:
+            sub.held = False
+            if sub.session.conn is not None and not sub.local:
+                qs = self.server.delivery.queues.get(sub.queue)
+                if qs is not None:
+                    self.server.delivery.mark(qs)
+
         for sub in subs:
             if sub.local:
                 self.server.sys.send_current(sub)
-                one_done(sub)
+                release(sub)
+                one_started()
             else:
-                self.send_retained(sub, one_done)
-        one_done(None)
+                self.send_retained(sub, one_started, release)
+        one_started()
 
     def save(self, session: Session, done: Callable[[], None]) -> None:
         """Write one persistent session now (SUBSCRIBE / UNSUBSCRIBE, before their ack), then
@@ -520,50 +525,16 @@ class SessionManager:
         return True
 
     def send_retained(
-        self, sub: Subscription, done: Callable[[Subscription], None] | None = None
+        self,
+        sub: Subscription,
+        started: Callable[[], None],
+        finished: Callable[[Subscription], None],
     ) -> None:
-        conn = sub.session.conn
-        if conn is None:
-            if done is not None:
-                done(sub)
+        if sub.session.conn is None:
+            started()
+            finished(sub)
             return
-
-        def found(msgs: list[StoredMessage]) -> None:
-            self._write_retained(sub, msgs)
-            if done is not None:
-                done(sub)
-
-        self.server.backend.retained_for(sub.spec.filter, found)
-
-    def _write_retained(self, sub: Subscription, msgs: list[StoredMessage]) -> None:
-        conn = sub.session.conn
-        if not msgs or conn is None or conn.closed:
-            return
-        now_ms = int(time.time() * 1000)
-        session = sub.session
-        out = []
-        acl = conn.acl
-        for stored in msgs:
-            m = CachedMsg.from_stored(stored)
-            if m.expired(now_ms) or (acl is not None and not acl.can_read(m.topic)):
-                continue
-            qos = min(m.qos, sub.qos)
-            sids = (sub.sub_id,) if (conn.v5 and sub.sub_id) else ()
-            tpl = m.template(qos, True, conn.v5, sids, now_ms)
-            if qos:
-                if len(session.inflight) >= 65000:
-                    break
-                pid = session.alloc_pid()
-                data = tpl.packet(pid)
-                session.inflight[pid] = Inflight("", -1, qos, data, False, sub.spec.raw)
-            else:
-                pid = 0
-                data = tpl.data
-            if conn.out_aliases is not None:
-                data = conn.out_aliases.packet(m.topic, tpl, pid, data)
-            out.append(data)
-        if out:
-            conn.write_delivery(b"".join(out), len(out), sum(map(len, out)))
+        RetainedFeed(self.server.backend.retained_page, sub, started, lambda: finished(sub)).start()
 
 
 def _pending_from_inflight(s: Session) -> None:

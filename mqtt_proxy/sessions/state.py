@@ -101,6 +101,7 @@ class Session:
     expiry_timer: asyncio.TimerHandle | None = None
     will_timer: asyncio.TimerHandle | None = None
     dirty: bool = False
+    feeds: list[Any] = field(default_factory=list)  # RetainedFeeds waiting for room to write
 
     def alloc_pid(self) -> int:
         """Next free packet id (1..65535) not in flight."""
