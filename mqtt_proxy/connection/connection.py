@@ -46,8 +46,8 @@ from mqtt_proxy.delivery.topic_aliases import OutAliases
 
 if TYPE_CHECKING:
     from mqtt_proxy.codec import Properties
-    from mqtt_proxy.ports import PeerPort
-    from mqtt_proxy.server import MqttServer
+    from mqtt_proxy.context import ProxyContext
+    from mqtt_proxy.ports import ClientPort
     from mqtt_proxy.sessions.state import Session
     from store.auth import ClientAcl
 
@@ -57,7 +57,7 @@ PACKET_TOO_LARGE = 0x95
 
 class MqttConnection(asyncio.Protocol):
     __slots__ = (
-        "server",
+        "ctx",
         "transport",
         "codec",
         "session",
@@ -96,11 +96,11 @@ class MqttConnection(asyncio.Protocol):
         "internal",
     )
 
-    def __init__(self, server: MqttServer) -> None:
-        self.server = server
+    def __init__(self, ctx: ProxyContext) -> None:
+        self.ctx = ctx  # what this connection uses of the proxy around it (context.py)
         self.transport: asyncio.Transport = None  # type: ignore[assignment]
         # max_packet_size 0 = no limit of ours (as in Mosquitto): MQTT's own 256 MiB still applies.
-        limit = server.settings.max_packet_size or PROTOCOL_MAX_PACKET_SIZE
+        limit = ctx.settings.max_packet_size or PROTOCOL_MAX_PACKET_SIZE
         self.codec = Connection(SERVER, max_packet_size=limit)
         self.session: Session | None = None
         self.client_id = ""
@@ -110,8 +110,8 @@ class MqttConnection(asyncio.Protocol):
         self.closed = False
         self.keepalive = 0.0
         self.last_rx = 0.0
-        self.ka_slot = 0  # the server's KeepaliveWheel files us here
-        self.out_window = server.settings.receive_maximum
+        self.ka_slot = 0  # the KeepaliveWheel files us here
+        self.out_window = ctx.settings.receive_maximum
         self.max_out_packet = 0  # v5 client's Maximum Packet Size; 0 = unlimited
         self.session_overlap = False
         self.will_on_close = True
@@ -119,7 +119,7 @@ class MqttConnection(asyncio.Protocol):
         self.username: str | None = None  # as CONNECT gave it, or the certificate's CN
         self.disconnect_reason = ""
         self.connected = False
-        self._loop = server.loop
+        self._loop = ctx.loop
         self._blocked = False  # an operation of this connection waits for the core (block())
         self._held: list[Packet] = []  # packets received meanwhile, handled on unblock()
         self.paused_since = 0.0  # loop time of the last pause_writing (delivery's slow check)
@@ -137,7 +137,7 @@ class MqttConnection(asyncio.Protocol):
         # `_expiry` closes the connection when that token expires.
         self.token_acl: ClientAcl | None = None
         self._expiry: asyncio.TimerHandle | None = None
-        self.conn_id = server.conn_log.new_id()
+        self.conn_id = ctx.conn_log.new_id()
         # Server-assigned outbound topic aliases (topic_aliases.py), set at CONNECT for a v5
         # client that announced a Topic Alias Maximum; per connection, so a reconnect starts over.
         self.out_aliases: OutAliases | None = None
@@ -145,10 +145,10 @@ class MqttConnection(asyncio.Protocol):
         # bytes read and dropped meanwhile.
         self._linger: asyncio.TimerHandle | None = None
         self._drained = 0
-        # The counters this connection's traffic goes to: the server's, or its `internal_counters`
+        # The counters this connection's traffic goes to: users', or `internal_counters`
         # once CONNECT names an internal client (a probe), so that users' figures never count it
         # and the hot paths pay nothing for the choice.
-        self.counters: dict[str, int] = server.counters
+        self.counters: dict[str, int] = ctx.counters
         self.internal = False  # a proven internal client (a probe): no ACL, no auth hook
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
@@ -157,12 +157,12 @@ class MqttConnection(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         self.remote = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer or "")
         self.last_rx = self.opened_at = self._loop.time()
-        self.over_conn_rate = not self.server.connection_allowed(peer)
-        transport.set_write_buffer_limits(high=self.server.settings.write_high_water)  # type: ignore[attr-defined]
+        self.over_conn_rate = not self.ctx.connection_allowed(peer)
+        transport.set_write_buffer_limits(high=self.ctx.settings.write_high_water)  # type: ignore[attr-defined]
         # A client must send CONNECT promptly: the keep alive timer doubles as CONNECT timeout.
-        timeout = self.server.settings.connect_timeout_s
+        timeout = self.ctx.settings.connect_timeout_s
         self.keepalive = timeout / 1.5
-        self.server.keepalive.add(self, self.last_rx + timeout)
+        self.ctx.keepalive.add(self, self.last_rx + timeout)
 
     def data_received(self, data: bytes) -> None:
         if self.closed:  # lingering after our last answer (linger.py): read and drop
@@ -195,9 +195,9 @@ class MqttConnection(asyncio.Protocol):
             return
         published = self._handle(packets)
         self.counters["bytes_received"] += len(data)
-        if published and self.server.inbound.throttled and not self.closed:
+        if published and self.ctx.inbound.throttled and not self.closed:
             # Only publishers are held back: a subscriber's PUBACKs are what frees delivery.
-            self.server.inbound.throttle(self)
+            self.ctx.inbound.throttle(self)
 
     def _handle(
         self, packets: list[Packet], _Publish: type[Publish] = Publish, _Puback: type = Puback
@@ -310,8 +310,8 @@ class MqttConnection(asyncio.Protocol):
         published = bool(held) and self._handle(held)
         if not self._blocked and not self.closed:
             self.resume_reading()
-            if published and self.server.inbound.throttled:
-                self.server.inbound.throttle(self)
+            if published and self.ctx.inbound.throttled:
+                self.ctx.inbound.throttle(self)
 
     def resume_reading(self) -> None:
         """Read again, unless this connection is blocked (a SUBSCRIBE, the publish rate)."""
@@ -326,11 +326,11 @@ class MqttConnection(asyncio.Protocol):
     def resume_writing(self) -> None:
         self.writable = True
         if self.session is not None and self.connected:
-            self.server.delivery.mark_session(self.session)
+            self.ctx.delivery.mark_session(self.session)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.ka_slot:
-            self.server.keepalive.remove(self)
+            self.ctx.keepalive.remove(self)
         if self._expiry is not None:
             self._expiry.cancel()
             self._expiry = None
@@ -345,18 +345,18 @@ class MqttConnection(asyncio.Protocol):
         if self.connected:
             self.connected = False
             reason = self.disconnect_reason or "connection lost"
-            self.server.sessions.disconnected(self, reason)
+            self.ctx.sessions.disconnected(self, reason)
 
     # -- keep alive ----------------------------------------------------------------------------
     def start_keepalive(self, seconds: int) -> None:
         self.keepalive = seconds
         if seconds:
-            self.server.keepalive.add(self, self.last_rx + seconds * 1.5)
+            self.ctx.keepalive.add(self, self.last_rx + seconds * 1.5)
         else:
-            self.server.keepalive.remove(self)
+            self.ctx.keepalive.remove(self)
 
     def _keepalive_check(self) -> None:
-        """Called by the server's KeepaliveWheel at (or just after) our deadline."""
+        """Called by the KeepaliveWheel at (or just after) our deadline."""
         if self.closed:
             return
         now = self._loop.time()
@@ -365,7 +365,7 @@ class MqttConnection(asyncio.Protocol):
         if self.connected:
             deadline = self.last_rx + self.keepalive * 1.5
         else:  # CONNECT must be complete this long after accept, however slowly it trickles
-            deadline = self.opened_at + self.server.settings.connect_timeout_s
+            deadline = self.opened_at + self.ctx.settings.connect_timeout_s
         if now >= deadline:
             what = "keep alive timeout" if self.connected else "no CONNECT in time"
             self.disconnect_reason = what
@@ -373,7 +373,7 @@ class MqttConnection(asyncio.Protocol):
                 self._bad(what)  # (a connected one: the conn log's `closed` line says why)
             self.close_with(0x8D, linger=False)  # MQTT 5 §3.1.2.10: v5 clients learn why
             return
-        self.server.keepalive.add(self, deadline)
+        self.ctx.keepalive.add(self, deadline)
 
     # -- writing -------------------------------------------------------------------------------
     def write(self, data: bytes) -> None:
@@ -465,7 +465,7 @@ class MqttConnection(asyncio.Protocol):
         self._linger = linger_close(self.transport, self._loop)
         if self.connected:
             self.connected = False
-            self.server.sessions.disconnected(self, self.disconnect_reason or "closed")
+            self.ctx.sessions.disconnected(self, self.disconnect_reason or "closed")
 
     def protocol_error(self, err: RemoteProtocolError | int, detail: str) -> None:
         """Bad input: log once, CONNACK/DISCONNECT with the reason where the spec allows, close."""
@@ -484,7 +484,7 @@ class MqttConnection(asyncio.Protocol):
 
     def _bad(self, reason: str) -> None:
         listener = "websocket" if self.transport.get_extra_info("websocket") else "mqtt"
-        self.server.bad_clients.bad(
+        self.ctx.bad_clients.bad(
             listener, self.remote, reason, client_id=self.client_id, conn=self.conn_id
         )
 
@@ -522,7 +522,7 @@ class MqttConnection(asyncio.Protocol):
         self.close_with(0x8E)
         if self.connected:  # closed already (without linger) but not yet lost: detach now
             self.connected = False
-            self.server.sessions.disconnected(self, "session taken over")
+            self.ctx.sessions.disconnected(self, "session taken over")
 
     def expire_at(self, delay_s: float) -> None:
         """Close this connection in `delay_s` seconds, when its credential (a JWT) expires."""
@@ -538,7 +538,7 @@ class MqttConnection(asyncio.Protocol):
         closed. The will is published, as for any close the client did not ask for."""
         self._expiry = None
         self.disconnect_reason = "token expired"
-        self.server.counters["tokens_expired"] += 1
+        self.ctx.counters["tokens_expired"] += 1
         self.close_with(ReasonCode.MAXIMUM_CONNECT_TIME)
 
     def hold(self, packets: Sequence[Packet]) -> None:
@@ -548,12 +548,12 @@ class MqttConnection(asyncio.Protocol):
             self.transport.pause_reading()
 
     def refresh_acl(self) -> None:
-        """Take the current rules of `server.security` for this user and client id (the rights of
+        """Take the current rules of `security` for this user and client id (the rights of
         its token instead when the token carried some)."""
         if self.token_acl is not None or self.internal:
             self.acl = self.token_acl
             return
-        security = self.server.security
+        security = self.ctx.access.security
         acl = security.acl
         self.acl = None if acl.allows_everything else acl.for_client(self.username, self.client_id)
 
@@ -566,7 +566,7 @@ class MqttConnection(asyncio.Protocol):
         self.connected = True
         self.session_overlap = session.overlapping
         self.start_keepalive(keepalive)
-        s = self.server.settings
+        s = self.ctx.settings
         if s.max_publish_rate > 0 or s.max_publish_bytes_rate > 0:
             now = self._loop.time()
             self.rate = PublishLimit(s.max_publish_rate, s.max_publish_bytes_rate, now)
@@ -574,5 +574,5 @@ class MqttConnection(asyncio.Protocol):
 
 if TYPE_CHECKING:
 
-    def _is_a_peer(conn: MqttConnection) -> PeerPort:
+    def _is_a_peer(conn: MqttConnection) -> ClientPort:
         return conn  # mypy: a connection is what delivery and the sessions take it for
