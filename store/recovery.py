@@ -15,7 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from store.log import Log, fsync_dir, seal_segment, write_text_atomic
+from store.durable_files import fsync_dir, seal_segment, write_text_atomic
+from store.log import Log
 from store.topic_admin import remove_orphans
 
 log = logging.getLogger("lightgate.store")

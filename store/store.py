@@ -34,16 +34,15 @@ from store.config import (
     UnknownTopicOrPartitionError,
 )
 from store.data_dir_lock import release_data_dir_lock, take_data_dir_lock
-from store.latency import LatencyHistogram
-from store.log import (
+from store.durable_files import (
     RECOVERY_POINT_FILE,
-    Log,
-    OffsetOutOfRangeError,
     delete_segment_files,
     fsync_dir,
     seal_segment,
     write_text_atomic,
 )
+from store.latency import LatencyHistogram
+from store.log import Log, OffsetOutOfRangeError
 from store.mapping import (
     MqttMessage,
     is_valid_log_topic,
