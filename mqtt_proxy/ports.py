@@ -8,8 +8,11 @@ in-process `InProcessNotifier` and the link's `LinkNotifier`; `LocalBackend` and
 one twin, and mypy checks that every twin satisfies it (`_twins` at the end of
 backends/backend.py; `_is_a_peer` at the end of connection/connection.py).
 
-`PeerPort` is what delivery and the session code use of a client connection, so they type it
-without importing `connection/connection.py` (which imports the handlers, which import the sessions...).
+`PeerPort` is what delivery uses of a client connection, `ClientPort` what the session registry,
+inbound batching and the rights use of it: they type it without importing
+`connection/connection.py` (which imports the handlers, which hold the context of them all).
+`GroupHostPort`, `WakePort` and `HandOffPort` are the slices of delivery and of the session
+registry that `$share` group delivery and the cluster link use.
 
 Only structure lives here: no behaviour.
 """
