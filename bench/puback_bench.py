@@ -1,6 +1,6 @@
 """What a read chunk of PUBACKs costs the proxy (`handlers.handle_pubacks`): ns per PUBACK, 64
 per call, on real Session / Subscription / Inflight objects and the real `Delivery` crediting
-(a stand-in holds only what handle_pubacks reaches through: conn.server.delivery, and
+(a stand-in holds only what handle_pubacks reaches through: conn.ctx.delivery, and
 `mark_session`, which does nothing here). A lagging QoS 1 reader of a fan-in acks ~60k/s.
 
     .venv/bin/python bench/puback_bench.py [TREE]   (TREE: another checkout's code, e.g. a work tree)
@@ -33,7 +33,7 @@ def main() -> None:
     for name in ("acked", "acked_many"):  # the real methods, on the stand-in
         if hasattr(Delivery, name):
             setattr(delivery, name, getattr(Delivery, name).__get__(delivery))
-    conn = SimpleNamespace(session=session, server=SimpleNamespace(delivery=delivery))
+    conn = SimpleNamespace(session=session, ctx=SimpleNamespace(delivery=delivery))
     packets = [Puback(i) for i in range(1, N + 1)]
     infs = {i: Inflight("a/#", 1000 + i, 1, b"", filter_raw="a/#") for i in range(1, N + 1)}
     pend = {1000 + i: i for i in range(1, N + 1)}

@@ -113,7 +113,7 @@ async def run_proxy(
     server.delivery.leases = cluster
     if server.report_disconnect is not None:  # flapping detection: the core counts
         server.report_disconnect = cluster.flapped
-    cluster.server = server
+    cluster.delivery, cluster.sessions = server.delivery, server.sessions
     endpoints: dict[str, tuple[str, int]] = {}
     try:
         await server.start()

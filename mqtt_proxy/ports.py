@@ -8,8 +8,11 @@ in-process `InProcessNotifier` and the link's `LinkNotifier`; `LocalBackend` and
 one twin, and mypy checks that every twin satisfies it (`_twins` at the end of
 backends/backend.py; `_is_a_peer` at the end of connection/connection.py).
 
-`PeerPort` is what delivery and the session code use of a client connection, so they type it
-without importing `connection/connection.py` (which imports the handlers, which import the sessions...).
+`PeerPort` is what delivery uses of a client connection, `ClientPort` what the session registry,
+inbound batching and the rights use of it: they type it without importing
+`connection/connection.py` (which imports the handlers, which hold the context of them all).
+`GroupHostPort`, `WakePort` and `HandOffPort` are the slices of delivery and of the session
+registry that `$share` group delivery and the cluster link use.
 
 Only structure lives here: no behaviour.
 """
@@ -28,8 +31,9 @@ from store.mapping import MqttMessage
 
 if TYPE_CHECKING:
     from mqtt_proxy.delivery.topic_aliases import OutAliases
-    from mqtt_proxy.sessions.state import Will
+    from mqtt_proxy.sessions.state import Session, Will
     from store.bans import Ban
+    from store.latency import LatencyHistogram
 
 # A message delivery reads: one this proxy appended (kept by `remember`), or a stored one.
 Message: TypeAlias = MqttMessage | StoredMessage
@@ -248,3 +252,64 @@ class PeerPort(Protocol):
     def write_delivery(self, data: bytes, n: int, nbytes: int) -> None:
         """`n` PUBLISH packets, `nbytes` long, already joined."""
         ...
+
+
+class ClientPort(PeerPort, Protocol):
+    """A client connection as the layers around it see it (MqttConnection): the session
+    registry, inbound batching, the topic rights and the server's bookkeeping, so that none of
+    them imports `connection/connection.py`."""
+
+    session: Session | None
+    client_id: str
+    username: str | None
+    remote: str  # "host:port" of the peer
+    conn_id: str  # the connection log's id of it
+    internal: bool  # a proven internal client (a probe)
+    will_on_close: bool  # publish its will when it goes (not on server shutdown)
+    transport: asyncio.Transport
+    version: int
+
+    def block(self) -> None: ...
+
+    def unblock(self) -> None: ...
+
+    def resume_reading(self) -> None: ...
+
+    def fail(self, reason: int, detail: str) -> None: ...
+
+    def acks_bytes(self, pids: list[int], ptype: int) -> bytes: ...
+
+    def refresh_acl(self) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+    def slow_consumer(self, stuck_s: float) -> None: ...
+
+
+class GroupHostPort(Protocol):
+    """What `$share` group delivery uses of the `Delivery` that drives it: its reads, its marks,
+    the core's leases and the latency histogram (typed here, so the two stay out of a cycle)."""
+
+    deliver_latency: LatencyHistogram
+    leases: LeasesPort | None
+
+    def mark(self, qs: Any) -> None: ...
+
+    def read_range(self, qs: Any, pos: int) -> tuple[int, int]: ...
+
+    def load(self, qs: Any, seq: int) -> Any: ...
+
+
+class WakePort(Protocol):
+    """What the cluster link uses of delivery: its lag per queue, and a queue to pump again."""
+
+    lag: dict[str, int]
+    queues: dict[str, Any]
+
+    def mark(self, qs: Any) -> None: ...
+
+
+class HandOffPort(Protocol):
+    """What the cluster link uses of the session registry: hand a client's session over."""
+
+    def hand_off(self, client_id: str) -> list[str]: ...

@@ -28,39 +28,31 @@ import logging
 import ssl
 import time
 from collections.abc import Callable
-from time import time as _time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from mqtt_proxy.codec import EMPTY_PROPERTIES, Properties, Subscribe
+from mqtt_proxy.access import AclHook, AuthHook, TopicAccess
 from mqtt_proxy.connection.badclients import BadClientLog
+from mqtt_proxy.connection.connection import MqttConnection
 from mqtt_proxy.connection.inbound import Inbound
 from mqtt_proxy.connection.keepalive import KeepaliveWheel
 from mqtt_proxy.connection.limits import ConnectionRate
 from mqtt_proxy.connection.websocket import WebSocketProtocol
+from mqtt_proxy.context import ProxyContext
 from mqtt_proxy.delivery.delivery import Delivery
 from mqtt_proxy.device_events import DeviceEvents
-from mqtt_proxy.ports import QueuesPort
+from mqtt_proxy.ports import ClientPort, QueuesPort
 from mqtt_proxy.sessions.manager import SessionManager
-from mqtt_proxy.sessions.state import Will
-from mqtt_proxy.sessions.topic_filters import FilterError, parse_filter
 from mqtt_proxy.settings import ProxySettings
 from mqtt_proxy.sys_topics import SysPublisher
 from store.auth import Security
-from store.auth.http_hook import PUBLISH, SUBSCRIBE, HttpAuth
+from store.auth.http_hook import HttpAuth
 from store.bans import BanList
 from store.connlog import ConnLog
 from store.latency import LatencyHistogram
-from store.mapping import MqttMessage, MqttProperties
-
-if TYPE_CHECKING:
-    from mqtt_proxy.connection.connection import MqttConnection
 
 log = logging.getLogger("lightgate.mqtt")
 
 VERSION = "lightgate-0.1.0"
-
-AuthHook = Callable[[str, str | None, bytes | None], bool]
-AclHook = Callable[[str, str], bool]
 
 
 # The proxy's monotonic counters (`stats()`), kept twice: users' and internal clients'.
@@ -104,33 +96,21 @@ class MqttServer:
         layers below, built by the caller (`backends.LocalBackend` in one process,
         `backends.RemoteBackend` in a proxy process); `reuse_port`: several proxy processes
         share the listening ports."""
-        self.loop = asyncio.get_running_loop()
-        self.settings = settings or ProxySettings()
+        self.loop = loop = asyncio.get_running_loop()
+        self.settings = settings = settings or ProxySettings()
         self.proxy_id = backend.proxy_id
         self.reuse_port = reuse_port
-        self._conn_cls: type[MqttConnection] | None = None  # bound at the first connection
         self.store = backend.store
         self.backend = backend
         # Users and rights (docs/security.md); with none given, anyone may do anything.
         self.security = security if security is not None else Security.open()
         self.security.on_reload(self._security_reloaded)
-        # Hooks the embedder may set, checked after `security`; None allows everything.
-        self.authenticate: AuthHook | None = None
-        self.authorize_subscribe: AclHook | None = None
-        self.authorize_publish: AclHook | None = None
-        # The web service deciding topic rights (store.auth.http_hook), None without `acl_url`:
-        # its cached answers are read inline, a topic not cached makes only its connection wait.
-        http = self.security.http
-        self.topic_hook: HttpAuth | None = (
-            http if http is not None and http.settings.acl_url else None
-        )
+        # The rights the handlers ask: `security`, the web service deciding topic rights
+        # (store.auth.http_hook) and the embedder's hooks (the properties below).
+        self.access = TopicAccess(self.security, loop)
         # Banned client ids and addresses (store/bans.py): the core's list in one process, a
-        # mirror the core keeps current when this proxy has its own process. A disconnect is
-        # reported for flapping detection to the list itself, or (own process) to the core.
+        # mirror the core keeps current when this proxy has its own process.
         self.bans = bans if bans is not None else BanList()
-        self.report_disconnect: Callable[[str, str], object] | None = (
-            self.bans.disconnected if self.settings.flapping_max_disconnects > 0 else None
-        )
         self.counters: dict[str, int] = dict.fromkeys(COUNTERS, 0)
         # The same counters for internal clients (the gateway's latency probes): a connection
         # counts into one or the other (MqttConnection.counters), users' figures never see them.
@@ -141,30 +121,43 @@ class MqttServer:
         # Latency histograms (store/latency.py), read at scrape time: receive → PUBACK/PUBREC
         # sent (per fsync batch), and broker receive → PUBLISH written (per pump, ms resolution).
         self.puback_latency = LatencyHistogram()
-        self.conns: dict[str, MqttConnection] = {}  # client id -> live connection
-        self.keepalive = KeepaliveWheel(self.loop)  # every connection's keep-alive deadline
-        self.delivery = Delivery(
-            self.backend, self.settings, self.counters, self.backend.set_interest
-        )
-        self.backend.entries_sink = self.delivery.on_entries
-        self.backend.round_sink = self.delivery.on_round  # called by a local backend only
-        self.backend.skip_known_events(self.delivery.knows)
-        self.inbound = Inbound(self)
-        self.sessions = SessionManager(self)
+        self.conns: dict[str, ClientPort] = {}  # client id -> live connection
+        self.keepalive = KeepaliveWheel(loop)  # every connection's keep-alive deadline
+        self.delivery = Delivery(backend, settings, self.counters, backend.set_interest)
+        backend.entries_sink = self.delivery.on_entries
+        backend.round_sink = self.delivery.on_round  # called by a local backend only
+        backend.skip_known_events(self.delivery.knows)
+        self.inbound = Inbound(backend, self.delivery.lag, self.puback_latency)
         self.events = DeviceEvents(backend.store)
+        # Connected / refused / closed: one line each with the connection id, rate-limited.
+        self.conn_log = ConnLog(logging.getLogger("lightgate.mqtt.conn"), settings.conn_log_per_s)
+        self.sessions = SessionManager(
+            backend, self.delivery, self.access, self.inbound.add,
+            conns=self.conns, counters=self.counters, internal_counters=self.internal_counters,
+            internal_ids=self.internal_ids, events=self.events, conn_log=self.conn_log,
+        )  # fmt: skip
+        # A disconnect is reported for flapping detection to the ban list itself, or (own
+        # process) to the core (the wiring replaces it).
+        if settings.flapping_max_disconnects > 0:
+            self.sessions.report_disconnect = self.bans.disconnected
+        self.inbound.sessions = self.sessions  # each needs the other: wills, QoS 2 ids
         self.sys = SysPublisher(
             self.stats,
             self.sessions.sessions,
             lambda: (c.session for c in self.conns.values() if c.session is not None),
-            self.backend,
+            backend,
         )
+        self.sessions.initial.sys = self.sys
         # Garbage, refused WebSocket handshakes, no CONNECT in time: one line each, rate-limited.
         self.bad_clients = BadClientLog(logging.getLogger("lightgate.mqtt.bad"))
-        self.connection_rate = ConnectionRate(self.settings.max_connection_rate)
-        # Connected / refused / closed: one line each with the connection id, rate-limited.
-        self.conn_log = ConnLog(
-            logging.getLogger("lightgate.mqtt.conn"), self.settings.conn_log_per_s
-        )
+        self.connection_rate = ConnectionRate(settings.max_connection_rate)
+        # What every connection is handed instead of this server (context.py).
+        self.ctx = ProxyContext(
+            settings, loop, backend, self.counters, self.internal_counters, self.internal_ids,
+            self.refused, self.conns, self.access, self.bans, self.inbound, self.delivery,
+            self.sessions, self.keepalive, self.events, self.conn_log, self.bad_clients,
+            self.connection_rate,
+        )  # fmt: skip
         self._servers: list[asyncio.AbstractServer] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._closing = False
@@ -215,16 +208,6 @@ class MqttServer:
         return self._closing
 
     # -- limits (docs/security.md "Limits") ---------------------------------------------------
-    def connection_allowed(self, peer: object) -> bool:
-        """A new connection from `peer` (its peername) is within `max_connection_rate`."""
-        ip = peer[0] if isinstance(peer, tuple) else str(peer or "")
-        return self.connection_rate.allow(ip, self.loop.time())
-
-    def server_busy(self, client_id: str) -> bool:
-        """`max_connections` reached: a new client (not one taking over its id) is refused."""
-        limit = self.settings.max_connections
-        return 0 < limit <= len(self.conns) and client_id not in self.conns
-
     def _check_limits(self) -> None:
         """Once a second: close slow consumers, forget idle connection-rate buckets."""
         now = self.loop.time()
@@ -237,12 +220,7 @@ class MqttServer:
                     conn.slow_consumer(now - conn.paused_since)
 
     def _make_conn(self) -> MqttConnection:
-        cls = self._conn_cls
-        if cls is None:  # imported here: connection.py imports this module's names
-            from mqtt_proxy.connection.connection import MqttConnection
-
-            cls = self._conn_cls = MqttConnection
-        return cls(self)
+        return MqttConnection(self.ctx)
 
     async def _listen(
         self,
@@ -287,6 +265,7 @@ class MqttServer:
         if self._closing:
             return
         self._closing = True
+        self.sessions.closing = True
         for srv in self._servers:
             srv.close()
         for conn in list(self.conns.values()):
@@ -311,148 +290,44 @@ class MqttServer:
         self.keepalive.close()
         self.backend.close()
 
-    # -- messages --------------------------------------------------------------------------
-    @staticmethod
-    def message_properties(p: Properties) -> MqttProperties | None:
-        """The v5 properties a stored message carries (`mqtt.*` headers, docs/topic-mapping.md),
-        or None."""
-        if p is EMPTY_PROPERTIES:
-            return None
-        if (
-            p.payload_format_indicator is None
-            and p.message_expiry_interval is None
-            and p.content_type is None
-            and p.response_topic is None
-            and p.correlation_data is None
-            and not p.user_properties
-        ):
-            return None
-        return MqttProperties(
-            p.payload_format_indicator,
-            p.message_expiry_interval,
-            p.content_type,
-            p.response_topic,
-            p.correlation_data,
-            p.user_properties,
-        )
+    # -- the embedder's hooks (kept by `access`, which the handlers ask) ----------------------
+    @property
+    def authenticate(self) -> AuthHook | None:
+        return self.access.authenticate
 
-    def make_message(
-        self, topic: str, payload: bytes, qos: int, retain: bool, props: Properties, client_id: str
-    ) -> MqttMessage:
-        mp = None if props is EMPTY_PROPERTIES else self.message_properties(props)
-        # The receive time is set here (not left 0 for the store to fill) so the message kept
-        # for delivery (Backend.remember) carries the same timestamp as the stored record.
-        return MqttMessage(topic, payload, qos, client_id, retain, mp, int(_time() * 1000))
+    @authenticate.setter
+    def authenticate(self, hook: AuthHook | None) -> None:
+        self.access.authenticate = hook
 
-    def publish_message(
-        self,
-        topic: str,
-        payload: bytes,
-        qos: int,
-        retain: bool,
-        props: MqttProperties | None,
-        client_id: str = "",
-    ) -> None:
-        """A message the broker itself publishes (wills): into the next append batch."""
-        self.inbound.add(
-            MqttMessage(topic, payload, qos, client_id, retain, props, int(_time() * 1000))
-        )
+    @property
+    def authorize_subscribe(self) -> AclHook | None:
+        return self.access.authorize_subscribe
 
-    # -- hooks -----------------------------------------------------------------------------
-    def check_auth(self, client_id: str, username: str | None, password: bytes | None) -> bool:
-        """The embedder's hook, if any (after `security` accepted the client)."""
-        if self.authenticate is not None:
-            return bool(self.authenticate(client_id, username, password))
-        return True
+    @authorize_subscribe.setter
+    def authorize_subscribe(self, hook: AclHook | None) -> None:
+        self.access.authorize_subscribe = hook
 
-    def may_subscribe(self, conn: MqttConnection, filt: str) -> bool:
-        acl = conn.acl
-        if acl is not None and not acl.can_subscribe(filt):
-            return False
-        web = self.topic_hook
-        if (
-            web is not None
-            and not conn.internal
-            and not web.cached(conn.username, conn.client_id, filt, SUBSCRIBE)
-        ):
-            return False  # refused, or its answer aged out since subscribe_pending: fail closed
-        hook = self.authorize_subscribe
-        return True if hook is None else bool(hook(conn.client_id, filt))
+    @property
+    def authorize_publish(self) -> AclHook | None:
+        return self.access.authorize_publish
 
-    def may_publish(self, conn: MqttConnection, topic: str) -> bool:
-        acl = conn.acl
-        if acl is not None and not acl.can_write(topic):
-            return False
-        web = self.topic_hook
-        if (
-            web is not None
-            and not conn.internal
-            and web.cached(conn.username, conn.client_id, topic, PUBLISH) is False
-        ):
-            return False  # not asked yet (a will at CONNECT) is decided when it is published
-        hook = self.authorize_publish
-        return True if hook is None else bool(hook(conn.client_id, topic))
+    @authorize_publish.setter
+    def authorize_publish(self, hook: AclHook | None) -> None:
+        self.access.authorize_publish = hook
 
-    def may_publish_hooked(self, conn: MqttConnection, topic: str) -> bool | None:
-        """`may_publish` with the auth hook: its cached answer (one lookup), or None when it must
-        be asked first: the connection then waits (its packets held, reading paused) and
-        handles them again once the answer is cached."""
-        web = self.topic_hook
-        assert web is not None
-        if topic[:1] == "$" or (conn.acl is not None and not conn.acl.can_write(topic)):
-            return False  # refused without asking
-        if conn.internal:
-            return True
-        answer = web.cached(conn.username, conn.client_id, topic, PUBLISH)
-        if answer is None:
-            conn.block()
-            ask = web.authorize(conn.username, conn.client_id, topic, PUBLISH)
-            self.loop.create_task(ask).add_done_callback(lambda _t: conn.unblock())
-            return None
-        hook = self.authorize_publish
-        return answer and (hook is None or bool(hook(conn.client_id, topic)))
+    @property
+    def topic_hook(self) -> HttpAuth | None:
+        return self.access.topic_hook
 
-    def subscribe_pending(
-        self, conn: MqttConnection, p: Subscribe, again: Callable[[Any, Subscribe], None]
-    ) -> bool:
-        """As `publish_pending` for a SUBSCRIBE's filters; `again(conn, p)` runs it once they
-        are all answered (the connection stays blocked meanwhile)."""
-        web = self.topic_hook
-        assert web is not None
-        user, cid = conn.username, conn.client_id
-        ask = []
-        for ts in p.subscriptions:
-            try:
-                filt = parse_filter(ts.filter, None).filter
-            except FilterError:
-                continue
-            if web.cached(user, cid, filt, SUBSCRIBE) is None:
-                ask.append(web.authorize(user, cid, filt, SUBSCRIBE))
-        if not ask:
-            return False
-        conn.block()
+    @property
+    def report_disconnect(self) -> Callable[[str, str], object] | None:
+        """Where a disconnect is reported for flapping detection (the session registry
+        calls it); None: not detected."""
+        return self.sessions.report_disconnect
 
-        def answered(_t: asyncio.Future[Any]) -> None:
-            if not conn.closed:
-                again(conn, p)  # ends with the SUBACK and unblock(), as any SUBSCRIBE
-
-        asyncio.gather(*ask, return_exceptions=True).add_done_callback(answered)
-        return True
-
-    def will_allowed(self, will: Will) -> bool | None:
-        """The will's topic under the rules of now; None: the auth hook was not asked yet."""
-        if will.topic[:1] == "$":
-            return False
-        acl = will.acl
-        if acl is None and not self.security.acl.allows_everything:
-            acl = self.security.acl.for_client(will.user, will.owner)
-        if acl is not None and not acl.can_write(will.topic):
-            return False
-        web = self.topic_hook
-        if web is not None:
-            return web.cached(will.user, will.owner, will.topic, PUBLISH)
-        hook = self.authorize_publish
-        return True if hook is None else bool(hook(will.owner, will.topic))
+    @report_disconnect.setter
+    def report_disconnect(self, report: Callable[[str, str], object] | None) -> None:
+        self.sessions.report_disconnect = report
 
     def _security_reloaded(self) -> None:
         """New rules: every open connection takes them for its next operation and delivery."""

@@ -38,8 +38,9 @@ from pathlib import Path
 from typing import Any
 
 from store.config import StoreError
+from store.durable_files import fsync_dir
 from store.latency import LatencyHistogram
-from store.log import Log, fsync_dir
+from store.log import Log
 from store.segment import LogSegment
 from store.twins import twin
 

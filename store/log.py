@@ -21,6 +21,8 @@ After a clean shutdown pass 4 is skipped; the last segment's loaded index is che
 header walk from its last entry.
 
 Event-loop-only, except `load`, which the Store runs in a worker thread before the loop uses the log.
+The crash-safe file operations (atomic small files, deleting and sealing segments) are in
+store/durable_files.py.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from store.durable_files import RECOVERY_POINT_FILE
 from store.mapping import SYSTEM_TOPIC_PREFIX
 from store.record_batch import (
     ATTRIBUTES_OFFSET,
@@ -52,7 +55,6 @@ from store.segment import BatchMeta, LogSegment, segment_name
 
 log = logging.getLogger("lightgate.store")
 
-RECOVERY_POINT_FILE = "recovery-point"
 LOG_START_FILE = "log-start-offset"  # DeleteRecords' floor (Kafka's log-start-offset-checkpoint)
 MAX_REL_OFFSET = (1 << 31) - 1
 _LENGTH = struct.Struct(">i")
@@ -514,61 +516,3 @@ class Log:
     def close(self) -> None:
         for seg in self.segments:
             seg.close()
-
-
-def delete_segment_files(seg: LogSegment) -> None:
-    """Crash-safe delete: rename `.log` first (the truth), then indexes, then unlink.
-
-    If we crash after a rename, pass 1 of recovery removes the `.deleted` files; before it, the
-    segment is simply still there and retention runs again.
-    """
-    seg.close()
-    for p in (seg.log_path, seg.index_path, seg.timeindex_path):
-        try:
-            os.rename(p, str(p) + ".deleted")
-        except FileNotFoundError:
-            continue
-    for p in (seg.log_path, seg.index_path, seg.timeindex_path):
-        Path(str(p) + ".deleted").unlink(missing_ok=True)
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """tmp + fsync + rename + directory fsync: after a crash either the old or the new content."""
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        os.write(fd, text.encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.rename(tmp, path)
-    fsync_dir(path.parent)
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def seal_segment(
-    log_dir: Path, seg: LogSegment, index: bytes, timeindex: bytes, next_offset: int
-) -> None:
-    """Worker thread, after a roll: fsync the sealed `.log`, write its indexes, move the recovery point.
-
-    Crash points: before the indexes are fsynced the recovery point still lies at or before this
-    segment, so recovery rescans it and rebuilds them; the recovery point moves last.
-    """
-    if seg.fd >= 0:
-        os.fsync(seg.fd)
-    for path, data in ((seg.index_path, index), (seg.timeindex_path, timeindex)):
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    fsync_dir(log_dir)
-    write_text_atomic(log_dir / RECOVERY_POINT_FILE, str(next_offset))

@@ -1,4 +1,5 @@
 """Store: log topics and partitions over one data dir; topics, routing, lock, retention.
+(What opening and closing do to the files, recovery and the final seal, is store/recovery.py.)
 
 Appends assign offsets at once and stage bytes on the partition's `Log`; `store.commit` writes
 them once per tick and runs the fsync pipeline (theory of operation there). Offsets: readable
@@ -15,7 +16,6 @@ import asyncio
 import functools
 import json
 import logging
-import os
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -34,16 +34,15 @@ from store.config import (
     UnknownTopicOrPartitionError,
 )
 from store.data_dir_lock import release_data_dir_lock, take_data_dir_lock
-from store.latency import LatencyHistogram
-from store.log import (
+from store.durable_files import (
     RECOVERY_POINT_FILE,
-    Log,
-    OffsetOutOfRangeError,
     delete_segment_files,
     fsync_dir,
     seal_segment,
     write_text_atomic,
 )
+from store.latency import LatencyHistogram
+from store.log import Log, OffsetOutOfRangeError
 from store.mapping import (
     MqttMessage,
     is_valid_log_topic,
@@ -52,13 +51,12 @@ from store.mapping import (
 )
 from store.mqtt_batches import build_mqtt_batches
 from store.record_batch import CONTROL_MASK, TRANSACTIONAL_MASK, split_batches
-from store.topic_admin import TopicAdmin, TopicListener, log_failure, remove_orphans
+from store.recovery import TOPICS_FILE, opened, recover, seal_all
+from store.topic_admin import TopicAdmin, TopicListener, log_failure
 from store.txn_index import TxnIndex
 
 log = logging.getLogger("lightgate.store")
 
-CLEAN_SHUTDOWN = "clean-shutdown"
-TOPICS_FILE = "topics.json"
 TXN_BITS = TRANSACTIONAL_MASK | CONTROL_MASK
 
 
@@ -116,42 +114,10 @@ class Store:
             self._lock_fd = -1
 
     def _recover_all(self) -> None:
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        marker = self.log_dir / CLEAN_SHUTDOWN
-        clean = marker.exists()
-        try:
-            meta = json.loads((self.log_dir / TOPICS_FILE).read_text())
-            remove_orphans(self.log_dir, meta)
-        except FileNotFoundError:
-            meta = {}
-        t0 = last = time.monotonic()
-        done = [0]
-
-        def progress(nbytes: int) -> None:
-            nonlocal last
-            done[0] += nbytes
-            now = time.monotonic()
-            if now - last >= 2.0:
-                last = now
-                log.info("recovery: %.1f MB scanned in %.0f s", done[0] / 1e6, now - t0)
-
-        total_cut = 0
-        for name, entry in sorted(meta.items()):
-            self._register(
-                name, int(entry["partitions"]), dict(entry.get("config", {})), entry.get("id")
-            )
-            for p in range(self._counts[name]):
-                lg = self._logs[(name, p)]
-                total_cut += lg.load(clean, progress)
+        recover(self.log_dir, self._register, self._counts, self._logs)
         self.txn_index.recover(self._counts, self.high_watermark, self.log_start_offset, self.read)
         self.txn_index.write_snapshot(self.txn_index.export(self.log_start_offset))
-        if not clean and self._logs:
-            log.warning(
-                "store was not shut down cleanly: recovered %d partitions in %.2f s, %d bytes cut",
-                len(self._logs), time.monotonic() - t0, total_cut,
-            )  # fmt: skip
-        marker.unlink(missing_ok=True)
-        fsync_dir(self.log_dir)
+        opened(self.log_dir)
 
     async def close(self) -> None:
         """Write what is staged, wait for fsyncs, seal indexes, write the clean-shutdown marker."""
@@ -169,28 +135,7 @@ class Store:
 
     def _final_sync(self) -> None:
         self._bg.shutdown(wait=True)
-        ok = True
-        for lg in self._logs.values():
-            if lg.failed is not None:
-                ok = False
-                lg.close()
-                continue
-            if not lg.changed and lg.recovery_point == lg.hwm:
-                lg.close()  # untouched since a clean open: its files are already sealed
-                continue
-            try:
-                for seg in lg.segments:
-                    if seg.dirty:
-                        os.fsync(seg.fd)
-                seg = lg.active
-                idx, tix = seg.index_bytes()
-                seal_segment(lg.dir, seg, idx, tix, lg.hwm)
-            except OSError:
-                ok = False
-                log.exception("close: cannot flush %s", lg.name)
-            lg.close()
-        if ok:
-            write_text_atomic(self.log_dir / CLEAN_SHUTDOWN, f"{int(time.time())}\n")
+        seal_all(self.log_dir, list(self._logs.values()))
 
     # --- topics ---------------------------------------------------------------------------------
 

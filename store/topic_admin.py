@@ -42,14 +42,8 @@ from store.config import (
     TopicConfig,
     UnknownTopicOrPartitionError,
 )
-from store.log import (
-    LOG_START_FILE,
-    Log,
-    OffsetOutOfRangeError,
-    delete_segment_files,
-    fsync_dir,
-    write_text_atomic,
-)
+from store.durable_files import delete_segment_files, fsync_dir, write_text_atomic
+from store.log import LOG_START_FILE, Log, OffsetOutOfRangeError
 
 if TYPE_CHECKING:
     from store.commit import GroupCommit

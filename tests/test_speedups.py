@@ -147,7 +147,7 @@ def test_env_var_forces_pure_python() -> None:
         "import store.speedups as s; from lightgate.twins_docs import import_all; "
         "twins = import_all(); print(s.status()); "
         "print(len(twins), all(t.compiled is None for t in twins)); "
-        "import mqtt_proxy.delivery.queue_cache as q, mqtt_proxy.delivery.outbound as o, mqtt_proxy.connection.connection as mc, "
+        "import mqtt_proxy.delivery.queue_cache as q, mqtt_proxy.delivery.outbound as o, mqtt_proxy.connection.endpoint as mc, "
         "mqtt_proxy.codec.parser as p, store.commit as sc, lightqueue.dispatcher as d; "
         "print(q.CachedMsg.__base__ is q._CachedFields, mc.acks is o.acks_py, "
         "p._walk is p.Parser._walk, sc._FsyncPool, d._index_batch is d._index_batch_py)"

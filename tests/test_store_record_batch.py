@@ -22,23 +22,25 @@ from store.mapping import (
     partition_for_key,
 )
 from store.record_batch import (
-    CODEC_GZIP,
-    CODEC_LZ4,
-    CODEC_NONE,
-    CODEC_SNAPPY,
-    CODEC_ZSTD,
     CRC_OFFSET,
     HEADER_SIZE,
-    InvalidRecordError,
     build_batch,
     build_uncompressed,
     check_batch,
-    decompress,
     iter_batches,
     iter_records,
     parse_header,
     set_base_offset,
     split_batches,
+)
+from store.record_encoding import (
+    CODEC_GZIP,
+    CODEC_LZ4,
+    CODEC_NONE,
+    CODEC_SNAPPY,
+    CODEC_ZSTD,
+    InvalidRecordError,
+    decompress,
 )
 
 timestamps = st.integers(min_value=0, max_value=2**41)

@@ -40,7 +40,7 @@ from store.mapping import MqttProperties
 from store.wire import put_str
 
 if TYPE_CHECKING:
-    from mqtt_proxy.server import MqttServer
+    from mqtt_proxy.ports import HandOffPort, WakePort
 
 log = logging.getLogger("lightgate.mqtt.cluster")
 
@@ -91,7 +91,10 @@ class ProxyCluster:
 
     def __init__(self) -> None:
         self.peer: Any = None
-        self.server: MqttServer | None = None
+        # This proxy's delivery (woken by WAKE, its lag reported) and session registry (TAKE
+        # hands a session over): set by the wiring once the MQTT server is built.
+        self.delivery: WakePort | None = None
+        self.sessions: HandOffPort | None = None
         self._wills: set[str] = set()  # client ids whose will the core has
         # Client ids with a CLAIM sent and not yet acted on (answer read and handled), how many.
         self._claiming: dict[str, int] = {}
@@ -121,8 +124,8 @@ class ProxyCluster:
     def _report_lag(self) -> None:
         if self.peer is None or self.peer.is_closing():
             return
-        if self.server is not None:
-            lags = self.server.delivery.lag
+        if self.delivery is not None:
+            lags = self.delivery.lag
             lag = max(lags.values()) if lags else 0
             if abs(lag - self._sent_lag) >= LAG_STEP or (lag == 0 and self._sent_lag):
                 self._sent_lag = lag
@@ -201,10 +204,10 @@ class ProxyCluster:
         self.peer.call_then(SYS, b"", answered)
 
     def _wake(self, peer: RpcPeer, body: bytes) -> None:
-        if self.server is None:
+        delivery = self.delivery
+        if delivery is None:
             return
         (queue,) = json.loads(body)
-        delivery = self.server.delivery
         qs = delivery.queues.get(queue)
         if qs is not None:
             delivery.mark(qs)
@@ -269,6 +272,6 @@ class ProxyCluster:
     def _take(self, peer: RpcPeer, body: bytes) -> bytes:
         cid = body.decode("utf-8")
         self._wills.discard(cid)
-        if self.server is None:
+        if self.sessions is None:
             return b"[]"
-        return json.dumps(self.server.sessions.hand_off(cid)).encode()
+        return json.dumps(self.sessions.hand_off(cid)).encode()

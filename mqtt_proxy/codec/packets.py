@@ -12,89 +12,27 @@ truthy (PINGREQ has no fields).
 
 One vocabulary across versions: reason codes are MQTT 5 codes everywhere; for 3.1/3.1.1 the
 encoder maps CONNACK reasons to v3 return codes (reason_codes.v3_connack_code) and the parser maps
-back; `properties` is `EMPTY_PROPERTIES` for v3 and is dropped by the v3 encoders.
+back; `properties` is `EMPTY_PROPERTIES` for v3 and is dropped by the v3 encoders. The base
+class and the field checks are in packet_base.py.
 """
 
 from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from .errors import LocalProtocolError
+from .packet_base import (
+    PROTOCOL_NAMES,
+    Packet,
+    PacketType,
+    bad,
+    check_pid,
+    check_props,
+    check_qos,
+    check_reason,
+    tnew,
+)
 from .properties import EMPTY_PROPERTIES, Properties
 from .topics import split_shared, topic_filter_error, topic_name_error
-
-
-class PacketType:
-    """Fixed-header packet type numbers (high nibble of byte 0)."""
-
-    CONNECT = 1
-    CONNACK = 2
-    PUBLISH = 3
-    PUBACK = 4
-    PUBREC = 5
-    PUBREL = 6
-    PUBCOMP = 7
-    SUBSCRIBE = 8
-    SUBACK = 9
-    UNSUBSCRIBE = 10
-    UNSUBACK = 11
-    PINGREQ = 12
-    PINGRESP = 13
-    DISCONNECT = 14
-    AUTH = 15
-
-
-# protocol level -> protocol name in CONNECT
-PROTOCOL_NAMES = {3: "MQIsdp", 4: "MQTT", 5: "MQTT"}
-
-
-class Packet:
-    """Mixin for every event: type-aware equality and hashing, always truthy.
-
-    `TYPE` is the fixed-header packet type number.
-    """
-
-    __slots__ = ()
-    TYPE: int = 0
-
-    def __eq__(self, other: object) -> bool:
-        return type(self) is type(other) and tuple.__eq__(self, other)  # type: ignore[arg-type,operator]
-
-    def __ne__(self, other: object) -> bool:
-        return not self.__eq__(other)
-
-    def __hash__(self) -> int:
-        return hash((type(self).__name__, tuple.__hash__(self)))  # type: ignore[arg-type]
-
-    def __bool__(self) -> bool:
-        return True
-
-
-def _bad(msg: str) -> LocalProtocolError:
-    return LocalProtocolError(msg)
-
-
-def _check_qos(qos: int, what: str = "QoS") -> None:
-    if qos not in (0, 1, 2):
-        raise _bad(f"{what} must be 0, 1 or 2, not {qos!r}")
-
-
-def _check_pid(pid: int) -> None:
-    if not isinstance(pid, int) or not 1 <= pid <= 0xFFFF:
-        raise _bad(f"packet id must be 1..65535, not {pid!r}")
-
-
-def _check_reason(code: int) -> None:
-    if not isinstance(code, int) or not 0 <= code <= 0xFF:
-        raise _bad(f"reason code must be a byte, not {code!r}")
-
-
-def _check_props(props: Any) -> None:
-    if not isinstance(props, Properties):
-        raise _bad(f"properties must be a Properties, not {type(props).__name__}")
-
-
-_tnew = tuple.__new__
 
 # --------------------------------------------------------------------------------------------
 # Field tuples (typing.NamedTuple forbids overriding __new__ in the class itself, so each event
@@ -123,10 +61,10 @@ class Will(Packet, _Will):
         properties: Properties = EMPTY_PROPERTIES,
     ) -> Will:
         if not topic or (err := topic_name_error(topic)):
-            raise _bad(f"will topic: {'empty' if not topic else err}")
-        _check_qos(qos, "will QoS")
-        _check_props(properties)
-        return _tnew(cls, (topic, bytes(payload), qos, bool(retain), properties))
+            raise bad(f"will topic: {'empty' if not topic else err}")
+        check_qos(qos, "will QoS")
+        check_props(properties)
+        return tnew(cls, (topic, bytes(payload), qos, bool(retain), properties))
 
 
 class _TopicSubscription(NamedTuple):
@@ -151,13 +89,13 @@ class TopicSubscription(Packet, _TopicSubscription):
         retain_handling: int = 0,
     ) -> TopicSubscription:
         if err := topic_filter_error(filter):
-            raise _bad(err)
-        _check_qos(qos)
+            raise bad(err)
+        check_qos(qos)
         if retain_handling not in (0, 1, 2):
-            raise _bad(f"retain handling must be 0, 1 or 2, not {retain_handling!r}")
+            raise bad(f"retain handling must be 0, 1 or 2, not {retain_handling!r}")
         if no_local and filter.startswith("$share/"):
-            raise _bad("no local on a shared subscription [MQTT-3.8.3-4]")
-        return _tnew(cls, (filter, qos, bool(no_local), bool(retain_as_published), retain_handling))
+            raise bad("no local on a shared subscription [MQTT-3.8.3-4]")
+        return tnew(cls, (filter, qos, bool(no_local), bool(retain_as_published), retain_handling))
 
     @property
     def share_group(self) -> str | None:
@@ -195,19 +133,19 @@ class Connect(Packet, _Connect):
         properties: Properties = EMPTY_PROPERTIES,
     ) -> Connect:
         if protocol_level not in PROTOCOL_NAMES:
-            raise _bad(f"unsupported protocol level {protocol_level!r}")
+            raise bad(f"unsupported protocol level {protocol_level!r}")
         if not isinstance(client_id, str):
-            raise _bad("client id must be a str")
+            raise bad("client id must be a str")
         if not 0 <= keep_alive <= 0xFFFF:
-            raise _bad(f"keep alive must be 0..65535, not {keep_alive!r}")
+            raise bad(f"keep alive must be 0..65535, not {keep_alive!r}")
         if password is not None and username is None and protocol_level < 5:
-            raise _bad("a password needs a user name before MQTT 5 [MQTT-3.1.2-22]")
+            raise bad("a password needs a user name before MQTT 5 [MQTT-3.1.2-22]")
         if will is not None and not isinstance(will, Will):
-            raise _bad("will must be a Will")
-        _check_props(properties)
+            raise bad("will must be a Will")
+        check_props(properties)
         if password is not None:
             password = bytes(password)
-        return _tnew(
+        return tnew(
             cls,
             (client_id, bool(clean_start), keep_alive, username, password, will)
             + (protocol_level, properties),
@@ -232,11 +170,11 @@ class Connack(Packet, _Connack):
         reason_code: int = 0,
         properties: Properties = EMPTY_PROPERTIES,
     ) -> Connack:
-        _check_reason(reason_code)
+        check_reason(reason_code)
         if session_present and reason_code:
-            raise _bad("session present must be 0 on a failed CONNACK [MQTT-3.2.2-6]")
-        _check_props(properties)
-        return _tnew(cls, (bool(session_present), reason_code, properties))
+            raise bad("session present must be 0 on a failed CONNACK [MQTT-3.2.2-6]")
+        check_props(properties)
+        return tnew(cls, (bool(session_present), reason_code, properties))
 
 
 class _Publish(NamedTuple):
@@ -268,18 +206,18 @@ class Publish(Packet, _Publish):
         properties: Properties = EMPTY_PROPERTIES,
     ) -> Publish:
         if err := topic_name_error(topic):
-            raise _bad(err)
+            raise bad(err)
         if not topic and properties.topic_alias is None:
-            raise _bad("empty topic name without a topic alias")
-        _check_qos(qos)
+            raise bad("empty topic name without a topic alias")
+        check_qos(qos)
         if qos:
-            _check_pid(packet_id)
+            check_pid(packet_id)
         elif packet_id:
-            raise _bad("QoS 0 PUBLISH has no packet id")
+            raise bad("QoS 0 PUBLISH has no packet id")
         elif dup:
-            raise _bad("DUP must be 0 for QoS 0 [MQTT-3.3.1-2]")
-        _check_props(properties)
-        return _tnew(
+            raise bad("DUP must be 0 for QoS 0 [MQTT-3.3.1-2]")
+        check_props(properties)
+        return tnew(
             cls, (topic, bytes(payload), qos, bool(retain), bool(dup), packet_id, properties)
         )
 
@@ -296,10 +234,10 @@ class _AckMixin(Packet):
     def __new__(
         cls, packet_id: int, reason_code: int = 0, properties: Properties = EMPTY_PROPERTIES
     ) -> Any:
-        _check_pid(packet_id)
-        _check_reason(reason_code)
-        _check_props(properties)
-        return _tnew(cls, (packet_id, reason_code, properties))  # type: ignore[type-var]
+        check_pid(packet_id)
+        check_reason(reason_code)
+        check_props(properties)
+        return tnew(cls, (packet_id, reason_code, properties))  # type: ignore[type-var]
 
 
 class Puback(_AckMixin, _Ack):
@@ -348,17 +286,17 @@ class Subscribe(Packet, _Subscribe):
         subscriptions: Any,
         properties: Properties = EMPTY_PROPERTIES,
     ) -> Subscribe:
-        _check_pid(packet_id)
+        check_pid(packet_id)
         subs = tuple(subscriptions)
         if not subs:
-            raise _bad("SUBSCRIBE needs at least one topic filter")
+            raise bad("SUBSCRIBE needs at least one topic filter")
         for s in subs:
             if not isinstance(s, TopicSubscription):
-                raise _bad("subscriptions must be TopicSubscription values")
-        _check_props(properties)
+                raise bad("subscriptions must be TopicSubscription values")
+        check_props(properties)
         if len(properties.subscription_identifiers) > 1:
-            raise _bad("SUBSCRIBE takes at most one subscription identifier")
-        return _tnew(cls, (packet_id, subs, properties))
+            raise bad("SUBSCRIBE takes at most one subscription identifier")
+        return tnew(cls, (packet_id, subs, properties))
 
 
 class _Suback(NamedTuple):
@@ -376,12 +314,12 @@ class Suback(Packet, _Suback):
     def __new__(
         cls, packet_id: int, reason_codes: Any, properties: Properties = EMPTY_PROPERTIES
     ) -> Suback:
-        _check_pid(packet_id)
+        check_pid(packet_id)
         codes = tuple(reason_codes)
         for c in codes:
-            _check_reason(c)
-        _check_props(properties)
-        return _tnew(cls, (packet_id, codes, properties))
+            check_reason(c)
+        check_props(properties)
+        return tnew(cls, (packet_id, codes, properties))
 
 
 class _Unsubscribe(NamedTuple):
@@ -399,17 +337,17 @@ class Unsubscribe(Packet, _Unsubscribe):
     def __new__(
         cls, packet_id: int, filters: Any, properties: Properties = EMPTY_PROPERTIES
     ) -> Unsubscribe:
-        _check_pid(packet_id)
+        check_pid(packet_id)
         flts = tuple(filters)
         if not flts:
-            raise _bad("UNSUBSCRIBE needs at least one topic filter")
+            raise bad("UNSUBSCRIBE needs at least one topic filter")
         for f in flts:
             if not isinstance(f, str):
-                raise _bad(f"filter {f!r} is not a str")
+                raise bad(f"filter {f!r} is not a str")
             if err := topic_filter_error(f):
-                raise _bad(err)
-        _check_props(properties)
-        return _tnew(cls, (packet_id, flts, properties))
+                raise bad(err)
+        check_props(properties)
+        return tnew(cls, (packet_id, flts, properties))
 
 
 class _Unsuback(NamedTuple):
@@ -427,12 +365,12 @@ class Unsuback(Packet, _Unsuback):
     def __new__(
         cls, packet_id: int, reason_codes: Any = (), properties: Properties = EMPTY_PROPERTIES
     ) -> Unsuback:
-        _check_pid(packet_id)
+        check_pid(packet_id)
         codes = tuple(reason_codes)
         for c in codes:
-            _check_reason(c)
-        _check_props(properties)
-        return _tnew(cls, (packet_id, codes, properties))
+            check_reason(c)
+        check_props(properties)
+        return tnew(cls, (packet_id, codes, properties))
 
 
 class _Empty(NamedTuple):
@@ -462,9 +400,9 @@ class _ReasonMixin(Packet):
     __slots__ = ()
 
     def __new__(cls, reason_code: int = 0, properties: Properties = EMPTY_PROPERTIES) -> Any:
-        _check_reason(reason_code)
-        _check_props(properties)
-        return _tnew(cls, (reason_code, properties))  # type: ignore[type-var]
+        check_reason(reason_code)
+        check_props(properties)
+        return tnew(cls, (reason_code, properties))  # type: ignore[type-var]
 
 
 class Disconnect(_ReasonMixin, _ReasonOnly):
@@ -482,7 +420,7 @@ class Auth(_ReasonMixin, _ReasonOnly):
 
     def __new__(cls, reason_code: int = 0, properties: Properties = EMPTY_PROPERTIES) -> Auth:
         if reason_code not in (0x00, 0x18, 0x19):
-            raise _bad(f"AUTH reason code must be 0x00, 0x18 or 0x19, not {reason_code!r}")
+            raise bad(f"AUTH reason code must be 0x00, 0x18 or 0x19, not {reason_code!r}")
         return super().__new__(cls, reason_code, properties)  # type: ignore[no-any-return]
 
 
@@ -500,3 +438,10 @@ def chunk_kind(packets: list[Any]) -> type | None:
         if type(p) is not kind:
             return None
     return kind
+
+
+__all__ = [
+    "PROTOCOL_NAMES", "Auth", "Connack", "Connect", "Disconnect", "Packet", "PacketType",
+    "Pingreq", "Pingresp", "Puback", "Pubcomp", "Publish", "Pubrec", "Pubrel", "Suback",
+    "Subscribe", "TopicSubscription", "Unsuback", "Unsubscribe", "Will", "chunk_kind",
+]  # fmt: skip

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from mqtt_proxy.codec import EMPTY_PROPERTIES, Connect, Properties, ReasonCode
 from mqtt_proxy.delivery.topic_aliases import OutAliases
+from mqtt_proxy.messages import message_properties
 from mqtt_proxy.sessions.state import Will
 from store.auth import ConnectVerdict
 from store.auth.jwt_auth import Grant, looks_like_jwt
@@ -84,7 +85,7 @@ def certificate_identity(conn: MqttConnection, required: bool, as_username: bool
 def handle_connect(conn: MqttConnection, c: Connect) -> None:
     """Negotiate and authenticate; a password check runs in a thread (PBKDF2, about 6 ms) while
     the connection holds its later packets (`block`), then `_connect_checked` goes on."""
-    server = conn.server
+    ctx = conn.ctx
     if conn.connected or conn.session is not None:
         conn.protocol_error(PROTOCOL_ERROR, "second CONNECT [MQTT-3.1.0-2]")
         return
@@ -107,13 +108,13 @@ def handle_connect(conn: MqttConnection, c: Connect) -> None:
             client_id = assigned = "lg-" + secrets.token_hex(8)
         internal = is_internal_client(client_id)
         if internal and not hmac.compare_digest(
-            c.password or b"", internal_password(server.settings.internal_secret, client_id)
+            c.password or b"", internal_password(ctx.settings.internal_secret, client_id)
         ):
             raise Refuse(NOT_AUTHORIZED, "an internal client id without the gateway's credential")
-        ban = None if internal else server.bans.banned(client_id, conn.remote.rpartition(":")[0])
+        ban = None if internal else ctx.bans.banned(client_id, conn.remote.rpartition(":")[0])
         if ban is not None:
             raise _banned(conn, client_id, ban)
-        s = server.settings
+        s = ctx.settings
         identity = certificate_identity(conn, s.tls_require_client_cert, s.tls_identity_as_username)
     except Refuse as r:
         _refuse(conn, c, r)
@@ -124,25 +125,25 @@ def handle_connect(conn: MqttConnection, c: Connect) -> None:
     if internal:  # proven above: the gateway's own probe, past users' credentials and rights
         _connect_checked(conn, c, client_id, assigned, ConnectVerdict.OK, False, c.username or "")
         return
-    security = server.security
+    security = ctx.access.security
     jwt_auth = security.jwt
     if jwt_auth is not None and looks_like_jwt(c.password):
         # A token: checked on the loop (a JWKS fetch for an unknown kid is awaited, not blocked on).
         conn.block()
         token = (c.password or b"").decode("latin-1")
-        task = server.loop.create_task(jwt_auth.verify_async(token, client_id))
+        task = ctx.loop.create_task(jwt_auth.verify_async(token, client_id))
         task.add_done_callback(lambda t: _token_checked(conn, c, client_id, assigned, t))
         return
     http = security.http
     if http is not None and http.settings.connect_url:
         conn.block()
         ask = http.authenticate(c.username, c.password, client_id, conn.remote.rpartition(":")[0])
-        asked = server.loop.create_task(ask)
+        asked = ctx.loop.create_task(ask)
         asked.add_done_callback(lambda t: _hook_checked(conn, c, client_id, assigned, t))
         return
     if security.passwords is not None and c.username is not None:
         conn.block()
-        fut = server.loop.run_in_executor(None, security.check_connect, c.username, c.password)
+        fut = ctx.loop.run_in_executor(None, security.check_connect, c.username, c.password)
         fut.add_done_callback(
             lambda f: _connect_checked(conn, c, client_id, assigned, f.result(), True)
         )
@@ -164,7 +165,7 @@ def _token_checked(
         return
     exc = task.exception()
     if exc is not None:
-        conn.server.conn_log.event(
+        conn.ctx.conn_log.event(
             "token_refused", conn.conn_id, "client %r from %s: %s", c.client_id, conn.remote, exc
         )
         _connect_checked(conn, c, client_id, assigned, ConnectVerdict.BAD_CREDENTIALS, True)
@@ -188,9 +189,9 @@ def _hook_checked(
 def _banned(conn: MqttConnection, client_id: str, ban: Ban) -> Refuse:
     """The refusal of a banned client (0x8A Banned, 0x05 in 3.1.1); logs the first refusal of
     each ban only: a banned device typically retries every few seconds while the ban lasts."""
-    server = conn.server
+    ctx = conn.ctx
     detail = f"banned {ban.kind} {ban.value!r} ({ban.reason or 'no reason given'})"
-    if server.bans.first_refusal(ban):
+    if ctx.bans.first_refusal(ban):
         until = "until removed" if not ban.until else f"until {ban.until:.0f} (Unix time)"
         log.warning("client %r from %s refused: %s, %s; further refusals not logged",
                     client_id, conn.remote, detail, until)  # fmt: skip
@@ -203,16 +204,16 @@ def refusal_label(reason: int) -> str:
 
 
 def _refuse(conn: MqttConnection, c: Connect, r: Refuse) -> None:
-    server = conn.server
+    ctx = conn.ctx
     if is_internal_client(c.client_id):  # a probe refused (no anonymous access): not a user's
-        server.internal_counters["connect_refused"] += 1
+        ctx.internal_counters["connect_refused"] += 1
     else:
-        server.counters["connect_refused"] += 1
-        refused = server.refused
+        ctx.counters["connect_refused"] += 1
+        refused = ctx.refused
         label = refusal_label(r.reason)
         refused[label] = refused.get(label, 0) + 1
     if not r.logged:
-        server.conn_log.event(
+        ctx.conn_log.event(
             "refused", conn.conn_id, "client %r from %s: 0x%02x %s",
             c.client_id, conn.remote, r.reason, r,
         )  # fmt: skip
@@ -235,8 +236,8 @@ def _connect_checked(
     what a token proved (the user name is its claim's, not CONNECT's, and it may carry rights)."""
     if conn.closed:
         return  # the client left while its password was checked
-    server = conn.server
-    s = server.settings
+    ctx = conn.ctx
+    s = ctx.settings
     v5 = conn.v5
     cp = c.properties
     username, password = (identity, None) if identity is not None else (c.username, c.password)
@@ -246,12 +247,12 @@ def _connect_checked(
         if verdict is not ConnectVerdict.OK:
             code = BAD_CREDENTIALS if verdict is ConnectVerdict.BAD_CREDENTIALS else NOT_AUTHORIZED
             raise Refuse(code, f"{verdict.value} (user {c.username!r})")
-        if not server.check_auth(client_id, username, password):
+        if not ctx.access.check_auth(client_id, username, password):
             raise Refuse(
                 BAD_CREDENTIALS if username is not None else NOT_AUTHORIZED,
                 "authentication failed",
             )
-        if server.server_busy(client_id):  # here, not earlier: no check in flight overtakes it
+        if ctx.server_busy(client_id):  # here, not earlier: no check in flight overtakes it
             raise Refuse(SERVER_BUSY, f"max_connections ({s.max_connections})")
         conn.username = username
         conn.client_id = client_id
@@ -261,8 +262,8 @@ def _connect_checked(
                 conn.expire_at(grant.expires_at - time.time())
         if is_internal_client(client_id):  # a probe: its traffic is counted apart from users'
             conn.internal = True
-            conn.counters = server.internal_counters
-            server.internal_ids.add(client_id)
+            conn.counters = ctx.internal_counters
+            ctx.internal_ids.add(client_id)
         conn.refresh_acl()
         keepalive = c.keep_alive
         server_keepalive = None
@@ -279,7 +280,7 @@ def _connect_checked(
         will = None
         w = c.will
         if w is not None:
-            if w.topic.startswith("$") or not server.may_publish(conn, w.topic):
+            if w.topic.startswith("$") or not ctx.access.may_publish(conn, w.topic):
                 raise Refuse(NOT_AUTHORIZED, f"will topic {w.topic!r} not authorized")
             wp = w.properties
             will = Will(
@@ -288,7 +289,7 @@ def _connect_checked(
                 w.qos,
                 w.retain,
                 wp.will_delay_interval or 0,
-                server.message_properties(wp),
+                message_properties(wp),
                 username,
                 client_id,
                 conn.token_acl,
@@ -302,10 +303,10 @@ def _connect_checked(
         conn.max_out_packet = cp.maximum_packet_size or 0
         if cp.topic_alias_maximum and s.topic_alias_out and s.max_topic_alias_out:
             conn.out_aliases = OutAliases(
-                server.delivery.aliases, cp.topic_alias_maximum, conn.max_out_packet
+                ctx.delivery.aliases, cp.topic_alias_maximum, conn.max_out_packet
             )
     args = (client_id, assigned, expiry, will, keepalive, server_keepalive)
-    cluster = server.backend.cluster
+    cluster = ctx.backend.cluster
     if cluster is None:
         _connect_open(conn, c, *args, blocked)
         return
@@ -316,7 +317,7 @@ def _connect_checked(
 
     def claimed(state: dict[str, Any] | None) -> None:
         if state is not None:
-            server.sessions.install(state)
+            ctx.sessions.install(state)
         if not conn.closed:
             _connect_open(conn, c, *args, True)
 
@@ -339,12 +340,12 @@ def _connect_open(
     blocked: bool,
 ) -> None:
     """The client id is this proxy's: open or resume the session, CONNACK, resume delivery."""
-    server = conn.server
-    s = server.settings
+    ctx = conn.ctx
+    s = ctx.settings
     v5 = conn.v5
     version = conn.version
     cp = c.properties
-    session, present = server.sessions.open(conn, client_id, c.clean_start, expiry, version, will)
+    session, present = ctx.sessions.open(conn, client_id, c.clean_start, expiry, version, will)
     conn.accepted(session, client_id, version, keepalive)
     props = EMPTY_PROPERTIES
     if v5:
@@ -360,12 +361,12 @@ def _connect_open(
         )
     conn.send_connack(present, SUCCESS, props)
     conn.counters["connects"] += 1
-    server.events.connect(client_id, conn.remote)
-    server.conn_log.event(
+    ctx.events.connect(client_id, conn.remote)
+    ctx.conn_log.event(
         "connected", conn.conn_id, "client %r from %s MQTT %s keepalive=%d session_present=%d",
         client_id, conn.remote, "5" if v5 else "3.1.1" if conn.version == 4 else "3.1",
         keepalive, int(present),
     )  # fmt: skip
-    server.sessions.resume(session)
+    ctx.sessions.resume(session)
     if blocked:
         conn.unblock()

@@ -35,6 +35,7 @@ from mqtt_proxy.codec import (
     Unsubscribe,
 )
 from mqtt_proxy.connection.connect_handler import handle_connect
+from mqtt_proxy.messages import make_message
 from mqtt_proxy.ports import Acquired
 from mqtt_proxy.sessions.topic_filters import FilterError, FilterSpec, parse_filter
 from store.mapping import MqttMessage, untrack_messages
@@ -60,7 +61,7 @@ def handle_publish(conn: MqttConnection, p: Publish) -> bool:
     """Inbound PUBLISH (aliases already resolved and Receive Maximum checked by the codec):
     QoS 2 de-duplication, `$` topics, ACL, then into this tick's append batch. True: not handled
     yet, the auth hook is being asked about its topic (the caller holds it and what follows)."""
-    server = conn.server
+    ctx = conn.ctx
     topic, _payload, qos, _retain, _dup, pid, props = p
     if qos == 2:
         session = conn.session
@@ -70,10 +71,11 @@ def handle_publish(conn: MqttConnection, p: Publish) -> bool:
             # A resend of a QoS 2 message already stored: not stored twice [MQTT-4.3.3-10].
             conn.ack_durable(pid, 5)
             return False
-    if server.topic_hook is None:
-        allowed = topic[0] != "$" and server.may_publish(conn, topic)
+    access = ctx.access
+    if access.topic_hook is None:
+        allowed = topic[0] != "$" and access.may_publish(conn, topic)
     else:
-        verdict = server.may_publish_hooked(conn, topic)
+        verdict = access.may_publish_hooked(conn, topic)
         if verdict is None:
             return True  # the hook is asked: this PUBLISH is handled again with its answer
         allowed = verdict
@@ -89,16 +91,16 @@ def handle_publish(conn: MqttConnection, p: Publish) -> bool:
                 conn.session.qos2_in.add(pid)  # type: ignore[union-attr]
             conn.send((Puback if qos == 1 else Pubrec)(pid, reason if conn.v5 else 0))
         return False
-    msg = server.make_message(topic, p.payload, qos, p.retain, props, conn.client_id)
+    msg = make_message(topic, p.payload, qos, p.retain, props, conn.client_id)
     if qos:
         if qos == 2:
             session = conn.session
             session.qos2_in.add(pid)  # type: ignore[union-attr]
             session.qos2_pending.add(pid)  # type: ignore[union-attr]
             session.dirty = session.persistent  # type: ignore[union-attr]
-        server.inbound.add(msg, conn, pid, qos)
+        ctx.inbound.add(msg, conn, pid, qos)
     else:
-        server.inbound.add(msg)
+        ctx.inbound.add(msg)
     return False
 
 
@@ -108,8 +110,9 @@ def handle_publishes(conn: MqttConnection, packets: list[Publish]) -> None:
     The common case of fan-in (QoS 0/1, not retained, no properties, not `$`, no ACL or hook) is done
     here in one loop: one receive timestamp for the chunk, the messages handed to `Inbound` in
     one call. Any other PUBLISH goes through `handle_publish`, in its place in the order."""
-    server = conn.server
-    if conn.acl is not None or server.authorize_publish is not None or server.topic_hook:
+    ctx = conn.ctx
+    access = ctx.access
+    if conn.acl is not None or access.authorize_publish is not None or access.topic_hook:
         for i, p in enumerate(packets):  # per-topic decisions: the general path
             if conn.closed:
                 return
@@ -117,7 +120,7 @@ def handle_publishes(conn: MqttConnection, packets: list[Publish]) -> None:
                 conn.hold(packets[i:])
                 return
         return
-    inbound = server.inbound
+    inbound = ctx.inbound
     cid = conn.client_id
     now_ms = int(_time() * 1000)  # read together: received together
     n = len(packets)
@@ -185,7 +188,7 @@ def handle_pubacks(conn: MqttConnection, packets: list[Puback]) -> None:
         del inflight[pid]
         done.append(inf)
     if done:
-        delivery = conn.server.delivery
+        delivery = conn.ctx.delivery
         delivery.acked_many(session, done)
         delivery.mark_session(session)
 
@@ -197,7 +200,7 @@ def _on_pubcomp(conn: MqttConnection, p: Pubcomp) -> None:
 def _outbound_done(conn: MqttConnection, pid: int, qos: int) -> None:
     session = conn.session
     assert session is not None
-    delivery = conn.server.delivery
+    delivery = conn.ctx.delivery
     if _credit(session, delivery, pid, qos):
         delivery.mark_session(session)
 
@@ -231,7 +234,7 @@ def _on_pubrec(conn: MqttConnection, p: Pubrec) -> None:
     if session.persistent:
         # After a PUBREL the PUBLISH is never sent again (3.1.1 §4.3.3): the session says so
         # before the PUBREL goes out, so a restart resends the PUBREL, not a second copy.
-        conn.server.sessions.after_write(session, lambda: conn.send(Pubrel(pid)))
+        conn.ctx.sessions.after_write(session, lambda: conn.send(Pubrel(pid)))
     else:
         conn.send(Pubrel(pid))
 
@@ -240,8 +243,8 @@ def _outbound_done_now(conn: MqttConnection, pid: int) -> None:
     session = conn.session
     assert session is not None
     inf = session.inflight.pop(pid)
-    conn.server.delivery.acked(session, inf)
-    conn.server.delivery.mark_session(session)
+    conn.ctx.delivery.acked(session, inf)
+    conn.ctx.delivery.mark_session(session)
 
 
 def _on_pubrel(conn: MqttConnection, p: Pubrel) -> None:
@@ -257,17 +260,18 @@ def _on_pubrel(conn: MqttConnection, p: Pubrel) -> None:
         if session.persistent:
             # After its PUBCOMP the client may use the id for a new message: the session
             # forgets it before, or after a restart that message would be taken for a resend.
-            conn.server.sessions.after_write(session, lambda: conn.send(Pubcomp(pid, 0)))
+            conn.ctx.sessions.after_write(session, lambda: conn.send(Pubcomp(pid, 0)))
             return
     conn.send(Pubcomp(pid, PACKET_ID_NOT_FOUND if conn.v5 and not found else 0))
 
 
 def handle_subscribe(conn: MqttConnection, p: Subscribe) -> None:
-    server = conn.server
+    ctx = conn.ctx
+    access = ctx.access
     session = conn.session
     assert session is not None
-    hooked = server.topic_hook is not None and not conn.internal
-    if hooked and server.subscribe_pending(conn, p, handle_subscribe):
+    hooked = access.topic_hook is not None and not conn.internal
+    if hooked and access.subscribe_pending(conn, p, handle_subscribe):
         return
     v5 = conn.v5
     props = p.properties
@@ -286,14 +290,14 @@ def handle_subscribe(conn: MqttConnection, p: Subscribe) -> None:
             log.info("client %r: SUBSCRIBE %r refused: %s", conn.client_id, raw, exc)
             codes.append(TOPIC_FILTER_INVALID if v5 else 0x80)
             continue
-        if not server.may_subscribe(conn, spec.filter):
+        if not access.may_subscribe(conn, spec.filter):
             codes.append(NOT_AUTHORIZED if v5 else 0x80)
             continue
         if spec.replay_since_ms is not None:
-            spec = server.backend.bound_replay(spec, server.settings.max_replay_depth_ms)
+            spec = ctx.backend.bound_replay(spec, ctx.settings.max_replay_depth_ms)
         accepted.append((spec, ts, len(codes)))
         codes.append(ts.qos)
-    sessions = server.sessions
+    sessions = ctx.sessions
     # New queue-backed subscriptions need their light queue held first (a call into the core
     # when the proxy runs in its own process): the connection handles nothing else until the
     # SUBACK and the retained messages are out, so packets behind this SUBSCRIBE see it done.
@@ -309,7 +313,7 @@ def handle_subscribe(conn: MqttConnection, p: Subscribe) -> None:
             # closed): nothing to subscribe, give back what was held for it.
             for x in got:
                 if not isinstance(x, str):
-                    server.backend.release(x[0])
+                    ctx.backend.release(x[0])
             return
         held = dict(zip(need, got, strict=True))
         initial = []
@@ -336,13 +340,13 @@ def handle_subscribe(conn: MqttConnection, p: Subscribe) -> None:
         else:
             saved()
 
-    server.backend.acquire_many(list(need.values()), acquired)
+    ctx.backend.acquire_many(list(need.values()), acquired)
 
 
 def handle_unsubscribe(conn: MqttConnection, p: Unsubscribe) -> None:
     session = conn.session
     assert session is not None
-    sessions = conn.server.sessions
+    sessions = conn.ctx.sessions
     codes = [0x00 if sessions.unsubscribe(session, f) else 0x11 for f in p.filters]
 
     def saved() -> None:
@@ -365,7 +369,7 @@ def handle_disconnect(conn: MqttConnection, p: Disconnect) -> None:
             # MQTT 5 §3.14.2.2.2: a session that was not persistent cannot become so now.
             conn.protocol_error(PROTOCOL_ERROR, "session expiry set on DISCONNECT after 0")
             return
-        session.expiry = min(session_expiry, conn.server.settings.max_session_expiry)
+        session.expiry = min(session_expiry, conn.ctx.settings.max_session_expiry)
         session.persistent = session.expiry > 0
     # MQTT 5 §3.1.2.5: only reason 0x00 discards the will (0x04 and errors publish it).
     conn.will_on_close = reason != 0

@@ -28,12 +28,13 @@ from store.append_result import AppendResult
 from store.mapping import MqttMessage
 
 if TYPE_CHECKING:
-    from mqtt_proxy.connection.connection import MqttConnection
-    from mqtt_proxy.server import MqttServer
+    from mqtt_proxy.ports import ClientPort, QueuesPort
+    from mqtt_proxy.sessions.manager import SessionManager
     from mqtt_proxy.sessions.state import Session
+    from store.latency import LatencyHistogram
 
 # (connection, packet ids, ack packet type): a read chunk's QoS 1 ids in one run
-Ack = tuple["MqttConnection", list[int], int]
+Ack = tuple["ClientPort", list[int], int]
 
 log = logging.getLogger("lightgate.mqtt.inbound")
 
@@ -45,7 +46,10 @@ TICK_MAX = 10_000  # messages parsed in one tick before publishers are paused as
 
 class Inbound:
     __slots__ = (
-        "_server",
+        "_backend",
+        "_lag",
+        "_latency",
+        "sessions",
         "_msgs",
         "_acks",
         "_retained",
@@ -59,8 +63,17 @@ class Inbound:
         "_indexed0",
     )
 
-    def __init__(self, server: MqttServer) -> None:
-        self._server = server
+    def __init__(
+        self, backend: QueuesPort, lag: dict[str, int], puback_latency: LatencyHistogram
+    ) -> None:
+        """`lag`: delivery's lag per queue (read, never written here); `puback_latency`: the
+        receive -> PUBACK histogram. `sessions` (the registry, which writes a persistent
+        session's QoS 2 ids before their PUBREC) is set by the server once it exists: the
+        registry publishes wills through this object, so each needs the other."""
+        self._backend = backend
+        self._lag = lag
+        self._latency = puback_latency
+        self.sessions: SessionManager | None = None
         self._msgs: list[MqttMessage] = []
         self._acks: list[Ack] = []
         self._retained: list[int] = []  # indexes into _msgs of retain=1 publishes
@@ -69,12 +82,12 @@ class Inbound:
         self._futs: set[asyncio.Future[None]] = set()
         self._loop = asyncio.get_running_loop()
         self.throttled = False  # dispatcher lag above LAG_HIGH: publishers are being paused
-        self._paused: list[MqttConnection] = []
+        self._paused: list[ClientPort] = []
         self.appended = 0  # records this proxy appended
-        self._indexed0 = server.backend.indexed()
+        self._indexed0 = backend.indexed()
 
     def add(
-        self, msg: MqttMessage, conn: MqttConnection | None = None, pid: int = 0, qos: int = 0
+        self, msg: MqttMessage, conn: ClientPort | None = None, pid: int = 0, qos: int = 0
     ) -> None:
         """Queue one message for this tick's append; `conn`/`pid` get the ack when durable."""
         msgs = self._msgs
@@ -93,7 +106,7 @@ class Inbound:
             self._scheduled = True
             self._loop.call_soon(self.flush)
 
-    def add_many(self, msgs: list[MqttMessage], conn: MqttConnection, pids: list[int]) -> None:
+    def add_many(self, msgs: list[MqttMessage], conn: ClientPort, pids: list[int]) -> None:
         """`add` for one read chunk of `conn`: `pids` are its QoS 1 messages' packet ids, in order
         (PUBACK when durable). Not retained, not QoS 2 (those go through `add`)."""
         mine = self._msgs
@@ -114,9 +127,9 @@ class Inbound:
             return
         acks, retained = self._acks, self._retained
         self._msgs, self._acks, self._retained = [], [], []
-        server = self._server
+        backend = self._backend
         try:
-            res = server.store.append_mqtt(msgs, bool(acks))
+            res = backend.store.append_mqtt(msgs, bool(acks))
         except Exception:
             log.exception("append of %d MQTT messages failed", len(msgs))
             for conn, _pids, _ack in acks:
@@ -136,7 +149,7 @@ class Inbound:
             self._futs.add(fut)
             t0 = self._loop.time()  # this tick parsed them: receive → durable, per batch
             fut.add_done_callback(lambda f: self._durable(f, acks, writes, t0))
-        server.backend.write_now()  # this append ends the tick's reads: write it in this pass
+        backend.write_now()  # this append ends the tick's reads: write it in this pass
 
     def _staged(
         self,
@@ -145,7 +158,7 @@ class Inbound:
         res: AppendResult,
         writes: list[asyncio.Future[bytes]],
     ) -> None:
-        backend = self._server.backend
+        backend = self._backend
         runs, offsets = res.runs, res.offsets if retained else None
         assert runs is not None  # staged: the runs are known
         backend.remember(msgs, runs)
@@ -179,9 +192,7 @@ class Inbound:
                 conn.fail(0x80, "store append not durable")
             return
         if t0:
-            self._server.puback_latency.observe(
-                self._loop.time() - t0, sum([len(pids) for _c, pids, _a in acks])
-            )
+            self._latency.observe(self._loop.time() - t0, sum([len(pids) for _c, pids, _a in acks]))
         # A PUBREC promises the message is stored once: a persistent session's QoS 2 ids
         # (`qos2_in`, how a resent PUBLISH is known) are written before it goes out, not at the
         # next periodic flush (a crash in between made the client's resend a second copy).
@@ -193,14 +204,15 @@ class Inbound:
                 if session.persistent:
                     qos2.add(session)
         if qos2:
-            self._server.sessions.write_now(list(qos2), lambda: self._send_acks(acks))
+            assert self.sessions is not None
+            self.sessions.write_now(list(qos2), lambda: self._send_acks(acks))
         else:
             self._send_acks(acks)
 
     def _send_acks(self, acks: list[Ack]) -> None:
         # One write per connection for all its acks of this fsync (was one syscall per ack:
         # 11 % of the loop in a QoS 1 fan-in profile), built per run of a read chunk.
-        out: dict[MqttConnection, list[bytes]] = {}
+        out: dict[ClientPort, list[bytes]] = {}
         for conn, pids, ack in acks:
             data = conn.acks_bytes(pids, ack)
             if data:
@@ -212,7 +224,7 @@ class Inbound:
         for conn, parts in out.items():
             conn.write(parts[0] if len(parts) == 1 else b"".join(parts))
 
-    def throttle(self, conn: MqttConnection) -> None:
+    def throttle(self, conn: ClientPort) -> None:
         """Called by a connection that just fed us while throttled: stop reading it for now."""
         conn.transport.pause_reading()
         self._paused.append(conn)
@@ -221,11 +233,11 @@ class Inbound:
         """Records we appended that the dispatcher has not indexed yet (Kafka appends make this
         an underestimate, never an overestimate; through the core link it includes what is
         still on its way there), or what delivery owes readers that can take it now."""
-        server = self._server
-        undispatched = self.appended - (server.backend.indexed() - self._indexed0)
-        lag = server.delivery.lag
+        backend = self._backend
+        undispatched = self.appended - (backend.indexed() - self._indexed0)
+        lag = self._lag
         out = max(undispatched, max(lag.values())) if lag else undispatched
-        cluster = server.backend.cluster
+        cluster = backend.cluster
         # Several proxies: a reader behind on another proxy slows our publishers too (they
         # fill the same queues); the core tells us the largest lag of the others.
         return out if cluster is None else max(out, cluster.others_lag)

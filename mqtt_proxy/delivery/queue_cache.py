@@ -19,7 +19,7 @@ from store.mapping import MqttMessage, MqttProperties
 from store.twins import twin
 
 if TYPE_CHECKING:
-    from mqtt_proxy.delivery.shared_groups import SharedGroup
+    from mqtt_proxy.delivery.group_state import SharedGroup
 
 PUMP_BATCHES = 64  # reads of `read_batch` entries per reader per tick before yielding the loop
 

@@ -7,15 +7,14 @@ which owns the queues, their reads and the scheduling."""
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
+from mqtt_proxy.delivery.group_state import SharedGroup
 from mqtt_proxy.delivery.queue_cache import PUMP_BATCHES, CachedMsg, QueueState, cached, cached_get
-from mqtt_proxy.ports import PeerPort
-from mqtt_proxy.sessions.state import Inflight, Session, Subscription
+from mqtt_proxy.ports import GroupHostPort, PeerPort
+from mqtt_proxy.sessions.state import Inflight, Subscription
 
-if TYPE_CHECKING:
-    from mqtt_proxy.delivery.delivery import Delivery
+__all__ = ["GroupDelivery", "SharedGroup"]
 
 
 class _Pick(enum.Enum):
@@ -25,36 +24,10 @@ class _Pick(enum.Enum):
 _UNREADABLE: Final = _Pick.UNREADABLE
 
 
-@dataclass(slots=True, eq=False)
-class SharedGroup:
-    """`$share/<group>/<filter>`: one position, each message to one member."""
-
-    key: str  # "<group>/<filter>"
-    queue: str
-    pos: int = 0
-    members: list[Subscription] = field(default_factory=list)
-    pending: dict[int, tuple[Session, int]] = field(default_factory=dict)  # seq -> (session, pid)
-    redeliver: list[int] = field(default_factory=list)  # seqs orphaned by a leaving member
-    rr: int = 0
-    # Several proxies: the sequences the core leased to this proxy (its members take them in
-    # order; see lightgate/shares.py), None when the group lives in this proxy alone.
-    lease: list[int] | None = None
-    asking: bool = False  # a LEASE is on its way
-    again: bool = False  # the queue grew while it was: ask once more when it is answered
-
-    def acked_pos(self) -> int:
-        low = self.pos
-        if self.pending:
-            low = min(low, min(self.pending))
-        if self.redeliver:
-            low = min(low, min(self.redeliver))
-        return low
-
-
 class GroupDelivery:
     """The `$share` half of one `Delivery`: pumps its groups, takes leaving members out."""
 
-    def __init__(self, delivery: Delivery, batch: int) -> None:
+    def __init__(self, delivery: GroupHostPort, batch: int) -> None:
         self._delivery = delivery  # reads (read_range, load), marks, the cluster's leases
         self._batch = batch
         self._latency = delivery.deliver_latency

@@ -9,19 +9,13 @@ its connection: its subscriptions keep their light-queue positions, and on recon
 simply pulls from there, so offline messages arrive in order. Its expiry timer starts at
 disconnect; expiry deletes it and releases its wildcard filters.
 
-Persistence: dirty persistent sessions are written to the light-queue DB's session store every
-`session_flush_ms`, at disconnect and on graceful close; a SUBSCRIBE or UNSUBSCRIBE writes its
-session before the SUBACK / UNSUBACK (retained messages follow the SUBACK), so a `kill -9` right
-after an ack cannot lose or resurrect a subscription; a stored QoS 2 PUBLISH writes it (its id in
-`qos2_in`) before the PUBREC, so a resend after a `kill -9` is known as one (`write_now`), and
-writes it again before the PUBCOMP (the id forgotten: the client may reuse it) and before an
-outbound PUBREL (the PUBLISH released: never sent again), these per loop pass (`after_write`).
-Ids whose message is not stored yet are never written as stored (`Session.to_state`). Connected persistent sessions are also
-snapshotted about once a second because QoS 0 delivery moves positions without marking them
-dirty (a restart then re-sends at most about a second of QoS 0 messages, which is allowed). A
-flush looks only at the connected persistent sessions and the offline ones changed since their
-last write (`_watched`), plus every persistent session once in FULL_WALK_EVERY flushes: 100,000
-offline sessions cost each flush 4 ms when it walked them all (docs/performance-history.md).
+Persistence (persistence.py, `SessionWriter`): a persistent session is written when it
+changes in a way a `kill -9` must not lose (a SUBSCRIBE before its SUBACK, a stored QoS 2 id
+before its PUBREC, ...) and periodically; this registry tells the writer which sessions are
+persistent and which changed. Connected persistent sessions are also snapshotted about once a
+second because QoS 0 delivery moves positions without marking them dirty (a restart then
+re-sends at most about a second of QoS 0 messages, which is allowed). What a new subscription
+gets at once (retained messages, `$SYS` values) is in initial.py.
 
 Wills: published on a close that was not a normal DISCONNECT, after
 min(will delay, session expiry); a reconnect to the session before then cancels it.
@@ -35,41 +29,75 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from mqtt_proxy.ports import SessionState
-from mqtt_proxy.sessions.retained_feed import RetainedFeed
+from mqtt_proxy.messages import broker_message
+from mqtt_proxy.ports import ClientPort, QueuesPort
+from mqtt_proxy.sessions.initial import InitialMessages
+from mqtt_proxy.sessions.persistence import SessionWriter
 from mqtt_proxy.sessions.state import Session, Subscription, Will
 from mqtt_proxy.sessions.topic_filters import FilterSpec
+from store.mapping import MqttMessage
 
 if TYPE_CHECKING:
-    from mqtt_proxy.connection.connection import MqttConnection
-    from mqtt_proxy.server import MqttServer
+    from mqtt_proxy.access import TopicAccess
+    from mqtt_proxy.delivery.delivery import Delivery
+    from mqtt_proxy.device_events import DeviceEvents
+    from store.connlog import ConnLog
 
 log = logging.getLogger("lightgate.mqtt.sessions")
 
 NEVER_EXPIRES = 0xFFFFFFFF
-FULL_WALK_EVERY = 100  # flushes (session_flush_ms each): every persistent session is looked at
 
 
 class SessionManager:
-    def __init__(self, server: MqttServer) -> None:
-        self.server = server
+    def __init__(
+        self,
+        backend: QueuesPort,
+        delivery: Delivery,
+        access: TopicAccess,
+        publish: Callable[[MqttMessage], None],
+        *,
+        conns: dict[str, ClientPort],
+        counters: dict[str, int],
+        internal_counters: dict[str, int],
+        internal_ids: set[str],
+        events: DeviceEvents,
+        conn_log: ConnLog,
+    ) -> None:
+        """`publish`: into the next append batch (wills); `conns`, `counters`,
+        `internal_counters`, `internal_ids`: the server's maps, which this registry keeps
+        current as clients come and go."""
+        self._backend = backend
+        self._delivery = delivery
+        self._access = access
+        self._publish = publish
+        self._conns = conns
+        self._counters = counters
+        self._internal_counters = internal_counters
+        self._internal_ids = internal_ids
+        self._events = events
+        self._conn_log = conn_log
+        # Writing persistent sessions (persistence.py) and what a new subscription gets at once
+        # (initial.py); their entry points are this registry's, bound here (no extra call).
+        self.writer = writer = SessionWriter(backend, delivery.group_of)
+        self.initial = initial = InitialMessages(backend, delivery)
+        self.flush = writer.flush
+        self.write_now = writer.write_now
+        self.after_write = writer.after_write
+        self.save = writer.save
+        self.send_initial = initial.send_initial
+        self.send_retained = initial.send_retained
+        # Reports a disconnect for flapping detection (store/bans.py); None: not detected here.
+        self.report_disconnect: Callable[[str, str], object] | None = None
+        self.closing = False  # the server is going down: no flapping reports
         self.sessions: dict[str, Session] = {}
-        # The persistent ones among them (possibly a few that stopped being persistent since).
-        self.persistent: dict[str, Session] = {}
-        # What `flush` walks: the connected persistent sessions and the offline ones with changes
-        # not written yet (an offline session changes only at disconnect, when its will is
-        # published, or at restore), so 10^5 offline persistent sessions cost a flush nothing;
-        # every FULL_WALK_EVERY flushes it walks them all, in case a change came by another way.
-        self._watched: set[Session] = set()
-        self._flushes = 0
-        # `after_write`: what waits for a session's next write, written once per loop pass.
-        self._waiting: dict[Session, list[Callable[[], None]]] = {}
+        # The persistent ones among them (the writer's map: it writes them).
+        self.persistent = writer.persistent
 
     # -- restore / persist ---------------------------------------------------------------------
     async def restore(self) -> None:
         """Load persistent sessions after a restart; they are offline until their client returns."""
         now = time.time()
-        backend = self.server.backend
+        backend = self._backend
         if backend.cluster is not None:
             return  # the core holds them until a client's CLAIM hands its session to a proxy
         restored: list[Session] = []
@@ -89,7 +117,7 @@ class SessionManager:
                           lost.session.client_id, lost.spec.raw, answer)  # fmt: skip
                 del lost.session.subs[lost.spec.raw]
                 lost.session.dirty = True
-                self._watched.add(lost.session)
+                self.writer.watched.add(lost.session)
         for s in restored:
             was_offline = bool(s.disconnected_at)
             if not was_offline:
@@ -139,15 +167,15 @@ class SessionManager:
         session.expiry_timer = session.will_timer = None
         session.will = None  # a new connection in time: the will is not published
         queues = [sub.queue for sub in session.subs.values() if not sub.local]
-        self.server.backend.save_sessions([self._state(session)])
+        self._backend.save_sessions([self.writer.state(session)])
         del self.sessions[client_id]
         self.persistent.pop(client_id, None)
-        self._watched.discard(session)
+        self.writer.watched.discard(session)
         return queues
 
     def _will_changed(self, session: Session) -> None:
         """Keep the core's copy of this session's pending will current (several proxies)."""
-        cluster = self.server.backend.cluster
+        cluster = self._backend.cluster
         if cluster is None:
             return
         due = None
@@ -155,72 +183,10 @@ class SessionManager:
             due = session.disconnected_at + min(session.will.delay, session.expiry)
         cluster.will(session.client_id, session.will, session.expiry, due)
 
-    def flush(self, force: bool = False) -> None:
-        self._flushes += 1
-        snapshot = force or self._flushes % 10 == 0
-        full = force or self._flushes % FULL_WALK_EVERY == 0
-        pool = self.persistent.values() if full else self._watched
-        items = []
-        written_offline = []
-        for s in pool:
-            if s.persistent and (s.dirty or (snapshot and s.conn is not None)):
-                items.append(self._state(s))
-                if s.conn is None:
-                    written_offline.append(s)
-        self.server.backend.save_sessions(items)
-        if full:  # and whatever else has nothing left to write or is no longer registered
-            persistent = self.persistent
-            self._watched = {
-                s
-                for s in self._watched
-                if (s.conn is not None or s.dirty) and persistent.get(s.client_id) is s
-            }
-        else:
-            self._watched.difference_update(written_offline)
-
-    def write_now(self, sessions: list[Session], done: Callable[[], None]) -> None:
-        """Write these sessions' state at once (not at the next flush); `done` once written.
-        A session no longer registered here (ended, or handed to another proxy) is not
-        written: that would bring back a deleted one or overwrite its new owner's."""
-        persistent = self.persistent
-        items = [self._state(s) for s in sessions if persistent.get(s.client_id) is s]
-        self.server.backend.save_sessions(items, done)
-
-    def after_write(self, session: Session, then: Callable[[], None]) -> None:
-        """`then()` once `session` is written, in a write shared by everything that asked in
-        this pass of the loop (a read chunk of PUBRECs: one write, not one per packet)."""
-        waiting = self._waiting
-        if not waiting:
-            asyncio.get_running_loop().call_soon(self._write_waiting)
-        fns = waiting.get(session)
-        if fns is None:
-            waiting[session] = [then]
-        else:
-            fns.append(then)
-
-    def _write_waiting(self) -> None:
-        waiting, self._waiting = self._waiting, {}
-
-        def done() -> None:
-            for fns in waiting.values():
-                for fn in fns:
-                    fn()
-
-        self.write_now(list(waiting), done)
-
-    def _state(self, s: Session) -> tuple[str, SessionState]:
-        """(client id, state to store); the session is clean afterwards."""
-        s.dirty = False
-        group_of = self.server.delivery.group_of
-        for sub in s.subs.values():
-            if sub.spec.share_group is not None and (g := group_of(sub)) is not None:
-                sub.pos = g.acked_pos()  # a member stores its group's position
-        return s.client_id, s.to_state()
-
     # -- connect -------------------------------------------------------------------------------
     def open(
         self,
-        conn: MqttConnection,
+        conn: ClientPort,
         client_id: str,
         clean: bool,
         expiry: int,
@@ -228,8 +194,8 @@ class SessionManager:
         will: Will | None,
     ) -> tuple[Session, bool]:
         """Start or resume the session of `client_id` for `conn` (already authenticated)."""
-        server = self.server
-        old = server.conns.get(client_id)
+        conns = self._conns
+        old = conns.get(client_id)
         if old is not None and old is not conn:
             old.taken_over()
         session = self.sessions.get(client_id)
@@ -258,13 +224,13 @@ class SessionManager:
         session.disconnected_at = 0.0  # online again: restore() must not count from a stale time
         session.dirty = session.persistent
         if session.persistent:
-            self._watched.add(session)
+            self.writer.watched.add(session)
         else:
-            self._watched.discard(session)
+            self.writer.watched.discard(session)
         if not session.persistent and present:
             # Resumed with expiry 0 (v5): nothing to keep in the store any more.
-            server.backend.delete_session(client_id)
-        server.conns[client_id] = conn
+            self._backend.delete_session(client_id)
+        conns[client_id] = conn
         self._will_changed(session)
         return session, present
 
@@ -272,7 +238,7 @@ class SessionManager:
         """After CONNACK: attach subscriptions to delivery, resend in-flight messages with DUP."""
         conn = session.conn
         assert conn is not None
-        delivery = self.server.delivery
+        delivery = self._delivery
         for sub in session.subs.values():
             if not sub.local:
                 delivery.attach(sub)
@@ -288,30 +254,30 @@ class SessionManager:
             conn.write(b"".join(out))
         conn.session_overlap = session.overlapping
 
-    def disconnected(self, conn: MqttConnection, reason: str) -> None:
+    def disconnected(self, conn: ClientPort, reason: str) -> None:
         """The connection of a session went away (any cause)."""
-        server = self.server
         session = conn.session
         if session is None:
             return
         cid = session.client_id
-        if server.conns.get(cid) is conn:
-            del server.conns[cid]
-            if conn.counters is server.internal_counters:
-                server.internal_ids.discard(cid)
+        conns = self._conns
+        if conns.get(cid) is conn:
+            del conns[cid]
+            if conn.counters is self._internal_counters:
+                self._internal_ids.discard(cid)
         conn.counters["disconnects"] += 1
-        server.events.disconnect(cid, reason, conn.remote)
-        report = server.report_disconnect
-        if report is not None and not server.closing:  # flapping detection (store/bans.py)
+        self._events.disconnect(cid, reason, conn.remote)
+        report = self.report_disconnect
+        if report is not None and not self.closing:  # flapping detection (store/bans.py)
             report(cid, conn.remote.rpartition(":")[0])
-        server.conn_log.event("closed", conn.conn_id, "client %r: %s", cid, reason or "closed")
+        self._conn_log.event("closed", conn.conn_id, "client %r: %s", cid, reason or "closed")
         for feed in session.feeds[:]:  # retained messages no longer wanted: release the queues
             if feed.conn is conn:
                 feed.finish()
         if session.conn is not conn:
             return  # already taken over by a newer connection
         session.conn = None
-        delivery = server.delivery
+        delivery = self._delivery
         for sub in session.subs.values():
             if not sub.local:
                 delivery.detach(sub)
@@ -321,12 +287,13 @@ class SessionManager:
             self._end(session, publish_will=False)
             if will is not None:
                 self.publish_will(will)
-            if server.backend.cluster is not None:
-                server.backend.cluster.gone(cid)
+            cluster = self._backend.cluster
+            if cluster is not None:
+                cluster.gone(cid)
             return
         session.disconnected_at = time.time()
         session.dirty = True
-        self._watched.add(session)  # already there (it was connected): written, then dropped
+        self.writer.watched.add(session)  # already there (it was connected): written, then dropped
         if will is not None:
             delay = min(will.delay, session.expiry)
             if delay <= 0:
@@ -344,34 +311,28 @@ class SessionManager:
         if session.conn is None and session.will is not None:
             will, session.will = session.will, None
             session.dirty = True
-            self._watched.add(session)
+            self.writer.watched.add(session)
             self.publish_will(will)
             self._will_changed(session)
 
     def publish_will(self, will: Will) -> None:
         """Publish a will its owner's rights allow now (rules may have changed since CONNECT,
         on reload or by the auth hook); a will they do not allow is dropped and counted."""
-        server = self.server
-        allowed = server.will_allowed(will)
+        access = self._access
+        allowed = access.will_allowed(will)
         if allowed is None:  # the auth hook was not asked about this topic yet
-            web = server.topic_hook
-            assert web is not None
-            task = server.loop.create_task(web.authorize(will.user, will.owner, will.topic, 2))
-            task.add_done_callback(
-                lambda t: self._publish_checked_will(will, not t.exception() and t.result())
-            )
+            access.authorize_will(will, lambda ok: self._publish_checked_will(will, ok))
             return
         self._publish_checked_will(will, allowed)
 
     def _publish_checked_will(self, will: Will, allowed: bool) -> None:
-        server = self.server
         if not allowed:
-            server.counters["wills_refused"] += 1
+            self._counters["wills_refused"] += 1
             log.info("will of %r to %r not published: not authorized", will.owner, will.topic)
             return
-        server.counters["wills_published"] += 1
-        server.publish_message(
-            will.topic, will.payload, will.qos, will.retain, will.properties, client_id=""
+        self._counters["wills_published"] += 1
+        self._publish(
+            broker_message(will.topic, will.payload, will.qos, will.retain, will.properties)
         )
 
     def _arm_expiry(self, session: Session, since: float) -> None:
@@ -386,11 +347,12 @@ class SessionManager:
         session.expiry_timer = None
         if session.conn is not None or self.sessions.get(session.client_id) is not session:
             return
-        self.server.counters["sessions_expired"] += 1
+        self._counters["sessions_expired"] += 1
         log.info("session %r expired", session.client_id)
         self._end(session, publish_will=True)
-        if self.server.backend.cluster is not None:
-            self.server.backend.cluster.gone(session.client_id)
+        cluster = self._backend.cluster
+        if cluster is not None:
+            cluster.gone(session.client_id)
 
     def _end(self, session: Session, publish_will: bool) -> None:
         """Delete a session: release its filters, its stored state, its pending will."""
@@ -398,13 +360,13 @@ class SessionManager:
             if t is not None:
                 t.cancel()
         session.expiry_timer = session.will_timer = None
-        server = self.server
-        delivery = server.delivery
+        delivery = self._delivery
+        backend = self._backend
         for sub in session.subs.values():
             if not sub.local:
                 if session.conn is not None:
                     delivery.detach(sub)
-                server.backend.release(sub.queue)
+                backend.release(sub.queue)
         session.subs.clear()
         if publish_will and session.will is not None:
             will, session.will = session.will, None
@@ -413,8 +375,8 @@ class SessionManager:
             del self.sessions[session.client_id]
         if self.persistent.get(session.client_id) is session:
             del self.persistent[session.client_id]
-        self._watched.discard(session)
-        server.backend.delete_session(session.client_id)
+        self.writer.watched.discard(session)
+        backend.delete_session(session.client_id)
 
     # -- subscribe -----------------------------------------------------------------------------
     def needs_queue(self, session: Session, spec: FilterSpec) -> bool:
@@ -436,12 +398,11 @@ class SessionManager:
         queue `Backend.acquire_many` holds for it, and where it starts). Returns it when retain
         handling wants its retained messages sent now: it is then `held` (no delivery) until
         the caller has sent them (`send_initial`, after the SUBACK)."""
-        server = self.server
         existing = session.subs.get(spec.raw)
         local = is_local(spec)
         if existing is not None:
             if acquired is not None:
-                server.backend.release(acquired[0])  # the same filter twice in one SUBSCRIBE
+                self._backend.release(acquired[0])  # the same filter twice in one SUBSCRIBE
             existing.qos, existing.no_local = qos, no_local
             existing.retain_as_published, existing.retain_handling = rap, rh
             existing.sub_id = sub_id
@@ -453,11 +414,11 @@ class SessionManager:
             if not local:
                 assert acquired is not None
                 sub.queue, start = acquired
-                group = server.delivery.group(spec.share_group, sub.queue)
+                group = self._delivery.group(spec.share_group, sub.queue)
                 sub.pos = group.pos if group is not None else start
             session.subs[spec.raw] = sub
             owner = session.conn
-            (server.counters if owner is None else owner.counters)["subscriptions"] += 1
+            (self._counters if owner is None else owner.counters)["subscriptions"] += 1
         # A replay's history already holds the retained messages it covers: sending them again
         # would deliver them twice (docs/replay.md).
         initial = (
@@ -468,48 +429,11 @@ class SessionManager:
         if initial:
             sub.held = True
         if is_new and session.conn is not None and not local:
-            server.delivery.attach(sub)
+            self._delivery.attach(sub)
         session.dirty = session.persistent
         if session.conn is not None:
             session.conn.session_overlap = session.overlapping
         return sub if initial else None
-
-    def send_initial(self, subs: list[Subscription], done: Callable[[], None]) -> None:
-        """What new subscriptions get at once: retained messages, or `$SYS` values. `done` runs
-        once each has its first page written (in order); each is released to delivery when
-        its last retained message is written."""
-        pending = [len(subs) + 1]
-
-        def one_started() -> None:
-            pending[0] -= 1
-            if pending[0] == 0:
-                done()
-
-        def release(sub: Subscription) -> None:
-            sub.held = False
-            if sub.session.conn is not None and not sub.local:
-                qs = self.server.delivery.queues.get(sub.queue)
-                if qs is not None:
-                    self.server.delivery.mark(qs)
-
-        for sub in subs:
-            if sub.local:
-                self.server.sys.send_current(sub)
-                release(sub)
-                one_started()
-            else:
-                self.send_retained(sub, one_started, release)
-        one_started()
-
-    def save(self, session: Session, done: Callable[[], None]) -> None:
-        """Write one persistent session now (SUBSCRIBE / UNSUBSCRIBE, before their ack), then
-        `done`: a `kill -9` right after a SUBACK must not lose the subscription (the periodic
-        flush runs every `session_flush_ms`). A LevelDB write without fsync, as every session
-        write (lightqueue/session_store.py): the OS has it when `done` runs."""
-        if session.persistent:
-            self.server.backend.save_sessions([self._state(session)], done)
-        else:
-            done()
 
     def unsubscribe(self, session: Session, raw: str) -> bool:
         sub = session.subs.pop(raw, None)
@@ -517,24 +441,12 @@ class SessionManager:
             return False
         if not sub.local:
             if session.conn is not None:
-                self.server.delivery.detach(sub)
-            self.server.backend.release(sub.queue)
+                self._delivery.detach(sub)
+            self._backend.release(sub.queue)
         session.dirty = session.persistent
         if session.conn is not None:
             session.conn.session_overlap = session.overlapping
         return True
-
-    def send_retained(
-        self,
-        sub: Subscription,
-        started: Callable[[], None],
-        finished: Callable[[Subscription], None],
-    ) -> None:
-        if sub.session.conn is None:
-            started()
-            finished(sub)
-            return
-        RetainedFeed(self.server.backend.retained_page, sub, started, lambda: finished(sub)).start()
 
 
 def _pending_from_inflight(s: Session) -> None:

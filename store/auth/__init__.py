@@ -8,19 +8,9 @@ at each operation, so `reload()` (SIGHUP) swaps the rules in place for every ope
 
 from __future__ import annotations
 
-
-class AuthFileError(ValueError):
-    """A password or ACL file that does not parse; `str()` is `path:line: what` for the log."""
-
-    def __init__(self, path: str, line: int, message: str) -> None:
-        self.path = path
-        self.line = line
-        self.message = message
-        super().__init__(f"{path}:{line}: {message}" if line else f"{path}: {message}")
-
-
-from store.auth.acl import Acl, ClientAcl  # noqa: E402
-from store.auth.passwords import PasswordFile  # noqa: E402
-from store.auth.security import ConnectVerdict, Security  # noqa: E402
+from store.auth.acl import Acl, ClientAcl
+from store.auth.errors import AuthFileError
+from store.auth.passwords import PasswordFile
+from store.auth.security import ConnectVerdict, Security
 
 __all__ = ["Acl", "AuthFileError", "ClientAcl", "ConnectVerdict", "PasswordFile", "Security"]

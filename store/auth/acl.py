@@ -34,7 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from store.auth import AuthFileError
+from store.auth.errors import AuthFileError
 
 READ = 1
 WRITE = 2

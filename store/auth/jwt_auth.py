@@ -29,8 +29,8 @@ from typing import Any
 import jwt
 from jwt import PyJWK, PyJWKSet
 
-from store.auth import AuthFileError
 from store.auth.acl import READ, WRITE, Acl, ClientAcl, Rule, valid_filter
+from store.auth.errors import AuthFileError
 
 log = logging.getLogger("lightgate.auth")
 

@@ -28,7 +28,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from store.auth import AuthFileError
+from store.auth.errors import AuthFileError
 
 DEFAULT_ITERATIONS = 4096
 SALT_LEN = 12  # what mosquitto_passwd uses

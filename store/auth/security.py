@@ -10,8 +10,8 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 
-from store.auth import AuthFileError
 from store.auth.acl import Acl, ClientAcl
+from store.auth.errors import AuthFileError
 from store.auth.http_hook import HttpAuth
 from store.auth.jwt_auth import JwtAuth
 from store.auth.passwords import PasswordFile

@@ -20,6 +20,9 @@ so the dispatcher reads again. Fetches are read_committed; which Kafka transacti
 aborted is learned from their markers (store.cluster.txns). Fetches are raw Fetch requests through aiokafka's client: the record set comes
 back as the bytes the cluster stores, and is never decoded here.
 
+Connecting (the client, the producer and the admin client, retried until
+`kafka_connect_timeout_s`) is in store.cluster.clients.
+
 The data dir holds no log: only DATA/LOCK (taken as the local store takes it) and what the
 light queues keep (derived from the cluster, rebuilt when missing).
 """
@@ -27,7 +30,6 @@ light queues keep (derived from the cluster, rebuilt when missing).
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import struct
 import threading
@@ -37,14 +39,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aiokafka import AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.client import AIOKafkaClient
+from aiokafka.admin import NewTopic
 
 from store.append_result import AppendResult
 from store.backend import AppendListener, FetchPending, LogBackend
 from store.cluster.appender import ClusterAppender
 from store.cluster.batch_cache import BatchCache
+from store.cluster.clients import ClusterUnreachableError, connect, stop_clients
 from store.cluster.offsets_by_time import OffsetsByTime
 from store.cluster.reader import (
     EMPTY_RETRIES,
@@ -68,10 +69,6 @@ METADATA_EVERY_S = 1.0
 _BASE = struct.Struct(">q")  # new topics (other nodes, other clients) are found this fast
 
 
-class ClusterUnreachableError(StoreError):
-    """The Kafka cluster did not answer within `kafka_connect_timeout_s`."""
-
-
 @dataclass(slots=True)
 class KafkaLogConfig:
     bootstrap: str
@@ -83,11 +80,6 @@ class KafkaLogConfig:
     fetch_bytes: int = 4 << 20  # per partition and fetch
     poll_ms: int = 20  # tail poll when nothing was asked for
     auto_create_topics: bool = True
-
-
-def _kwargs_for(cls: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
-    names = inspect.signature(cls.__init__).parameters
-    return {k: v for k, v in kwargs.items() if k in names}
 
 
 class KafkaLog:
@@ -154,59 +146,12 @@ class KafkaLog:
 
     async def _connect(self) -> None:
         cfg = self.config
-        kw = dict(cfg.client)
-        idempotent = bool(kw.pop("enable_idempotence", True))
-        deadline = time.monotonic() + cfg.connect_timeout_s
-        attempt = 0
-        while True:
-            attempt += 1
-            client = AIOKafkaClient(
-                bootstrap_servers=cfg.bootstrap, **_kwargs_for(AIOKafkaClient, kw)
-            )
-            try:
-                left = max(0.1, deadline - time.monotonic())
-                await asyncio.wait_for(client.bootstrap(), left)
-                self._client = client
-                break
-            except Exception as exc:
-                await client.close()
-                if time.monotonic() >= deadline:
-                    raise ClusterUnreachableError(
-                        f"cannot reach the Kafka cluster at {cfg.bootstrap} within "
-                        f"{cfg.connect_timeout_s:g} s: {exc!r}"
-                    ) from None
-                log.warning(
-                    "Kafka cluster %s not reachable (attempt %d: %r); retrying",
-                    cfg.bootstrap, attempt, exc,
-                )  # fmt: skip
-                await asyncio.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
-        pkw: dict[str, Any] = {"acks": "all", "enable_idempotence": idempotent, "linger_ms": 0}
-        pkw.update(_kwargs_for(AIOKafkaProducer, kw))
-        pkw["max_batch_size"] = max(int(pkw.get("max_batch_size", 0)), 2 << 20)
-        self._producer = AIOKafkaProducer(bootstrap_servers=cfg.bootstrap, **pkw)
-        try:
-            await self._producer.start()
-            self.appender.producer = self._producer
-        except Exception as exc:
-            hint = (
-                " (the cluster refused InitProducerId; set kafka_client_enable_idempotence = false"
-                " for a cluster without idempotent producers, such as Tansu)"
-                if idempotent
-                else ""
-            )
-            raise StoreError(f"cannot start the Kafka producer: {exc!r}{hint}") from None
-        self._admin = AIOKafkaAdminClient(
-            bootstrap_servers=cfg.bootstrap, **_kwargs_for(AIOKafkaAdminClient, kw)
-        )
-        await self._admin.start()
+        clients = await connect(cfg.bootstrap, cfg.client, cfg.connect_timeout_s)
+        self._client, self._producer, self._admin = clients
+        self.appender.producer = self._producer
 
     async def _stop_clients(self) -> None:
-        for c in (self._producer, self._admin, self._client):
-            if c is not None:
-                try:
-                    await (c.stop() if c is self._producer else c.close())
-                except Exception:
-                    log.exception("closing a Kafka client")
+        await stop_clients(self._producer, self._admin, self._client)
         self._producer = self._admin = self._client = None
 
     async def close(self) -> None:
