@@ -169,6 +169,22 @@ class GatewayConfig:
     default_partitions: int = key(
         4, "partitions of a log topic created on first use", lo=1, hi=1024
     )
+    cluster_sessions_topic: str = key(
+        "__lightgate_sessions",
+        '`log = "kafka"`: the cluster topic (one partition, compacted where the cluster can) '
+        "through which the nodes own client ids and hand persistent sessions over: a CONNECT on "
+        "one node ends the client's connection on another (0x8E) and resumes its session there; "
+        'costs one produce and one read of the topic per CONNECT; `""`: off, client ids and '
+        "sessions stay per node (docs/deployment.md)",
+        allowed='a Kafka topic name, or `""`',
+    )
+    cluster_handover_wait_ms: int = key(
+        1000,
+        '`log = "kafka"`: how long a node that claims a client id waits for the previous '
+        "owner's hand-over record before it resumes the last stored state of the session",
+        lo=0,
+        hi=60_000,
+    )
     fsync: str = key(
         "always",
         "default fsync policy of new topics: `always` (group commit; "

@@ -131,6 +131,11 @@ class MqttServer:
         self.report_disconnect: Callable[[str, str], object] | None = (
             self.bans.disconnected if self.settings.flapping_max_disconnects > 0 else None
         )
+        # Other nodes on the same Kafka cluster (set by the wiring): `node_claim(client_id,
+        # then)` owns the id cluster-wide, then calls `then(moved, state)`: moved with the
+        # session another node handed over (its queues held here), or None to start afresh;
+        # not moved: this node's own copy is current.
+        self.node_claim: Callable[[str, Callable[[bool, Any], None]], None] | None = None
         self.counters: dict[str, int] = dict.fromkeys(COUNTERS, 0)
         # The same counters for internal clients (the gateway's latency probes): a connection
         # counts into one or the other (MqttConnection.counters), users' figures never see them.

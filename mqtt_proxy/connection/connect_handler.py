@@ -307,7 +307,21 @@ def _connect_checked(
     args = (client_id, assigned, expiry, will, keepalive, server_keepalive)
     cluster = server.backend.cluster
     if cluster is None:
-        _connect_open(conn, c, *args, blocked)
+        if server.node_claim is None:
+            _connect_open(conn, c, *args, blocked)
+            return
+        # Other nodes: the id is made this node's first (a connection of it on another node
+        # ends, its session comes here); the connection waits.
+        if not blocked:
+            conn.block()
+
+        def node_claimed(moved: bool, state: dict[str, Any] | None) -> None:
+            if moved:
+                server.sessions.moved_in(client_id, state)
+            if not conn.closed:
+                _connect_open(conn, c, *args, True)
+
+        server.node_claim(client_id, node_claimed)
         return
     # Several proxies: the core makes this client id ours first (ending a connection of it on
     # another proxy, handing its session over) before the CONNACK; the connection waits.

@@ -1,0 +1,319 @@
+"""Client-id ownership and session hand-over between nodes on one Kafka cluster (`log = "kafka"`).
+
+Every node of a Kafka-backed deployment reads and writes one topic of the cluster,
+`cluster_sessions_topic` (one partition, keyed by client id): the log's order is the only
+arbiter, so nothing here votes or elects. Theory of operation:
+
+- **Claim.** Before a node answers a CONNECT it appends `claim` {node, id} for the client id and
+  reads the topic until it sees its own record. The owner before it, in the topic's order, is
+  the node that must let go. The latest claim wins: a node that reads another node's claim for
+  an id it owns (or has a connection or session of) ends that connection (v5 DISCONNECT 0x8E,
+  3.1.1 close) and hands the session over.
+- **Hand-over.** The old owner writes the session's final state in log positions
+  (lightgate.session_positions) as `state` {node, for: claim id, s} (or `gone` when it has no
+  persistent session) and forgets its own copy. The claimer waits for that record at most
+  `cluster_handover_wait_ms`, then installs the newest stored state it has read for the id (or
+  none), mapped onto its own light queues. A claim whose previous owner is this node needs no
+  wait: the local session store is current.
+- **Start.** A node reads the topic from its start before it serves, so it knows every owner and
+  stored state. The topic is meant to be compacted (`cleanup.policy=compact`): only the newest
+  record per client id matters once its hand-over is done. A cluster that does not compact
+  (Tansu) keeps every record; the topic then grows by one claim per CONNECT and a state per move
+  and the start-up read gets longer (docs/deployment.md).
+
+Node ids are kept in the data dir (NODE_ID), so a restarted node recognises its own claims.
+Everything runs on the node's event loop; `LocalOwner` is this node's side (the in-process MQTT
+server, or the core's registry of proxies).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Protocol
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from lightgate.session_positions import localize, portable
+
+log = logging.getLogger("lightgate.cluster_sessions")
+
+CLAIM_READ_TIMEOUT = 5.0  # s: our own claim must come back from the cluster this fast
+
+
+class LocalOwner(Protocol):
+    def has(self, client_id: str) -> bool:
+        """A connection or a session of `client_id` is on this node."""
+        ...
+
+    async def take(self, client_id: str) -> dict[str, Any] | None:
+        """End its connection here (0x8E), forget its session (local copy and queue holds
+        released) and return the session's last state (this node's sequences), or None."""
+        ...
+
+
+def node_id(data_dir: Path) -> str:
+    path = Path(data_dir) / "NODE_ID"
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        nid = uuid.uuid4().hex[:16]
+        path.write_text(nid + "\n")
+        return nid
+
+
+def _kwargs_for(cls: Any, kw: dict[str, Any]) -> dict[str, Any]:
+    import inspect
+
+    names = set(inspect.signature(cls).parameters)
+    return {k: v for k, v in kw.items() if k in names}
+
+
+class ClusterSessions:
+    """This node's view of the sessions topic: owners, stored states, claims in progress."""
+
+    def __init__(
+        self, bootstrap: str, client: dict[str, Any], topic: str, node: str, queues: Any,
+        store: Any, handover_wait_s: float = 1.0, replication_factor: int = -1,
+    ) -> None:  # fmt: skip
+        self.bootstrap = bootstrap
+        self.client = dict(client)
+        self.client.pop("enable_idempotence", None)
+        self.topic = topic
+        self.node = node
+        self.queues = queues
+        self.store = store
+        self.handover_wait_s = handover_wait_s
+        self.replication_factor = replication_factor
+        self.local: LocalOwner | None = None
+        self.owner: dict[str, str] = {}  # client id -> node, as of the last record read
+        self.stored: dict[str, dict[str, Any]] = {}  # client id -> newest portable state
+        self._mine: dict[str, asyncio.Future[str | None]] = {}  # claim id -> previous owner
+        self._answers: dict[str, asyncio.Future[None]] = {}  # claim id -> its hand-over read
+        self._busy: dict[str, asyncio.Future[None]] = {}  # client id -> our claim in progress
+        self._seq = 0
+        self._producer: Any = None
+        self._consumer: Any = None
+        self._task: asyncio.Task[None] | None = None
+        self.counters = {"claims": 0, "handed_over": 0, "taken_over": 0, "handover_waits": 0}
+
+    # -- start / stop ----------------------------------------------------------------------
+    async def start(self) -> None:
+        """Make the topic, read it to its end (owners and states), then follow it."""
+        kw = self.client
+        admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap,
+                                    **_kwargs_for(AIOKafkaAdminClient, kw))  # fmt: skip
+        await admin.start()
+        try:
+            nt = NewTopic(self.topic, 1, 1, topic_configs={"cleanup.policy": "compact"})
+            nt.replication_factor = self.replication_factor
+            with contextlib.suppress(Exception):  # made by another node, or refused: see below
+                await admin.create_topics([nt])
+        finally:
+            await admin.close()
+        pkw: dict[str, Any] = {"acks": "all", "enable_idempotence": False, "linger_ms": 0}
+        pkw.update(_kwargs_for(AIOKafkaProducer, kw))
+        pkw["enable_idempotence"] = False  # records are keyed claims: a retried copy is harmless
+        self._producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, **pkw)
+        await self._producer.start()
+        ckw: dict[str, Any] = {"fetch_max_wait_ms": 20, "enable_auto_commit": False}
+        ckw.update(_kwargs_for(AIOKafkaConsumer, kw))
+        self._consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, group_id=None, **ckw)
+        await self._consumer.start()
+        tp = TopicPartition(self.topic, 0)
+        self._consumer.assign([tp])
+        await self._consumer.seek_to_beginning(tp)
+        end = (await self._consumer.end_offsets([tp]))[tp]
+        n = 0
+        while await self._consumer.position(tp) < end:
+            for recs in (await self._consumer.getmany(tp, timeout_ms=200)).values():
+                for r in recs:
+                    self._read(r.key, r.value, starting=True)
+                    n += 1
+        log.info("sessions topic %s read: %d records, %d owned client ids, %d stored sessions",
+                 self.topic, n, len(self.owner), len(self.stored))  # fmt: skip
+        self._task = asyncio.get_running_loop().create_task(self._follow(), name="cluster-sessions")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(BaseException):
+                await self._task
+        for c in (self._producer, self._consumer):
+            if c is not None:
+                with contextlib.suppress(Exception):
+                    await c.stop()
+
+    async def _follow(self) -> None:
+        while True:
+            try:
+                got = await self._consumer.getmany(timeout_ms=500)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("reading the sessions topic failed: %r; retrying", exc)
+                await asyncio.sleep(0.5)
+                continue
+            for recs in got.values():
+                for r in recs:
+                    try:
+                        self._read(r.key, r.value)
+                    except Exception:
+                        log.exception("bad record in the sessions topic at %d", r.offset)
+
+    # -- records ---------------------------------------------------------------------------
+    def _read(self, key: bytes | None, value: bytes | None, starting: bool = False) -> None:
+        if key is None:
+            return
+        cid = key.decode("utf-8")
+        if value is None:  # a tombstone: nothing stored, nobody owns it
+            self.stored.pop(cid, None)
+            self.owner.pop(cid, None)
+            return
+        v = json.loads(value)
+        kind, node = v.get("k"), v.get("node")
+        if kind == "claim":
+            prev = self.owner.get(cid)
+            self.owner[cid] = node
+            mine = self._mine.pop(v["id"], None)
+            if mine is not None:
+                if not mine.done():
+                    mine.set_result(prev)
+            elif not starting and node != self.node and self._ours(cid, prev):
+                asyncio.get_running_loop().create_task(self._hand_over(cid, v["id"]))
+            return
+        if kind == "state":
+            self.stored[cid] = v["s"]
+        elif kind == "gone":
+            self.stored.pop(cid, None)
+        answer = self._answers.pop(v.get("for", ""), None)
+        if answer is not None and not answer.done():
+            answer.set_result(None)
+
+    def _ours(self, cid: str, prev: str | None) -> bool:
+        """This node has something of `cid` to hand over (or a claim of it in progress)."""
+        local = self.local
+        return local is not None and (prev == self.node or local.has(cid) or cid in self._busy)
+
+    async def _send(self, cid: str, value: dict[str, Any] | None) -> None:
+        body = None if value is None else json.dumps(value).encode()
+        await self._producer.send_and_wait(self.topic, body, key=cid.encode("utf-8"))
+
+    # -- this node claims ------------------------------------------------------------------
+    async def claim(self, cid: str) -> tuple[bool, dict[str, Any] | None]:
+        """Make `cid` this node's. (moved, state): moved=False when the local store is
+        current (this node owned it last); else the state handed over (this node's
+        sequences, its queues held once each) or None (no session to resume)."""
+        while (busy := self._busy.get(cid)) is not None:
+            await asyncio.shield(busy)
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._busy[cid] = done
+        try:
+            return await self._claim(cid)
+        except Exception:
+            log.exception("claiming client %r on the cluster failed; serving it locally", cid)
+            return False, None
+        finally:
+            self._release(cid, done)
+
+    def claim_then(self, cid: str, then: Any) -> None:
+        """`claim`, then `then(moved, state)` before any hand-over of `cid` from this node
+        runs (the in-process server opens the session in `then`)."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+
+        async def run() -> None:
+            while (busy := self._busy.get(cid)) is not None:
+                await asyncio.shield(busy)
+            self._busy[cid] = done
+            try:
+                try:
+                    moved, state = await self._claim(cid)
+                except Exception:
+                    log.exception("claiming client %r on the cluster failed", cid)
+                    moved, state = False, None
+                then(moved, state)
+            finally:
+                self._release(cid, done)
+
+        loop.create_task(run())
+
+    def _release(self, cid: str, done: asyncio.Future[None]) -> None:
+        if self._busy.get(cid) is done:
+            del self._busy[cid]
+        done.set_result(None)
+
+    async def _claim(self, cid: str) -> tuple[bool, dict[str, Any] | None]:
+        loop = asyncio.get_running_loop()
+        self._seq += 1
+        claim_id = f"{self.node}.{self._seq}"
+        mine: asyncio.Future[str | None] = loop.create_future()
+        answer: asyncio.Future[None] = loop.create_future()
+        self._mine[claim_id] = mine
+        self._answers[claim_id] = answer
+        self.counters["claims"] += 1
+        try:
+            await self._send(cid, {"k": "claim", "node": self.node, "id": claim_id})
+            prev = await asyncio.wait_for(mine, CLAIM_READ_TIMEOUT)
+            if prev is None or prev == self.node:
+                return False, None
+            t0 = time.monotonic()
+            try:
+                await asyncio.wait_for(answer, self.handover_wait_s)
+            except TimeoutError:
+                self.counters["handover_waits"] += 1
+                log.warning("node %s did not hand client %r over within %.1f s; resuming its "
+                            "last stored state", prev, cid, self.handover_wait_s)  # fmt: skip
+            log.debug("client %r handed over by %s in %.3f s", cid, prev, time.monotonic() - t0)
+        finally:
+            self._mine.pop(claim_id, None)
+            self._answers.pop(claim_id, None)
+        state = self.stored.get(cid)
+        if state is None:
+            return True, None
+        self.counters["taken_over"] += 1
+        local, _held = await localize(state, self.queues)
+        return True, local
+
+    # -- another node claims ---------------------------------------------------------------
+    async def _hand_over(self, cid: str, claim_id: str) -> None:
+        while (busy := self._busy.get(cid)) is not None:
+            await asyncio.shield(busy)  # our own claim of it first: then its connection ends
+        assert self.local is not None
+        try:
+            state = await self.local.take(cid)
+            if state is not None:
+                state = portable(state, self.queues, self.store)
+                await self._send(cid, {"k": "state", "node": self.node, "for": claim_id,
+                                       "s": state})  # fmt: skip
+            else:
+                await self._send(cid, {"k": "gone", "node": self.node, "for": claim_id})
+            self.counters["handed_over"] += 1
+        except Exception:
+            log.exception("handing client %r over failed", cid)
+
+
+class ServerOwner:
+    """This node's side when its MQTT server runs in this process (`mqtt_processes = 0`)."""
+
+    def __init__(self, server: Any, stored: Any) -> None:
+        self.server = server
+        self.stored = stored  # the light-queue DB's session store
+
+    def has(self, client_id: str) -> bool:
+        return client_id in self.server.sessions.sessions or client_id in self.server.conns
+
+    async def take(self, client_id: str) -> dict[str, Any] | None:
+        server = self.server
+        for queue in server.sessions.hand_off(client_id):  # ends the connection, writes it
+            server.backend.release(queue)
+        state: dict[str, Any] | None = self.stored.get(client_id)
+        if state is not None:
+            self.stored.delete(client_id)
+        return state
