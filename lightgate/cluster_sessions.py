@@ -97,7 +97,12 @@ class ClusterSessions:
         self._mine: dict[str, asyncio.Future[str | None]] = {}  # claim id -> previous owner
         self._answers: dict[str, asyncio.Future[None]] = {}  # claim id -> its hand-over read
         self._busy: dict[str, asyncio.Future[None]] = {}  # client id -> our claim in progress
-        self._seq = 0
+        # Claim ids are `<node>.<n>` with n growing across restarts (nanoseconds at start, then
+        # +1): a copy of a claim read again (a producer retry without idempotence, a consumer
+        # reset) is known as one by n and ignored.
+        self._seq = time.time_ns()
+        self._last_claim: dict[str, int] = {}  # node -> highest n read
+        self._next_offset = 0  # records below it were read already
         self._producer: Any = None
         self._consumer: Any = None
         self._task: asyncio.Task[None] | None = None
@@ -122,7 +127,11 @@ class ClusterSessions:
         pkw["enable_idempotence"] = False  # records are keyed claims: a retried copy is harmless
         self._producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, **pkw)
         await self._producer.start()
-        ckw: dict[str, Any] = {"fetch_max_wait_ms": 20, "enable_auto_commit": False}
+        ckw: dict[str, Any] = {
+            "fetch_max_wait_ms": 20,
+            "enable_auto_commit": False,
+            "auto_offset_reset": "earliest",  # a reset reads again (skipped), never skips
+        }
         ckw.update(_kwargs_for(AIOKafkaConsumer, kw))
         self._consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, group_id=None, **ckw)
         await self._consumer.start()
@@ -134,8 +143,10 @@ class ClusterSessions:
         while await self._consumer.position(tp) < end:
             for recs in (await self._consumer.getmany(tp, timeout_ms=200)).values():
                 for r in recs:
-                    self._read(r.key, r.value, starting=True)
-                    n += 1
+                    if r.offset >= self._next_offset:
+                        self._next_offset = r.offset + 1
+                        self._read(r.key, r.value, starting=True)
+                        n += 1
         log.info("sessions topic %s read: %d records, %d owned client ids, %d stored sessions",
                  self.topic, n, len(self.owner), len(self.stored))  # fmt: skip
         self._task = asyncio.get_running_loop().create_task(self._follow(), name="cluster-sessions")
@@ -162,6 +173,9 @@ class ClusterSessions:
                 continue
             for recs in got.values():
                 for r in recs:
+                    if r.offset < self._next_offset:
+                        continue  # read again after a reset of the consumer's position
+                    self._next_offset = r.offset + 1
                     try:
                         self._read(r.key, r.value)
                     except Exception:
@@ -179,6 +193,10 @@ class ClusterSessions:
         v = json.loads(value)
         kind, node = v.get("k"), v.get("node")
         if kind == "claim":
+            n = int(str(v["id"]).rpartition(".")[2])
+            if n <= self._last_claim.get(node, -1):
+                return  # a copy of a claim read before
+            self._last_claim[node] = n
             prev = self.owner.get(cid)
             self.owner[cid] = node
             mine = self._mine.pop(v["id"], None)
@@ -186,6 +204,7 @@ class ClusterSessions:
                 if not mine.done():
                     mine.set_result(prev)
             elif not starting and node != self.node and self._ours(cid, prev):
+                log.info("client %r claimed by node %s: handing it over", cid, node)
                 asyncio.get_running_loop().create_task(self._hand_over(cid, v["id"]))
             return
         if kind == "state":

@@ -307,7 +307,7 @@ def _connect_checked(
     args = (client_id, assigned, expiry, will, keepalive, server_keepalive)
     cluster = server.backend.cluster
     if cluster is None:
-        if server.node_claim is None:
+        if server.node_claim is None or assigned is not None:  # an id made here is unique
             _connect_open(conn, c, *args, blocked)
             return
         # Other nodes: the id is made this node's first (a connection of it on another node
