@@ -45,6 +45,7 @@ from lightgate.session_positions import localize, portable
 log = logging.getLogger("lightgate.cluster_sessions")
 
 CLAIM_READ_TIMEOUT = 5.0  # s: our own claim must come back from the cluster this fast
+LEAVE_TIMEOUT = 15.0  # s a stopping node may spend writing its sessions for the others
 
 
 class LocalOwner(Protocol):
@@ -94,6 +95,7 @@ class ClusterSessions:
         self.local: LocalOwner | None = None
         self.owner: dict[str, str] = {}  # client id -> node, as of the last record read
         self.stored: dict[str, dict[str, Any]] = {}  # client id -> newest portable state
+        self.stopped: set[str] = set()  # nodes that stopped gracefully and have not claimed since
         self._mine: dict[str, asyncio.Future[str | None]] = {}  # claim id -> previous owner
         self._answers: dict[str, asyncio.Future[None]] = {}  # claim id -> its hand-over read
         self._busy: dict[str, asyncio.Future[None]] = {}  # client id -> our claim in progress
@@ -149,9 +151,44 @@ class ClusterSessions:
                         n += 1
         log.info("sessions topic %s read: %d records, %d owned client ids, %d stored sessions",
                  self.topic, n, len(self.owner), len(self.stored))  # fmt: skip
+        self._prune()
         self._task = asyncio.get_running_loop().create_task(self._follow(), name="cluster-sessions")
 
+    def _prune(self) -> None:
+        """Drop this node's stored copies of sessions another node took while it was down:
+        the latest CONNECT won there (a node that stopped handed its sessions over first)."""
+        stored = self.queues.sessions
+        gone = [cid for cid, _ in stored.items() if self.owner.get(cid, self.node) != self.node]
+        for cid in gone:
+            stored.delete(cid)
+        if gone:
+            log.info("%d stored sessions were taken over by other nodes meanwhile", len(gone))
+
+    async def _leave(self) -> None:
+        """A graceful stop: write every persistent session this node owns as a final state
+        record, so a client that connects to another node meanwhile resumes it at once."""
+        sends = []
+        for cid, state in self.queues.sessions.items():
+            if self.owner.get(cid, self.node) != self.node:
+                continue
+            try:
+                value = {"k": "state", "node": self.node, "final": True,
+                         "s": portable(state, self.queues, self.store)}  # fmt: skip
+            except Exception:
+                log.exception("session %r cannot be written for other nodes", cid)
+                continue
+            body = json.dumps(value).encode()
+            sends.append(await self._producer.send(self.topic, body, key=cid.encode("utf-8")))
+        if sends:
+            await asyncio.gather(*sends)
+            log.info("%d persistent sessions written for the other nodes", len(sends))
+
     async def close(self) -> None:
+        if self._producer is not None and self._task is not None:
+            try:
+                await asyncio.wait_for(self._leave(), LEAVE_TIMEOUT)
+            except Exception as exc:
+                log.warning("writing sessions for the other nodes at stop failed: %r", exc)
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(BaseException):
@@ -199,6 +236,7 @@ class ClusterSessions:
             self._last_claim[node] = n
             prev = self.owner.get(cid)
             self.owner[cid] = node
+            self.stopped.discard(node)
             mine = self._mine.pop(v["id"], None)
             if mine is not None:
                 if not mine.done():
@@ -209,6 +247,8 @@ class ClusterSessions:
             return
         if kind == "state":
             self.stored[cid] = v["s"]
+            if v.get("final"):
+                self.stopped.add(node)
         elif kind == "gone":
             self.stored.pop(cid, None)
         answer = self._answers.pop(v.get("for", ""), None)
@@ -284,6 +324,8 @@ class ClusterSessions:
                 return False, None
             t0 = time.monotonic()
             try:
+                if prev in self.stopped:  # it wrote its sessions when it stopped: no answer comes
+                    answer.set_result(None)
                 await asyncio.wait_for(answer, self.handover_wait_s)
             except TimeoutError:
                 self.counters["handover_waits"] += 1
