@@ -318,7 +318,12 @@ class ClusterSessions:
         self._answers[claim_id] = answer
         self.counters["claims"] += 1
         try:
-            await self._send(cid, {"k": "claim", "node": self.node, "id": claim_id})
+            # Bounded: with the cluster unreachable the CONNECT is served here (its PUBLISHes
+            # cannot be acknowledged anyway) rather than held for the client's timeout.
+            await asyncio.wait_for(
+                self._send(cid, {"k": "claim", "node": self.node, "id": claim_id}),
+                CLAIM_READ_TIMEOUT,
+            )
             prev = await asyncio.wait_for(mine, CLAIM_READ_TIMEOUT)
             if prev is None or prev == self.node:
                 return False, None

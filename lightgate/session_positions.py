@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 from lightqueue.backfill import relevant_topics
@@ -32,7 +33,8 @@ log = logging.getLogger("lightgate.cluster_sessions")
 
 READ_CHUNK = 4096
 READ_MAX = 1_000_000  # entries scanned per subscription for its positions (a far-behind reader)
-LIVE_WAIT_S = 2.0  # how long the new queue may backfill before in-flight messages are matched
+LIVE_WAIT_S = 2.0
+TOPICS_WAIT_S = 3.0  # a log topic made elsewhere is known here within a metadata refresh (1 s)  # how long the new queue may backfill before in-flight messages are matched
 
 
 def portable(state: dict[str, Any], queues: Any, store: Any) -> dict[str, Any]:
@@ -83,6 +85,7 @@ def _frontier(queues: Any, store: Any, d: dict[str, Any]) -> list[list[Any]]:
 
 async def localize(state: dict[str, Any], queues: Any) -> tuple[dict[str, Any], list[str]]:
     """A portable state as this node's: (state, the queues acquired for it, one hold each)."""
+    await _topics_known(queues.store, state)
     out = dict(state)
     subs = []
     held: list[str] = []
@@ -117,6 +120,24 @@ async def localize(state: dict[str, Any], queues: Any) -> tuple[dict[str, Any], 
         inflight.append([pid, queue, seq, qos, data, released, fraw])
     out["inflight"] = inflight
     return out, held
+
+
+async def _topics_known(store: Any, state: dict[str, Any]) -> None:
+    """Wait (bounded) until this node knows every log partition the positions name. A replay
+    queue made before would miss a topic this node has not seen yet (its metadata is refreshed
+    every second): found later, that topic would be indexed into it from its log start."""
+    want = {(t, p) for d in state.get("subs", ()) for t, p, _o in d.get("at") or ()}
+    deadline = time.monotonic() + TOPICS_WAIT_S
+    while True:
+        counts = store.topics()
+        missing = [tp for tp in want if counts.get(tp[0], 0) <= tp[1]]
+        if not missing:
+            return
+        if time.monotonic() >= deadline:
+            log.warning("session %r: log partitions %s still unknown here; moving it anyway",
+                        state.get("client_id"), sorted(missing))  # fmt: skip
+            return
+        await asyncio.sleep(0.02)
 
 
 async def _entries(queues: Any, queue: str) -> dict[tuple[str, int, int], int]:
