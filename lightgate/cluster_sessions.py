@@ -8,7 +8,10 @@ arbiter, so nothing here votes or elects. Theory of operation:
   reads the topic until it sees its own record. The owner before it, in the topic's order, is
   the node that must let go. The latest claim wins: a node that reads another node's claim for
   an id it owns (or has a connection or session of) ends that connection (v5 DISCONNECT 0x8E,
-  3.1.1 close) and hands the session over.
+  3.1.1 close) and hands the session over. While a claim of its own for that id is in
+  progress, the order decides what goes: a claim read after ours waits until ours is done and
+  ends the connection ours opened; one read before ours (ours comes later in the topic) gets
+  what the node has now at once, and ours then takes it back from that claimer.
 - **Hand-over.** The old owner writes the session's final state in log positions
   (lightgate.session_positions) as `state` {node, for: claim id, s} (or `gone` when it has no
   persistent session) and forgets its own copy. The claimer waits for that record at most
@@ -53,9 +56,10 @@ class LocalOwner(Protocol):
         """A connection or a session of `client_id` is on this node."""
         ...
 
-    async def take(self, client_id: str) -> dict[str, Any] | None:
+    async def take(self, client_id: str, now: bool = False) -> dict[str, Any] | None:
         """End its connection here (0x8E), forget its session (local copy and queue holds
-        released) and return the session's last state (this node's sequences), or None."""
+        released) and return the session's last state (this node's sequences), or None.
+        `now`: a claim of this node for the id is in progress; do not wait for it."""
         ...
 
 
@@ -99,6 +103,7 @@ class ClusterSessions:
         self._mine: dict[str, asyncio.Future[str | None]] = {}  # claim id -> previous owner
         self._answers: dict[str, asyncio.Future[None]] = {}  # claim id -> its hand-over read
         self._busy: dict[str, asyncio.Future[None]] = {}  # client id -> our claim in progress
+        self._read_mine: set[str] = set()  # of those, the ones whose claim record we have read
         # Claim ids are `<node>.<n>` with n growing across restarts (nanoseconds at start, then
         # +1): a copy of a claim read again (a producer retry without idempotence, a consumer
         # reset) is known as one by n and ignored.
@@ -108,6 +113,7 @@ class ClusterSessions:
         self._producer: Any = None
         self._consumer: Any = None
         self._task: asyncio.Task[None] | None = None
+        self._running: set[asyncio.Task[None]] = set()  # hand-overs and in-process claims
         self.counters = {"claims": 0, "handed_over": 0, "taken_over": 0, "handover_waits": 0}
 
     # -- start / stop ----------------------------------------------------------------------
@@ -239,11 +245,16 @@ class ClusterSessions:
             self.stopped.discard(node)
             mine = self._mine.pop(v["id"], None)
             if mine is not None:
+                self._read_mine.add(cid)
                 if not mine.done():
                     mine.set_result(prev)
             elif not starting and node != self.node and self._ours(cid, prev):
                 log.info("client %r claimed by node %s: handing it over", cid, node)
-                asyncio.get_running_loop().create_task(self._hand_over(cid, v["id"]))
+                # Our own claim of it, if one is in progress, comes after this one in the
+                # topic's order unless we have read it already: then this node owns it until
+                # that claim is done, and what is handed over is what it opens.
+                after_ours = cid in self._read_mine
+                self._spawn(self._hand_over(cid, v["id"], after_ours))
             return
         if kind == "state":
             self.stored[cid] = v["s"]
@@ -256,9 +267,9 @@ class ClusterSessions:
             answer.set_result(None)
 
     def _ours(self, cid: str, prev: str | None) -> bool:
-        """This node has something of `cid` to hand over (or a claim of it in progress)."""
+        """This node owned `cid` until this claim, or has a connection or session of it."""
         local = self.local
-        return local is not None and (prev == self.node or local.has(cid) or cid in self._busy)
+        return local is not None and (prev == self.node or local.has(cid))
 
     async def _send(self, cid: str, value: dict[str, Any] | None) -> None:
         body = None if value is None else json.dumps(value).encode()
@@ -301,11 +312,18 @@ class ClusterSessions:
             finally:
                 self._release(cid, done)
 
-        loop.create_task(run())
+        self._spawn(run())
+
+    def _spawn(self, coro: Any) -> None:
+        """A task kept referenced until it ends (the loop holds only weak references)."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
 
     def _release(self, cid: str, done: asyncio.Future[None]) -> None:
         if self._busy.get(cid) is done:
             del self._busy[cid]
+            self._read_mine.discard(cid)
         done.set_result(None)
 
     async def _claim(self, cid: str) -> tuple[bool, dict[str, Any] | None]:
@@ -348,12 +366,16 @@ class ClusterSessions:
         return True, local
 
     # -- another node claims ---------------------------------------------------------------
-    async def _hand_over(self, cid: str, claim_id: str) -> None:
-        while (busy := self._busy.get(cid)) is not None:
-            await asyncio.shield(busy)  # our own claim of it first: then its connection ends
+    async def _hand_over(self, cid: str, claim_id: str, after_ours: bool) -> None:
+        """`after_ours`: the claim came after ours, in progress: its connection, once open,
+        is what ends. Else what this node has now goes (a claim of ours still to be read
+        will take it back through the claimer)."""
+        if after_ours:
+            while (busy := self._busy.get(cid)) is not None:
+                await asyncio.shield(busy)
         assert self.local is not None
         try:
-            state = await self.local.take(cid)
+            state = await self.local.take(cid, not after_ours and cid in self._busy)
             if state is not None:
                 state = portable(state, self.queues, self.store)
                 await self._send(cid, {"k": "state", "node": self.node, "for": claim_id,
@@ -375,7 +397,7 @@ class ServerOwner:
     def has(self, client_id: str) -> bool:
         return client_id in self.server.sessions.sessions or client_id in self.server.conns
 
-    async def take(self, client_id: str) -> dict[str, Any] | None:
+    async def take(self, client_id: str, now: bool = False) -> dict[str, Any] | None:
         server = self.server
         for queue in server.sessions.hand_off(client_id):  # ends the connection, writes it
             server.backend.release(queue)

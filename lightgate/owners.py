@@ -144,10 +144,11 @@ class ClientRegistry:
     def has(self, cid: str) -> bool:
         return cid in self.owners or cid in self.held
 
-    async def take(self, cid: str) -> dict[str, Any] | None:
+    async def take(self, cid: str, now: bool = False) -> dict[str, Any] | None:
         """Another node claimed `cid`: its proxy here ends the connection (0x8E) and writes
-        the session; the session, its holds and its will leave this node."""
-        done = await self._lock(cid)
+        the session; the session, its holds and its will leave this node. `now`: a claim of
+        `cid` here waits for the cluster (it holds the lock and has touched nothing yet)."""
+        done = None if now else await self._lock(cid)
         try:
             owner = self.owners.get(cid)
             if owner is not None:
@@ -172,7 +173,8 @@ class ClientRegistry:
                 self.queues.sessions.delete(cid)
             return state
         finally:
-            self._unlock(cid, done)
+            if done is not None:
+                self._unlock(cid, done)
 
     async def _claim_one(self, peer: RpcPeer, cid: str) -> bytes:
         owner = self.owners.get(cid)

@@ -6,6 +6,7 @@ with its subscriptions, positions and every acknowledged message (lightgate.clus
 from __future__ import annotations
 
 import re
+import threading
 import time
 import urllib.request
 from collections import Counter
@@ -91,6 +92,24 @@ def test_connect_on_another_node_ends_the_connection_within_a_second(two_nodes: 
         assert not new.disconnected.wait(0.3), f"takeover {i}: the new connection was ended"
         old = new
     old.disconnect()
+
+
+def test_simultaneous_connects_on_two_nodes_leave_one_connection(two_nodes: list[int]) -> None:
+    """Two clients with one id CONNECT to two nodes at the same moment: whatever the order
+    the cluster puts their claims in, exactly one connection is left."""
+    for rnd in range(6):
+        pair = [no_reconnect(Client(port, "twin", version=V5)) for port in two_nodes]
+        threads = [threading.Thread(target=c.connect, kwargs={"expect_ok": False}) for c in pair]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(15)
+        time.sleep(1.5)
+        alive = [c for c in pair if not c.disconnected.is_set()]
+        assert len(alive) == 1, f"round {rnd}: {len(alive)} connections left"
+        alive[0].disconnect()
+        for c in pair:
+            c.paho.loop_stop()
 
 
 def publish_all(port: int, n: int) -> dict[str, list[bytes]]:
