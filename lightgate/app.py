@@ -192,6 +192,7 @@ class Gateway:
             cfg.kafka_bootstrap, dict(cfg.extra.get("kafka_client", {})),
             cfg.cluster_sessions_topic, node_id(cfg.data_path), queues, self.store,
             cfg.cluster_handover_wait_ms / 1000, cfg.kafka_replication_factor,
+            cfg.cluster_sessions_poll_ms,
         )  # fmt: skip
         await cs.start()
         self.cluster_sessions = cs

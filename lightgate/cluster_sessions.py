@@ -86,6 +86,7 @@ class ClusterSessions:
     def __init__(
         self, bootstrap: str, client: dict[str, Any], topic: str, node: str, queues: Any,
         store: Any, handover_wait_s: float = 1.0, replication_factor: int = -1,
+        poll_ms: int = 20,
     ) -> None:  # fmt: skip
         self.bootstrap = bootstrap
         self.client = dict(client)
@@ -96,6 +97,7 @@ class ClusterSessions:
         self.store = store
         self.handover_wait_s = handover_wait_s
         self.replication_factor = replication_factor
+        self.poll_ms = poll_ms
         self.local: LocalOwner | None = None
         self.owner: dict[str, str] = {}  # client id -> node, as of the last record read
         self.stored: dict[str, dict[str, Any]] = {}  # client id -> newest portable state
@@ -136,7 +138,7 @@ class ClusterSessions:
         self._producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, **pkw)
         await self._producer.start()
         ckw: dict[str, Any] = {
-            "fetch_max_wait_ms": 20,
+            "fetch_max_wait_ms": self.poll_ms,
             "enable_auto_commit": False,
             "auto_offset_reset": "earliest",  # a reset reads again (skipped), never skips
         }

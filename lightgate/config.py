@@ -178,6 +178,15 @@ class GatewayConfig:
         "sessions stay per node (docs/deployment.md)",
         allowed='a Kafka topic name, or `""`',
     )
+    cluster_sessions_poll_ms: int = key(
+        20,
+        '`log = "kafka"`: longest wait of a read of `cluster_sessions_topic`; a cluster that '
+        "does not answer a waiting read when records arrive (Tansu) adds up to this much to "
+        "every CONNECT (measured on Tansu: 20 ms gave a 14 ms median CONNECT and no idle "
+        "cost to measure, 5 ms 5 ms and 2-5 % of a core idle; bench/results-issue-43a.md)",
+        lo=1,
+        hi=1000,
+    )
     cluster_handover_wait_ms: int = key(
         1000,
         '`log = "kafka"`: how long a node that claims a client id waits for the previous '
