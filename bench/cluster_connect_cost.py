@@ -1,16 +1,18 @@
 """What `cluster_sessions_topic` costs a CONNECT: CONNECT → CONNACK time on one Kafka-backed node
 with the cross-node claim on and off, alternating, against the same real Tansu.
 
-    .venv/bin/python bench/cluster_connect_cost.py [--n 300] [--rounds 3]
+    .venv/bin/python bench/cluster_connect_cost.py [--n 300] [--rounds 3] [--idle]
 
 Each round starts one `serve` per setting (fresh data dir), connects `n` 3.1.1 clients one after
 another (raw sockets, clean session, a new client id each, then one client id reconnecting
-`n` times), and prints the median and p99 in ms.
+`n` times), and prints the median and p99 in ms. `--idle`: instead, the node's CPU over 10 s
+of doing nothing, 2 s after it is ready (/proc/<pid>/stat), in % of a core.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import socket
 import statistics
 import sys
@@ -48,10 +50,23 @@ def run(port: int, n: int, tag: str) -> list[float]:
     return fresh + again
 
 
+def idle_cpu(g: GatewayProcess) -> float:
+    def cpu() -> float:
+        assert g.proc is not None
+        f = Path(f"/proc/{g.proc.pid}/stat").read_text().split(")")[1].split()
+        return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+    time.sleep(2)
+    c0, t0 = cpu(), time.monotonic()
+    time.sleep(10)
+    return 100 * (cpu() - c0) / (time.monotonic() - t0)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=300)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--idle", action="store_true")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         t = start_tansu(Path(tmp))
@@ -62,6 +77,9 @@ def main() -> None:
                     g = GatewayProcess(d, kafka_args(t, "--set", f"cluster_sessions_topic={topic}"))
                     g.start()
                     try:
+                        if a.idle:
+                            print(f"round {r} claims {label:3}: idle {idle_cpu(g):.1f} % of a core")
+                            continue
                         ms = sorted(run(g.port("mqtt"), a.n, f"{label}{r}"))
                     finally:
                         g.stop()
