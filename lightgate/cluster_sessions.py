@@ -48,6 +48,7 @@ from lightgate.session_positions import localize, portable
 log = logging.getLogger("lightgate.cluster_sessions")
 
 CLAIM_READ_TIMEOUT = 5.0  # s: our own claim must come back from the cluster this fast
+SEEN_CLAIMS = 100_000  # claim ids remembered to know a retried copy (it follows within seconds)
 LEAVE_TIMEOUT = 15.0  # s a stopping node may spend writing its sessions for the others
 
 
@@ -106,11 +107,11 @@ class ClusterSessions:
         self._answers: dict[str, asyncio.Future[None]] = {}  # claim id -> its hand-over read
         self._busy: dict[str, asyncio.Future[None]] = {}  # client id -> our claim in progress
         self._read_mine: set[str] = set()  # of those, the ones whose claim record we have read
-        # Claim ids are `<node>.<n>` with n growing across restarts (nanoseconds at start, then
-        # +1): a copy of a claim read again (a producer retry without idempotence, a consumer
-        # reset) is known as one by n and ignored.
+        # Claim ids are `<node>.<n>`, n unique across restarts (nanoseconds at start, then +1).
+        # A copy of a claim (a producer retry without idempotence) is known by its id, a record
+        # read again after a reset of the reader by its offset; both are ignored.
         self._seq = time.time_ns()
-        self._last_claim: dict[str, int] = {}  # node -> highest n read
+        self._seen_claims: dict[str, None] = {}  # the latest claim ids read, oldest first
         self._next_offset = 0  # records below it were read already
         self._producer: Any = None
         self._consumer: Any = None
@@ -238,10 +239,12 @@ class ClusterSessions:
         v = json.loads(value)
         kind, node = v.get("k"), v.get("node")
         if kind == "claim":
-            n = int(str(v["id"]).rpartition(".")[2])
-            if n <= self._last_claim.get(node, -1):
-                return  # a copy of a claim read before
-            self._last_claim[node] = n
+            seen = self._seen_claims
+            if v["id"] in seen:
+                return  # a copy of a claim read before (a producer retry)
+            seen[v["id"]] = None
+            if len(seen) > SEEN_CLAIMS:
+                del seen[next(iter(seen))]
             prev = self.owner.get(cid)
             self.owner[cid] = node
             self.stopped.discard(node)
