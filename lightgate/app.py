@@ -38,6 +38,7 @@ from store.auth import Security
 from store.bans import BanList
 
 if TYPE_CHECKING:
+    from lightgate.cluster_sessions import ClusterSessions
     from lightgate.core_link import CoreLink
     from lightgate.probe import Probe
     from lightgate.supervisor import ProxySupervisor
@@ -70,6 +71,7 @@ class Gateway:
         self.notifier: InProcessNotifier | None = None
         self.mqtt: MqttServer | None = None  # one-process shape
         self.link: CoreLink | None = None  # split shape (the proxies' figures)
+        self.cluster_sessions: ClusterSessions | None = None  # log = "kafka": other nodes
         self.kafka: KafkaServer | None = None
         self.probe: Probe | None = None
         self.bridges: Bridges | None = None  # `[[bridge]]`s (mqtt_proxy/bridge)
@@ -145,6 +147,8 @@ class Gateway:
         await queues.start()
         if cfg.log == "kafka":
             await catch_up(queues)
+            if cfg.cluster_sessions_topic and has_mqtt_listeners(cfg):
+                await self._start_cluster_sessions(queues)
         notifier.start()
         self._closers.append(notifier)
         self._start_bridges(queues, notifier)
@@ -159,6 +163,11 @@ class Gateway:
         settings.internal_secret = self.internal_secret
         backend = LocalBackend(self.store, queues, notifier, "mqtt-0", settings.recent_cache_bytes)
         mqtt = self.mqtt = MqttServer(backend, settings, security=self.security, bans=self.bans)
+        if self.cluster_sessions is not None:
+            from lightgate.cluster_sessions import ServerOwner
+
+            self.cluster_sessions.local = ServerOwner(mqtt, queues.sessions)
+            mqtt.node_claim = self.cluster_sessions.claim_then
         await mqtt.start()
         self._closers.append(mqtt)
         if cfg.mqtt_port != -1:
@@ -173,6 +182,21 @@ class Gateway:
             self.endpoints["wss"] = await mqtt.start_ws(
                 cfg.host, cfg.wss_port, self.certificates.add(tls_context(cfg))
             )
+
+    async def _start_cluster_sessions(self, queues: LightQueues) -> None:
+        """Client ids and sessions shared with the other nodes of the Kafka cluster."""
+        from lightgate.cluster_sessions import ClusterSessions, node_id
+
+        cfg = self.cfg
+        cs = ClusterSessions(
+            cfg.kafka_bootstrap, dict(cfg.extra.get("kafka_client", {})),
+            cfg.cluster_sessions_topic, node_id(cfg.data_path), queues, self.store,
+            cfg.cluster_handover_wait_ms / 1000, cfg.kafka_replication_factor,
+            cfg.cluster_sessions_poll_ms,
+        )  # fmt: skip
+        await cs.start()
+        self.cluster_sessions = cs
+        self._closers.append(cs)
 
     def _start_bridges(self, queues: LightQueues, notifier: InProcessNotifier) -> None:
         """The `[[bridge]]`s, once per gateway: here, where the log and the light queues are
@@ -212,6 +236,9 @@ class Gateway:
             on_round()
 
         queues.set_sink(sink)
+        if self.cluster_sessions is not None:
+            self.cluster_sessions.local = link.clients
+            link.clients.node = self.cluster_sessions
         address = await link.start(core_address(self.cfg))
         self._closers.append(link)
         if self.cfg.core_listen and not address.startswith("unix:"):
@@ -365,6 +392,7 @@ async def open_cluster_log(cfg: GatewayConfig) -> KafkaLog:
         replication_factor=cfg.kafka_replication_factor,
         client=dict(cfg.extra.get("kafka_client", {})),
         connect_timeout_s=float(cfg.kafka_connect_timeout_s),
+        private_topics=(cfg.cluster_sessions_topic,) if cfg.cluster_sessions_topic else (),
     )
     return await KafkaLog.open(cfg.data_path, kcfg)
 

@@ -169,6 +169,31 @@ class GatewayConfig:
     default_partitions: int = key(
         4, "partitions of a log topic created on first use", lo=1, hi=1024
     )
+    cluster_sessions_topic: str = key(
+        "__lightgate_sessions",
+        '`log = "kafka"`: the cluster topic (one partition, compacted where the cluster can) '
+        "through which the nodes own client ids and hand persistent sessions over: a CONNECT on "
+        "one node ends the client's connection on another (0x8E) and resumes its session there; "
+        'costs one produce and one read of the topic per CONNECT; `""`: off, client ids and '
+        "sessions stay per node (docs/deployment.md)",
+        allowed='a Kafka topic name, or `""`',
+    )
+    cluster_sessions_poll_ms: int = key(
+        20,
+        '`log = "kafka"`: longest wait of a read of `cluster_sessions_topic`; a cluster that '
+        "does not answer a waiting read when records arrive (Tansu) adds up to this much to "
+        "every CONNECT (measured on Tansu: 20 ms gave a 14 ms median CONNECT and no idle "
+        "cost to measure, 5 ms 5 ms and 2-5 % of a core idle; bench/results-issue-43a.md)",
+        lo=1,
+        hi=1000,
+    )
+    cluster_handover_wait_ms: int = key(
+        1000,
+        '`log = "kafka"`: how long a node that claims a client id waits for the previous '
+        "owner's hand-over record before it resumes the last stored state of the session",
+        lo=0,
+        hi=60_000,
+    )
     fsync: str = key(
         "always",
         "default fsync policy of new topics: `always` (group commit; "

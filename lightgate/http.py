@@ -41,7 +41,7 @@ HANDLER_TIMEOUT_S = 10.0
 DASHBOARD = Path(__file__).with_name("dashboard.html")
 # Snapshot keys for /metrics only: per-process raw figures and component counters (/api/stats
 # carries the whole gateway's sums of them).
-SCRAPE_ONLY = ("processes", "lightqueue", "kafka", "kafka_log")
+SCRAPE_ONLY = ("processes", "lightqueue", "kafka", "kafka_log", "cluster_sessions")
 
 
 class HttpServer:

@@ -356,6 +356,10 @@ FAMILIES: tuple[Family, ...] = (
            _of("kafka_log", "kafka_log_cache_bytes")),
     Family("lightgate_kafka_log_cache_lookups_total", C, ("result",),
            "Reads served by the fetched-batch cache (hit) or fetched (miss)", _kafka_log_cache),
+    Family("lightgate_cluster_sessions_total", C, ("event",),
+           "Client ids across nodes (cluster_sessions_topic): claims made, sessions handed to "
+           "another node, sessions taken from one, hand-overs not answered in time",
+           lambda s: sorted(((k,), v) for k, v in (s.get("cluster_sessions") or {}).items())),
     # -- bridges to other MQTT brokers ---------------------------------------------------------
     Family("lightgate_bridge_connected", G, ("bridge",),
            "1 while the bridge is connected to its remote", _bridge("connected")),

@@ -157,6 +157,9 @@ class Figures:
             "lightqueue": queues.stats() if queues is not None else {},
             "kafka": kstats,
             "kafka_log": store.stats() if isinstance(store, _HasStats) else {},
+            "cluster_sessions": dict(gw.cluster_sessions.counters)
+            if gw.cluster_sessions is not None
+            else {},
             "core_link_proxies": len(gw.link.proxies) if gw.link is not None else None,
         }
         snap["bridges"] = bridge_figures(gw)

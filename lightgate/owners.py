@@ -40,6 +40,7 @@ from store.wire import get_str
 log = logging.getLogger("lightgate.owners")
 
 NEVER_EXPIRES = 0xFFFFFFFF
+MOVED_QUEUE = "$replay/@"  # a replay queue from log offsets: a session that came from another node
 TAKE_TIMEOUT = 5.0  # s a proxy has to hand a session over before the core stops waiting
 
 
@@ -65,6 +66,8 @@ class ClientRegistry:
         self.held: dict[str, Held] = {}
         self._claims: dict[str, asyncio.Future[None]] = {}  # the claim in progress per client id
         self.counters: Counter[str] = Counter()
+        # Other nodes on the same Kafka cluster (lightgate.cluster_sessions), or None.
+        self.node: Any = None
 
     def methods(self) -> dict[int, Any]:
         return {CLAIM: self._claim, WILL: self._will, GONE: self._gone}
@@ -96,15 +99,82 @@ class ClientRegistry:
         ban = self.bans.banned(cid, address)
         if ban is not None:
             return b"B" + encode_bans([ban])
+        done = await self._lock(cid)
+        try:
+            if self.node is not None:
+                await self._claim_node(cid)
+            return await self._claim_one(peer, cid)
+        finally:
+            self._unlock(cid, done)
+
+    async def _lock(self, cid: str) -> asyncio.Future[None]:
         while (busy := self._claims.get(cid)) is not None:
             await asyncio.shield(busy)
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._claims[cid] = done
+        return done
+
+    def _unlock(self, cid: str, done: asyncio.Future[None]) -> None:
+        del self._claims[cid]
+        done.set_result(None)
+
+    async def _claim_node(self, cid: str) -> None:
+        """Own `cid` across the nodes first; a session another node handed over becomes a held
+        session here (its queues held), which the local claim then hands to the proxy."""
+        moved, state = await self.node.claim(cid)
+        if not moved:
+            return
+        stale = self.held.pop(cid, None)  # what this node kept of it before it left is old
+        if stale is not None:
+            self._drop_held(stale)
+        if state is None:
+            self.queues.sessions.delete(cid)
+            return
+        self.queues.sessions.put(cid, state)
+        self.held[cid] = Held([d["queue"] for d in state["subs"] if not d.get("local")])
+
+    def _drop_held(self, held: Held) -> None:
+        for t in (held.expiry, held.will):
+            if t is not None:
+                t.cancel()
+        for q in held.holds:
+            self.queues.release_filter(q)
+
+    # -- another node claims (lightgate.cluster_sessions.LocalOwner) ---------------------------
+    def has(self, cid: str) -> bool:
+        return cid in self.owners or cid in self.held
+
+    async def take(self, cid: str, now: bool = False) -> dict[str, Any] | None:
+        """Another node claimed `cid`: its proxy here ends the connection (0x8E) and writes
+        the session; the session, its holds and its will leave this node. `now`: a claim of
+        `cid` here waits for the cluster (it holds the lock and has touched nothing yet)."""
+        done = None if now else await self._lock(cid)
         try:
-            return await self._claim_one(peer, cid)
+            owner = self.owners.get(cid)
+            if owner is not None:
+                self.counters["takeovers"] += 1
+                moved: list[str] = []
+                try:
+                    reply = await asyncio.wait_for(owner.call(TAKE, cid.encode()), TAKE_TIMEOUT)
+                    moved = json.loads(reply) if reply else []
+                except Exception as exc:
+                    log.warning("proxy %s did not hand over client %r: %r", owner.name, cid, exc)
+                theirs: Counter[str] = owner.state.setdefault("holds", Counter())
+                for q in moved:
+                    if theirs[q] > 0:
+                        theirs[q] -= 1
+                        self.queues.release_filter(q)
+                self._disown(owner, cid)
+            held = self.held.pop(cid, None)
+            if held is not None:
+                self._drop_held(held)
+            state = self.queues.sessions.get(cid)
+            if state is not None:
+                self.queues.sessions.delete(cid)
+            return state
         finally:
-            del self._claims[cid]
-            done.set_result(None)
+            if done is not None:
+                self._unlock(cid, done)
 
     async def _claim_one(self, peer: RpcPeer, cid: str) -> bytes:
         owner = self.owners.get(cid)
@@ -205,7 +275,11 @@ class ClientRegistry:
             if d.get("local"):
                 continue
             try:
-                a = self.queues.acquire_filter(d["filter"], d.get("since"))
+                queue = d.get("queue") or ""
+                if queue.startswith(MOVED_QUEUE):  # came from another node: its own queue
+                    a = self.queues.acquire_filter(queue)
+                else:
+                    a = self.queues.acquire_filter(d["filter"], d.get("since"))
             except Exception as exc:
                 log.warning("session %r: cannot hold %r: %s", cid, d.get("raw"), exc)
                 continue

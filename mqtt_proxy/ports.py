@@ -49,6 +49,8 @@ EntriesSink: TypeAlias = Callable[[str, int, Entries], None]  # (queue, first se
 RoundSink: TypeAlias = Callable[[Sequence[tuple[str, int, Entries]]], None]
 Claimed: TypeAlias = Callable[[dict[str, Any] | None], None]  # the state handed over, or None
 Banned: TypeAlias = Callable[["Ban"], None]
+# Claims a client id on every node of a Kafka cluster, then `then(moved, handed-over state)`.
+NodeClaim: TypeAlias = Callable[[str, Callable[[bool, Any], None]], None]
 # One page of retained messages and the cursor of the next (None: that was the last page).
 RetainedPageSink: TypeAlias = Callable[[list[StoredMessage], bytes | None], None]
 

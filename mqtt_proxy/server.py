@@ -40,7 +40,7 @@ from mqtt_proxy.connection.websocket import WebSocketProtocol
 from mqtt_proxy.context import ProxyContext
 from mqtt_proxy.delivery.delivery import Delivery
 from mqtt_proxy.device_events import DeviceEvents
-from mqtt_proxy.ports import ClientPort, QueuesPort
+from mqtt_proxy.ports import ClientPort, NodeClaim, QueuesPort
 from mqtt_proxy.sessions.manager import SessionManager
 from mqtt_proxy.settings import ProxySettings
 from mqtt_proxy.sys_topics import SysPublisher
@@ -328,6 +328,16 @@ class MqttServer:
     @report_disconnect.setter
     def report_disconnect(self, report: Callable[[str, str], object] | None) -> None:
         self.sessions.report_disconnect = report
+
+    @property
+    def node_claim(self) -> NodeClaim | None:
+        """Other nodes on the same Kafka cluster (set by the wiring; the session registry
+        holds it): see `SessionManager.node_claim`."""
+        return self.sessions.node_claim
+
+    @node_claim.setter
+    def node_claim(self, claim: NodeClaim | None) -> None:
+        self.sessions.node_claim = claim
 
     def _security_reloaded(self) -> None:
         """New rules: every open connection takes them for its next operation and delivery."""

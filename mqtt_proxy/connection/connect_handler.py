@@ -308,7 +308,22 @@ def _connect_checked(
     args = (client_id, assigned, expiry, will, keepalive, server_keepalive)
     cluster = ctx.backend.cluster
     if cluster is None:
-        _connect_open(conn, c, *args, blocked)
+        node_claim = ctx.sessions.node_claim
+        if node_claim is None or assigned is not None:  # an id made here is unique
+            _connect_open(conn, c, *args, blocked)
+            return
+        # Other nodes: the id is made this node's first (a connection of it on another node
+        # ends, its session comes here); the connection waits.
+        if not blocked:
+            conn.block()
+
+        def node_claimed(moved: bool, state: dict[str, Any] | None) -> None:
+            if moved:
+                ctx.sessions.moved_in(client_id, state)
+            if not conn.closed:
+                _connect_open(conn, c, *args, True)
+
+        node_claim(client_id, node_claimed)
         return
     # Several proxies: the core makes this client id ours first (ending a connection of it on
     # another proxy, handing its session over) before the CONNACK; the connection waits.

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from mqtt_proxy.messages import broker_message
-from mqtt_proxy.ports import ClientPort, QueuesPort
+from mqtt_proxy.ports import ClientPort, NodeClaim, QueuesPort
 from mqtt_proxy.sessions.initial import InitialMessages
 from mqtt_proxy.sessions.persistence import SessionWriter
 from mqtt_proxy.sessions.state import Session, Subscription, Will
@@ -89,6 +89,11 @@ class SessionManager:
         # Reports a disconnect for flapping detection (store/bans.py); None: not detected here.
         self.report_disconnect: Callable[[str, str], object] | None = None
         self.closing = False  # the server is going down: no flapping reports
+        # Other nodes on the same Kafka cluster (set by the wiring): `node_claim(client_id,
+        # then)` owns the id cluster-wide, then calls `then(moved, state)`: moved with the
+        # session another node handed over (its queues held here), or None to start afresh;
+        # not moved: this node's own copy is current.
+        self.node_claim: NodeClaim | None = None
         self.sessions: dict[str, Session] = {}
         # The persistent ones among them (the writer's map: it writes them).
         self.persistent = writer.persistent
@@ -110,7 +115,7 @@ class SessionManager:
             restored.append(s)
         # Hold every queue the restored subscriptions read (holds live in memory), in one call.
         held = [sub for s in restored for sub in s.subs.values() if not sub.local]
-        got = await backend.acquire_all([sub.spec for sub in held])
+        got = await backend.acquire_all([_held_spec(sub) for sub in held])
         for lost, answer in zip(held, got, strict=True):
             if isinstance(answer, str):
                 log.error("session %r: %r cannot be restored (%s); it is dropped",
@@ -148,6 +153,21 @@ class SessionManager:
         _pending_from_inflight(s)
         self.sessions[s.client_id] = self.persistent[s.client_id] = s
         self._arm_expiry(s, s.disconnected_at)
+
+    def moved_in(self, client_id: str, state: dict[str, Any] | None) -> None:
+        """Another node handed `client_id` over: what this node kept of it is older (a
+        connection of it was ended first); `state` (queues held) replaces it, or none."""
+        old = self.sessions.get(client_id)
+        if old is not None:
+            if old.conn is not None:
+                old.conn.taken_over()
+            if self.sessions.get(client_id) is old:
+                self._end(old, publish_will=False)
+        if state is None:
+            self.server.backend.delete_session(client_id)
+        else:
+            self.install(state)
+            self.server.backend.save_sessions([(client_id, state)])
 
     def hand_off(self, client_id: str) -> list[str]:
         """The core's TAKE: another proxy claimed `client_id`. End its connection here (0x8E),
@@ -458,6 +478,14 @@ def _pending_from_inflight(s: Session) -> None:
             sub.pending[inf.seq] = pid
             if inf.seq >= sub.pos:
                 sub.pos = inf.seq + 1
+
+
+def _held_spec(sub: Subscription) -> FilterSpec:
+    """What to acquire for a restored subscription: its filter, or, for a session that came
+    from another node, the replay queue (from log offsets) it reads by name."""
+    if sub.queue.startswith("$replay/@"):
+        return FilterSpec(sub.spec.raw, sub.queue, sub.spec.share_group)
+    return sub.spec
 
 
 def is_local(spec: FilterSpec) -> bool:

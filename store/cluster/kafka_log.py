@@ -80,6 +80,9 @@ class KafkaLogConfig:
     fetch_bytes: int = 4 << 20  # per partition and fetch
     poll_ms: int = 20  # tail poll when nothing was asked for
     auto_create_topics: bool = True
+    # The cluster's topics that are not log topics (the nodes' shared session state): not read,
+    # not indexed.
+    private_topics: tuple[str, ...] = ()
 
 
 class KafkaLog:
@@ -205,6 +208,8 @@ class KafkaLog:
         for t in cluster.topics():
             if t.startswith("__") and not t.startswith("__lightgate"):
                 continue  # the cluster's own (__consumer_offsets, ...)
+            if t in self.config.private_topics:
+                continue
             parts = cluster.partitions_for_topic(t) or set()
             if not parts:
                 continue
