@@ -366,9 +366,9 @@ async def test_an_inline_write_to_several_partitions_is_one_round(tmp_path: Path
     await _idle(d)
     topics = [f"p/{i}" for i in range(40)]
     assert len({store._route(t)[1] for t in topics}) == 4  # every partition written
-    rounds: list[int] = []
-    real = d.dispatch_round
-    d.dispatch_round = lambda *a, **k: rounds.append(real(*a, **k)) or rounds[-1]  # type: ignore[method-assign]
+    rounds: list[object] = []
+    real = d._round
+    d._round = lambda *a: rounds.append(real(*a)) or rounds[-1]  # type: ignore[method-assign,assignment]
     store.append_mqtt([msg(t) for t in topics])
     d.write_inline(store.write_now)
     assert sorted(got) == sorted((t, 0) for t in topics)  # indexed within the call

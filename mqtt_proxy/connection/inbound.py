@@ -24,7 +24,6 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-from store.append_result import AppendResult
 from store.mapping import MqttMessage
 
 if TYPE_CHECKING:
@@ -115,45 +114,26 @@ class Inbound:
         acks, retained = self._acks, self._retained
         self._msgs, self._acks, self._retained = [], [], []
         server = self._server
+        writes: list[asyncio.Future[bytes]] = []  # retained-message writes the acks wait for
+        acked = None
+        if acks:
+            t0 = self._loop.time()  # this pass parsed them: receive → durable, per batch
+            acked = lambda f: self._durable(f, acks, writes, t0)  # noqa: E731
         try:
-            res = server.store.append_mqtt(msgs, bool(acks))
+            # The round: written, indexed, delivered (LocalBackend.publish); acks on `acked`.
+            res = server.backend.publish(msgs, retained, acked, writes)
         except Exception:
             log.exception("append of %d MQTT messages failed", len(msgs))
             for conn, _pids, _ack in acks:
                 conn.fail(0x80, "store append failed")
             return
+        if acks:
+            self.inflight += 1
+            self._futs.add(res.durable)
         self.appended += len(msgs)
         if not self.throttled and self.backlog() > LAG_HIGH:
             self.throttled = True
             self._loop.call_later(0.001, self._check_lag)
-        # In-process at once; through the core link the moment its reply is read, before any
-        # pushed entry that refers to these messages.
-        writes: list[asyncio.Future[bytes]] = []  # retained-message writes the acks wait for
-        res.when_staged(lambda: self._staged(msgs, retained, res, writes))
-        fut = res.durable
-        if acks:
-            self.inflight += 1
-            self._futs.add(fut)
-            t0 = self._loop.time()  # this tick parsed them: receive → durable, per batch
-            fut.add_done_callback(lambda f: self._durable(f, acks, writes, t0))
-        server.backend.write_now()  # this append ends the tick's reads: write it in this pass
-
-    def _staged(
-        self,
-        msgs: list[MqttMessage],
-        retained: list[int],
-        res: AppendResult,
-        writes: list[asyncio.Future[bytes]],
-    ) -> None:
-        backend = self._server.backend
-        runs, offsets = res.runs, res.offsets if retained else None
-        assert runs is not None  # staged: the runs are known
-        backend.remember(msgs, runs)
-        if offsets is not None:
-            for i in retained:
-                w = backend.retain(msgs[i], offsets[i])
-                if w is not None:  # the core's answer: the ack of a retained PUBLISH waits
-                    writes.append(w)
 
     def _durable(
         self,
