@@ -15,8 +15,10 @@ are indexed again from there, into the same sequence numbers, giving no duplicat
 After the write, one coalesced `(queue, last_seq)` event per grown queue goes to the sink; before
 that, a queue someone watches (`LightQueues.watch`: a proxy delivering from it) has the round's
 new entries pushed to `watch_sink`, so its reader needs no read back from LevelDB to deliver them.
-Rounds run inline for the MQTT proxy's small writes hold their batch back for the next ones to
-join (HOLD_S): their pushes and events go out before the write, and `QueueDB.db` writes the held
+Rounds run inline for the MQTT proxy's small writes (`index_write`) hand their pushes and events
+to the caller instead of the sinks (the proxy's PUBLISH round delivers and announces them), and
+hold their batch back for the next ones to join (HOLD_S): their pushes and events go out before
+the write, and `QueueDB.db` writes the held
 batch before anyone else touches the DB, so readers and other writers see it in order. A crash
 loses the held rounds as an OS crash loses LevelDB's unsynced tail: indexed again from the
 checkpoint, into the same sequence numbers.
@@ -85,7 +87,7 @@ class InlineRound(NamedTuple):
     events: list[tuple[str, int]]
 
 
-# An inline append (Dispatcher.write_inline) of at most this many records per partition that
+# An inline append (Dispatcher.index_write) of at most this many records per partition that
 # finds the dispatch task idle is indexed right after the write: a lone message's latency.
 SYNC_RECORDS = 64
 # Inline rounds hold their WriteBatch back for the next ones to join, this long at most (written
@@ -131,7 +133,7 @@ class Dispatcher:
         self._wake = asyncio.Event()
         self._more = False  # the last round stopped short of some partition's end
         self.idle = False  # the dispatch task waits for an append (on_append may index it)
-        self.index_inline = False  # inside `write_inline`: small appends are indexed after it
+        self.index_inline = False  # inside `index_write`: small appends are indexed after it
         self._inline_due = False  # an append of that write asked for the round
         self._held: Any = None  # WriteBatch of inline rounds not written yet (HOLD_S)
         self._held_since = 0.0
@@ -169,8 +171,8 @@ class Dispatcher:
     def on_append(self, topic: str, partition: int, hwm: int) -> None:
         """Store append listener (event loop, right after the write).
 
-        Inside `write_inline` (the MQTT proxy's write of its tick's messages), a small append
-        finding the dispatcher idle is indexed and its entries pushed in that call, in the pass
+        Inside `index_write` (the MQTT proxy's write of its tick's messages), a small append
+        finding the dispatcher idle is indexed and its entries handed back in that call, in the pass
         of the loop that wrote it: a message that arrives alone crossed the loop once more for
         the task's wake-up (docs/performance-history.md). Other appends (Kafka produce: its
         response goes out before the round) and bigger ones wake the task, whose rounds yield
