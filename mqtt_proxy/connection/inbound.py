@@ -56,6 +56,7 @@ class Inbound:
         "_paused",
         "appended",
         "_indexed0",
+        "_gather",
     )
 
     def __init__(self, server: MqttServer) -> None:
@@ -71,6 +72,8 @@ class Inbound:
         self._paused: list[MqttConnection] = []
         self.appended = 0  # records this proxy appended
         self._indexed0 = server.backend.indexed()
+        # publish_gather_ms: wait for more PUBLISHes before the round (0: end of this pass)
+        self._gather = server.settings.publish_gather_ms / 1000
 
     def add(
         self, msg: MqttMessage, conn: MqttConnection | None = None, pid: int = 0, qos: int = 0
@@ -89,8 +92,7 @@ class Inbound:
             assert conn is not None  # only the broker's own messages (wills) have none: QoS 0
             self._acks.append((conn, [pid], PUBACK if qos == 1 else PUBREC))
         if not self._scheduled:
-            self._scheduled = True
-            self._loop.call_soon(self.flush)
+            self._schedule()
 
     def add_many(self, msgs: list[MqttMessage], conn: MqttConnection, pids: list[int]) -> None:
         """`add` for one read chunk of `conn`: `pids` are its QoS 1 messages' packet ids, in order
@@ -103,7 +105,13 @@ class Inbound:
         if pids:
             self._acks.append((conn, pids, PUBACK))
         if not self._scheduled:
-            self._scheduled = True
+            self._schedule()
+
+    def _schedule(self) -> None:
+        self._scheduled = True
+        if self._gather:
+            self._loop.call_later(self._gather, self.flush)
+        else:
             self._loop.call_soon(self.flush)
 
     def flush(self) -> None:
