@@ -291,8 +291,8 @@ class LocalBackend(Backend):
         acked: Callable[[asyncio.Future[None]], None] | None,
         writes: list[asyncio.Future[bytes]],
     ) -> AppendResult:
-        """One PUBLISH round in one process, end to end: what a loop pass read from every
-        connection is written, indexed, delivered and announced within this call, in the pass
+        """One PUBLISH round in one process, end to end: what a loop pass (or, with
+        `publish_gather_ms`, a few) read from every connection is written, indexed, delivered and announced within this call, in the pass
         that read it; the PUBACKs follow the fsync (docs/architecture.md, "One PUBLISH, end to
         end"). A big write, or one that finds the dispatch task busy, is indexed by that task
         instead, which hands its rounds to the same delivery through `_pushed`."""
