@@ -493,6 +493,16 @@ class GatewayConfig:
         "`tls_require_client_cert` asks the proxy for its own, signed by `tls_ca`); the proxy "
         "verifies the core's certificate with `tls_ca` and the host name of `--core`",
     )
+    publish_gather_ms: int = key(
+        0,
+        "per MQTT proxy: a PUBLISH read while none is waiting waits this long for others from "
+        "any connection before their one append, dispatch round and delivery pass (0: at the "
+        "end of the loop pass that read it). At many devices each sending seldom, a pass "
+        "carries 1-2 messages and those steps run per message; 1 ms cut CPU per message ~17 % "
+        "at 1000 devices x 2 msg/s, for up to that much latency",
+        lo=0,
+        hi=100,
+    )
     recent_cache_bytes: int = key(
         64 << 20,
         "per MQTT proxy: bytes of its own recently appended "

@@ -15,8 +15,10 @@ are indexed again from there, into the same sequence numbers, giving no duplicat
 After the write, one coalesced `(queue, last_seq)` event per grown queue goes to the sink; before
 that, a queue someone watches (`LightQueues.watch`: a proxy delivering from it) has the round's
 new entries pushed to `watch_sink`, so its reader needs no read back from LevelDB to deliver them.
-Rounds run inline for the MQTT proxy's small writes hold their batch back for the next ones to
-join (HOLD_S): their pushes and events go out before the write, and `QueueDB.db` writes the held
+Rounds run inline for the MQTT proxy's small writes (`index_write`) hand their pushes and events
+to the caller instead of the sinks (the proxy's PUBLISH round delivers and announces them), and
+hold their batch back for the next ones to join (HOLD_S): their pushes and events go out before
+the write, and `QueueDB.db` writes the held
 batch before anyone else touches the DB, so readers and other writers see it in order. A crash
 loses the held rounds as an OS crash loses LevelDB's unsynced tail: indexed again from the
 checkpoint, into the same sequence numbers.
@@ -40,7 +42,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from lightqueue.db import Queue, QueueDB
 from lightqueue.dispatch_rules import aborted_check, is_system_topic, mqtt_topic_of
@@ -77,7 +79,15 @@ EventSink = Callable[[list[tuple[str, int]]], None]
 WatchSink = Callable[[list[tuple[str, int, list[tuple[str, int, int]]]]], None]
 
 
-# An inline append (Dispatcher.write_inline) of at most this many records per partition that
+class InlineRound(NamedTuple):
+    """What an inline round (`Dispatcher.index_write`) indexed: the new entries of watched
+    queues (queue, first sequence, entries), and one (queue, last sequence) per queue that grew."""
+
+    pushed: list[tuple[str, int, list[tuple[str, int, int]]]]
+    events: list[tuple[str, int]]
+
+
+# An inline append (Dispatcher.index_write) of at most this many records per partition that
 # finds the dispatch task idle is indexed right after the write: a lone message's latency.
 SYNC_RECORDS = 64
 # Inline rounds hold their WriteBatch back for the next ones to join, this long at most (written
@@ -123,7 +133,7 @@ class Dispatcher:
         self._wake = asyncio.Event()
         self._more = False  # the last round stopped short of some partition's end
         self.idle = False  # the dispatch task waits for an append (on_append may index it)
-        self.index_inline = False  # inside `write_inline`: small appends are indexed after it
+        self.index_inline = False  # inside `index_write`: small appends are indexed after it
         self._inline_due = False  # an append of that write asked for the round
         self._held: Any = None  # WriteBatch of inline rounds not written yet (HOLD_S)
         self._held_since = 0.0
@@ -131,6 +141,7 @@ class Dispatcher:
         self._held_queues: dict[Queue, None] = {}  # queues whose `buf` the held batch owes
         self._held_ckpts: dict[tuple[str, int], int] = {}  # checkpoints it owes
         self._round_waiters: list[asyncio.Future[None]] = []
+        self._progress = 0  # what the last `_round` indexed plus positions advanced
         self.gated = False  # some queue has a rebuild gate: use the checked path
         self.records = 0  # records indexed since open
         self.corrupt_batches = 0  # batches skipped because their records do not decode
@@ -160,8 +171,8 @@ class Dispatcher:
     def on_append(self, topic: str, partition: int, hwm: int) -> None:
         """Store append listener (event loop, right after the write).
 
-        Inside `write_inline` (the MQTT proxy's write of its tick's messages), a small append
-        finding the dispatcher idle is indexed and its entries pushed in that call, in the pass
+        Inside `index_write` (the MQTT proxy's write of its tick's messages), a small append
+        finding the dispatcher idle is indexed and its entries handed back in that call, in the pass
         of the loop that wrote it: a message that arrives alone crossed the loop once more for
         the task's wake-up (docs/performance-history.md). Other appends (Kafka produce: its
         response goes out before the round) and bigger ones wake the task, whose rounds yield
@@ -182,28 +193,56 @@ class Dispatcher:
             self._wake.set()
 
     def write_inline(self, write: Callable[[], None]) -> None:
+        """`index_write`, its round handed to the sinks (pushes, then events) as the task's are."""
+        rnd = self.index_write(write)
+        if rnd is not None:
+            if rnd.pushed and self.watch_sink is not None:
+                self.watch_sink(rnd.pushed)
+            if self.sink is not None:
+                self.sink(rnd.events)
+            self.round_done()
+
+    def index_write(self, write: Callable[[], None]) -> InlineRound | None:
         """Run `write` (a store write ending a tick); then index its small appends in one round
         for every partition it wrote (a round per partition cost a tick of 100 publishers
-        ~3 rounds and pumps: docs/performance-history.md). A failed round is logged; the task
-        sees `failed` and ends, as if its own round failed."""
+        ~3 rounds and pumps: docs/performance-history.md) and return what that round pushed into
+        which queues, for the caller to deliver and announce before `round_done`. None: nothing
+        indexed here (a big write or a busy task: the task indexes it and uses the sinks). A
+        failed round is logged; the task sees `failed` and ends, as if its own round failed."""
         self.index_inline = True
         try:
             write()
         finally:
             self.index_inline = False
         if not self._inline_due:
-            return
+            return None
         self._inline_due = False
         if not self.idle or self._wake.is_set() or self.failed is not None:
-            return  # a bigger append of the same write woke the task: it indexes them all
+            return None  # a bigger append of the same write woke the task: it indexes them all
         try:
-            self.dispatch_round(hold=True)
+            grown = self._round(None, None, True)
         except Exception:
             self._wake.set()
             log.exception("inline dispatch round failed")
-            return
+            return None
         if self._more:
             self._wake.set()
+        if grown is None:
+            return None
+        if not grown:
+            self.round_done()
+            return None
+        return InlineRound(self._take_pushed(grown), [(q.name, q.next - 1) for q in grown])
+
+    def round_done(self) -> None:
+        """After an inline round's pushes and events: write the held rounds once HOLD_S old
+        (after the delivery, which went out first), and wake `wait_round`'s waiters."""
+        if self._held is not None and time.perf_counter() - self._held_since >= HOLD_S:
+            self.write_held()
+        waiters, self._round_waiters = self._round_waiters, []
+        for f in waiters:
+            if not f.done():
+                f.set_result(None)
 
     def behind(self) -> int:
         """Records appended but not indexed yet (lag)."""
@@ -265,15 +304,50 @@ class Dispatcher:
             total += n
 
     def dispatch_round(
-        self,
-        limit: dict[tuple[str, int], int] | None = None,
-        wb: Any = None,
-        hold: bool = False,
+        self, limit: dict[tuple[str, int], int] | None = None, wb: Any = None
     ) -> int:
         """One WriteBatch worth of dispatch. Returns records indexed plus positions advanced
-        (0 = caught up). `limit` caps each partition (rebuild); `wb` overrides the batch; `hold`
-        (inline rounds) keeps the batch for the next rounds to join, up to HOLD_S. A round of
-        its own batch writes any held one with it."""
+        (0 = caught up). `limit` caps each partition (rebuild); `wb` overrides the batch. A
+        round of its own batch writes any held one with it, then pushes and announces."""
+        grown = self._round(limit, wb, False)
+        if grown is None:
+            return 0
+        if grown:
+            if wb is None:
+                # Watched queues get their new entries pushed first, then everyone the events,
+                # so a reader woken by an event already has what it announces.
+                pushed = self._take_pushed(grown)
+                if pushed and self.watch_sink is not None:
+                    self.watch_sink(pushed)
+                if self.sink is not None:
+                    self.sink([(q.name, q.next - 1) for q in grown])
+            else:
+                for q in grown:  # a caller's batch (rebuild): nothing is pushed from it
+                    if q.watch:
+                        q.watch = []
+        waiters, self._round_waiters = self._round_waiters, []
+        for f in waiters:
+            if not f.done():
+                f.set_result(None)
+        return self._progress
+
+    @staticmethod
+    def _take_pushed(grown: list[Queue]) -> list[tuple[str, int, list[tuple[str, int, int]]]]:
+        """The round's new entries of the watched queues among `grown`: (queue, first, entries)."""
+        pushed = []
+        for q in grown:
+            w = q.watch
+            if w:
+                pushed.append((q.name, q.next - len(w), w))
+                q.watch = []
+        return pushed
+
+    def _round(
+        self, limit: dict[tuple[str, int], int] | None, wb: Any, hold: bool
+    ) -> list[Queue] | None:
+        """Index one round into `wb` (or the held / a new batch) and return the queues that
+        grew (None: nothing to do); `self._progress` is what `dispatch_round` returns. `hold` (inline rounds) keeps
+        the batch for the next rounds to join, up to HOLD_S."""
         qdb = self.qdb
         ckpts = qdb.checkpoints
         work = []
@@ -295,7 +369,8 @@ class Dispatcher:
                     work.append((tp, end, c))
         if not work:
             self._more = False
-            return 0
+            self._progress = 0
+            return None
         t0 = time.perf_counter()
         work.sort()
         self._stamp += 1
@@ -362,32 +437,10 @@ class Dispatcher:
             if c >= hwm.get((t, p), 0):
                 behind.pop((t, p), None)  # caught up: the next round need not look
         self._more = more
+        self._progress = progress
         if advanced and own_wb:
             self.round_latency.observe(time.perf_counter() - t0)
-        if grown and own_wb:
-            # Watched queues get their new entries pushed first, then everyone the events, so
-            # a reader woken by an event already has what it announces.
-            pushed = []
-            for q in grown:
-                w = q.watch
-                if w:
-                    pushed.append((q.name, q.next - len(w), w))
-                    q.watch = []
-            if pushed and self.watch_sink is not None:
-                self.watch_sink(pushed)
-            if self.sink is not None:
-                self.sink([(q.name, q.next - 1) for q in grown])
-        elif grown:
-            for q in grown:  # a caller's batch (rebuild): nothing is pushed from it
-                if q.watch:
-                    q.watch = []
-        if hold and own_wb and t0 - self._held_since >= HOLD_S:
-            self.write_held()  # after the pushes: the delivery went out first
-        waiters, self._round_waiters = self._round_waiters, []
-        for f in waiters:
-            if not f.done():
-                f.set_result(None)
-        return progress
+        return grown
 
     def _put_checkpoints(self, wb: Any, advanced: list[tuple[str, int, int]]) -> None:
         qdb = self.qdb

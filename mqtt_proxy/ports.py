@@ -162,8 +162,14 @@ class QueuesPort(Protocol):
 
     def remember(self, msgs: list[MqttMessage], runs: list[Run]) -> None: ...
 
-    def write_now(self) -> None:
-        """The tick's appends are made: write (and index) them in this pass if we can."""
+    def publish(
+        self,
+        msgs: list[MqttMessage],
+        retained: list[int],
+        acked: Callable[[asyncio.Future[None]], None] | None,
+        writes: list[asyncio.Future[bytes]],
+    ) -> AppendResult:
+        """A loop pass's PUBLISHes appended and seen on (`LocalBackend.publish`: the round)."""
         ...
 
     def set_interest(self, queue: str, on: bool) -> None: ...

@@ -127,7 +127,9 @@ class MqttServer:
         backend.entries_sink = self.delivery.on_entries
         backend.round_sink = self.delivery.on_round  # called by a local backend only
         backend.skip_known_events(self.delivery.knows)
-        self.inbound = Inbound(backend, self.delivery.lag, self.puback_latency)
+        self.inbound = Inbound(
+            backend, self.delivery.lag, self.puback_latency, self.settings.publish_gather_ms
+        )
         self.events = DeviceEvents(backend.store)
         # Connected / refused / closed: one line each with the connection id, rate-limited.
         self.conn_log = ConnLog(logging.getLogger("lightgate.mqtt.conn"), settings.conn_log_per_s)

@@ -25,6 +25,7 @@ class ProxySettings:
     tls_require_client_cert: bool = False
     tls_identity_as_username: bool = False
     recent_cache_bytes: int = 64 << 20
+    publish_gather_ms: int = 0  # a pass's PUBLISHes wait this long for more before the round
     # Limits (docs/security.md "Limits"); 0 = off.
     max_connections: int = 0  # connected MQTT clients (all MQTT listeners); beyond: 0x89 / 0x03
     max_connection_rate: int = 0  # new connections per second per source IP; 0x9F / 0x03

@@ -286,7 +286,7 @@ class GroupCommit:
         fsync) its waiters, so the callbacks of those waiters (acks, Kafka produce responses) are
         scheduled ahead of whatever the listeners wake (a light-queue dispatch round, long-polling
         fetches) and go out first. The one exception: the MQTT proxy's own small write, whose
-        dispatch round runs right after this flush (`Dispatcher.write_inline`), ahead of its acks.
+        dispatch round runs right after this flush (`Dispatcher.index_write`), ahead of its acks.
         """
         self._flush_handle = None
         dirty, tw = self._dirty, self._tick_waiters

@@ -323,6 +323,38 @@ async def test_a_small_inline_write_is_indexed_inside_it(tmp_path: Path) -> None
     await store.close()
 
 
+async def test_index_write_hands_its_round_to_the_caller(tmp_path: Path) -> None:
+    """`index_write` (the one-process PUBLISH round, LocalBackend.publish): the round's new
+    entries of watched queues and its events come back to the caller, not through the sinks,
+    so the caller delivers and announces them in its own order; a big write returns None and
+    the task's round uses the sinks as before."""
+    got: list[tuple[str, int]] = []
+    pushed_by_sink: list[object] = []
+    store, lq = await open_all(tmp_path, sink=got.extend)
+    lq.set_watch_sink(pushed_by_sink.append)
+    await lq.start()
+    d = lq.dispatcher
+    await _idle(d)
+    lq.acquire_filter("r/#")
+    assert lq.watch("r/#")
+    store.append_mqtt([msg("r/1"), msg("r/2")])
+    rnd = d.index_write(store.write_now)
+    assert rnd is not None and got == [] and pushed_by_sink == []
+    assert sorted(rnd.events) == [("r/#", 1), ("r/1", 0), ("r/2", 0)]
+    [(queue, first, entries)] = rnd.pushed
+    assert (queue, first, [e[2] for e in entries]) == ("r/#", 0, [0, 1])
+    d.round_done()
+    store.append_mqtt([msg("r/1")] * (SYNC_RECORDS + 1))
+    assert d.index_write(store.write_now) is None  # too big: the task indexes it
+    for _ in range(200):
+        if pushed_by_sink:
+            break
+        await asyncio.sleep(0.01)
+    assert ("r/#", SYNC_RECORDS + 2) in got and pushed_by_sink
+    await lq.close()
+    await store.close()
+
+
 async def test_a_failed_inline_round_leaves_the_write_alone_and_the_task_retries(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -366,9 +398,9 @@ async def test_an_inline_write_to_several_partitions_is_one_round(tmp_path: Path
     await _idle(d)
     topics = [f"p/{i}" for i in range(40)]
     assert len({store._route(t)[1] for t in topics}) == 4  # every partition written
-    rounds: list[int] = []
-    real = d.dispatch_round
-    d.dispatch_round = lambda *a, **k: rounds.append(real(*a, **k)) or rounds[-1]  # type: ignore[method-assign]
+    rounds: list[object] = []
+    real = d._round
+    d._round = lambda *a: rounds.append(real(*a)) or rounds[-1]  # type: ignore[method-assign,assignment]
     store.append_mqtt([msg(t) for t in topics])
     d.write_inline(store.write_now)
     assert sorted(got) == sorted((t, 0) for t in topics)  # indexed within the call

@@ -470,3 +470,46 @@ def test_20_many_readers_leave_in_any_order(tmp_path):
         pub.disconnect()
     finally:
         b.stop()
+
+
+def test_publish_gather_ms_puts_several_connections_publishes_in_one_round(tmp_path):
+    """`publish_gather_ms`: a PUBLISH waits that long for others, from any connection, and all
+    of them go through one round (one append, one dispatch round, one delivery pass). By
+    default (0) each loop pass's PUBLISHes go at the end of that pass: two sent 30 ms apart
+    from two connections were two rounds."""
+    from mqtt_broker import InProcessBroker
+    from mqtt_helpers import raw, read_packets
+    from mqtt_raw import connect_packet, packet, s16, subscribe_packet
+
+    b = InProcessBroker(tmp_path / "data", {"publish_gather_ms": 100}).start()
+    try:
+        rounds: list[list[str]] = []
+        backend = b.server.backend
+        publish = backend.publish
+
+        def counted(msgs, *rest):
+            rounds.append([m.topic for m in msgs])
+            return publish(msgs, *rest)
+
+        b.call(setattr, backend, "publish", counted)
+        sub = raw(b.port)
+        sub.sendall(connect_packet(b"gather-sub"))
+        read_packets(sub, 1)
+        sub.sendall(subscribe_packet(b"ga/#", 0))
+        read_packets(sub, 1)
+        pubs = []
+        for cid in (b"gather-1", b"gather-2"):
+            s = raw(b.port)
+            s.sendall(connect_packet(cid))
+            read_packets(s, 1)
+            pubs.append(s)
+        pubs[0].sendall(packet(0x30, s16(b"ga/1") + b"x"))
+        time.sleep(0.03)
+        pubs[1].sendall(packet(0x30, s16(b"ga/2") + b"y"))
+        got = read_packets(sub, 2)
+        assert [p[4:8] for p in got] == [b"ga/1", b"ga/2"]
+        assert rounds == [["ga/1", "ga/2"]]
+        for s in [sub, *pubs]:
+            s.close()
+    finally:
+        b.stop()

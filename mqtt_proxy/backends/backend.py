@@ -47,7 +47,7 @@ from mqtt_proxy.ports import (
     SessionState,
 )
 from mqtt_proxy.sessions.topic_filters import FilterSpec
-from store.append_result import Run
+from store.append_result import AppendResult, Run
 from store.mapping import MqttMessage
 from store.twins import twin
 
@@ -98,9 +98,18 @@ class Backend:
     def skip_known_events(self, known: Callable[[str, int], bool]) -> None:
         """Only a local backend's rounds push entries before their events (`LocalBackend`)."""
 
-    def write_now(self) -> None:
-        """The tick's appends are all made: write (and index) them now if this process has the
-        store; through the core link, the core writes when it reads them."""
+    def publish(
+        self,
+        msgs: list[MqttMessage],
+        retained: list[int],
+        acked: Callable[[asyncio.Future[None]], None] | None,
+        writes: list[asyncio.Future[bytes]],
+    ) -> AppendResult:
+        """Append a loop pass's PUBLISHes (`msgs`, every connection's; `retained`: the indexes
+        of the retain=1 ones) and see them on: `acked(durable)` runs once they are durable
+        (None: QoS 0 only, no fsync of their own); a retained-message write the acks must wait
+        for goes into `writes`. `LocalBackend.publish` is the whole round in one process."""
+        raise NotImplementedError
 
     # -- the recent-append cache -----------------------------------------------------------
     def remember(self, msgs: list[MqttMessage], runs: list[Run]) -> None:
@@ -279,14 +288,51 @@ class LocalBackend(Backend):
         queues.set_watch_sink(self._pushed)
         self._write_now: Callable[[], None] | None = getattr(store, "write_now", None)  # local log
 
-    def write_now(self) -> None:
-        """Write the tick's appends in this pass of the loop, and a small write's dispatch
-        round right after it (Dispatcher.write_inline), so a lone message is indexed and
-        delivered in the pass that read it."""
+    def publish(
+        self,
+        msgs: list[MqttMessage],
+        retained: list[int],
+        acked: Callable[[asyncio.Future[None]], None] | None,
+        writes: list[asyncio.Future[bytes]],
+    ) -> AppendResult:
+        """One PUBLISH round in one process, end to end: what a loop pass (or, with
+        `publish_gather_ms`, a few) read from every connection is written, indexed, delivered and announced within this call, in the pass
+        that read it; the PUBACKs follow the fsync (docs/architecture.md, "One PUBLISH, end to
+        end"). A big write, or one that finds the dispatch task busy, is indexed by that task
+        instead, which hands its rounds to the same delivery through `_pushed`."""
+        dispatcher = self.queues.dispatcher
+        # 1. What was written: one RecordBatch per partition (offsets in input order), staged
+        #    in the log; kept here by log position, so delivery never reads it back.
+        res = self.store.append_mqtt(msgs, acked is not None)
+        assert res.runs is not None  # in process: the offsets are known at once
+        self.remember(msgs, res.runs)
+        if retained:
+            offsets = res.offsets
+            assert offsets is not None
+            for i in retained:  # a retain=1 PUBLISH is now its topic's retained message
+                self.retain(msgs[i], offsets[i])
+        # 5. (set up now) Acks: PUBACK / PUBREC once the fsync below makes them durable.
+        if acked is not None:
+            res.durable.add_done_callback(acked)
+        # 2. Which queues it pushed into: written in this pass (one writev per partition; the
+        #    fsync, under `always`, starts in the pool) and indexed in one dispatch round: the
+        #    new entries of every light queue this proxy reads, and which queues grew.
         write = self._write_now  # None: a cluster log writes on its own
-        if write is None:
-            return
-        self.queues.dispatcher.write_inline(write)
+        rnd = None if write is None else dispatcher.index_write(write)
+        if rnd is None:
+            return res  # the dispatch task indexes it, and delivers through `_pushed`
+        # 3. Who gets it: this process's subscribers of those queues, written to their sockets
+        #    now (Delivery.on_round: the cached message encoded once per cohort).
+        if rnd.pushed and self.round_sink is not None:
+            self.round_sink(rnd.pushed)
+        # 4. Who else: readers woken by notify (the queues' event sink: notifier.publish), as
+        #    bridges and a reader behind the pushed window; events for entries delivery already
+        #    has are dropped (`skip_known_events`).
+        announce = self.queues.sink
+        if announce is not None:
+            announce(rnd.events)
+        dispatcher.round_done()  # the held LevelDB batch once due, after the delivery
+        return res
 
     def skip_known_events(self, known: Callable[[str, int], bool]) -> None:
         """Rounds push their entries to this process's delivery before publishing events, so

@@ -21,6 +21,7 @@ from mqtt_proxy.ports import (
     SessionState,
 )
 from mqtt_proxy.sessions.topic_filters import FilterSpec
+from store.append_result import AppendResult
 from store.mapping import MqttMessage
 
 if TYPE_CHECKING:
@@ -55,6 +56,38 @@ class RemoteBackend(Backend):
     def _pushed(self, queue: str, first: int, entries: Entries) -> None:
         if self.entries_sink is not None:
             self.entries_sink(queue, first, entries)
+
+    def publish(
+        self,
+        msgs: list[MqttMessage],
+        retained: list[int],
+        acked: Callable[[asyncio.Future[None]], None] | None,
+        writes: list[asyncio.Future[bytes]],
+    ) -> AppendResult:
+        """The round through the core link: the core writes, indexes and pushes the entries
+        back (ENTRIES, then events); here only the append, and once its reply is read (before
+        any entry that names these messages) the recent runs and the retained writes."""
+        res = self.store.append_mqtt(msgs, acked is not None)
+        res.when_staged(lambda: self._staged(msgs, retained, res, writes))
+        if acked is not None:
+            res.durable.add_done_callback(acked)
+        return res
+
+    def _staged(
+        self,
+        msgs: list[MqttMessage],
+        retained: list[int],
+        res: AppendResult,
+        writes: list[asyncio.Future[bytes]],
+    ) -> None:
+        assert res.runs is not None  # staged: the runs are known
+        self.remember(msgs, res.runs)
+        offsets = res.offsets if retained else None
+        if offsets is not None:
+            for i in retained:  # the ack of a retained PUBLISH waits for the core's answer
+                w = self.retain(msgs[i], offsets[i])
+                if w is not None:
+                    writes.append(w)
 
     async def start(self) -> None:
         from mqtt_proxy.device_events import TOPIC

@@ -24,7 +24,6 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-from store.append_result import AppendResult
 from store.mapping import MqttMessage
 
 if TYPE_CHECKING:
@@ -61,13 +60,18 @@ class Inbound:
         "_paused",
         "appended",
         "_indexed0",
+        "_gather",
     )
 
     def __init__(
-        self, backend: QueuesPort, lag: dict[str, int], puback_latency: LatencyHistogram
+        self,
+        backend: QueuesPort,
+        lag: dict[str, int],
+        puback_latency: LatencyHistogram,
+        gather_ms: int = 0,
     ) -> None:
         """`lag`: delivery's lag per queue (read, never written here); `puback_latency`: the
-        receive -> PUBACK histogram. `sessions` (the registry, which writes a persistent
+        receive -> PUBACK histogram; `gather_ms`: how long a round waits for more PUBLISHes. `sessions` (the registry, which writes a persistent
         session's QoS 2 ids before their PUBREC) is set by the server once it exists: the
         registry publishes wills through this object, so each needs the other."""
         self._backend = backend
@@ -85,6 +89,8 @@ class Inbound:
         self._paused: list[ClientPort] = []
         self.appended = 0  # records this proxy appended
         self._indexed0 = backend.indexed()
+        # publish_gather_ms: wait for more PUBLISHes before the round (0: end of this pass)
+        self._gather = gather_ms / 1000
 
     def add(
         self, msg: MqttMessage, conn: ClientPort | None = None, pid: int = 0, qos: int = 0
@@ -103,8 +109,7 @@ class Inbound:
             assert conn is not None  # only the broker's own messages (wills) have none: QoS 0
             self._acks.append((conn, [pid], PUBACK if qos == 1 else PUBREC))
         if not self._scheduled:
-            self._scheduled = True
-            self._loop.call_soon(self.flush)
+            self._schedule()
 
     def add_many(self, msgs: list[MqttMessage], conn: ClientPort, pids: list[int]) -> None:
         """`add` for one read chunk of `conn`: `pids` are its QoS 1 messages' packet ids, in order
@@ -117,7 +122,13 @@ class Inbound:
         if pids:
             self._acks.append((conn, pids, PUBACK))
         if not self._scheduled:
-            self._scheduled = True
+            self._schedule()
+
+    def _schedule(self) -> None:
+        self._scheduled = True
+        if self._gather:
+            self._loop.call_later(self._gather, self.flush)
+        else:
             self._loop.call_soon(self.flush)
 
     def flush(self) -> None:
@@ -127,46 +138,26 @@ class Inbound:
             return
         acks, retained = self._acks, self._retained
         self._msgs, self._acks, self._retained = [], [], []
-        backend = self._backend
+        writes: list[asyncio.Future[bytes]] = []  # retained-message writes the acks wait for
+        acked = None
+        if acks:
+            t0 = self._loop.time()  # this pass parsed them: receive → durable, per batch
+            acked = lambda f: self._durable(f, acks, writes, t0)  # noqa: E731
         try:
-            res = backend.store.append_mqtt(msgs, bool(acks))
+            # The round: written, indexed, delivered (LocalBackend.publish); acks on `acked`.
+            res = self._backend.publish(msgs, retained, acked, writes)
         except Exception:
             log.exception("append of %d MQTT messages failed", len(msgs))
             for conn, _pids, _ack in acks:
                 conn.fail(0x80, "store append failed")
             return
+        if acks:
+            self.inflight += 1
+            self._futs.add(res.durable)
         self.appended += len(msgs)
         if not self.throttled and self.backlog() > LAG_HIGH:
             self.throttled = True
             self._loop.call_later(0.001, self._check_lag)
-        # In-process at once; through the core link the moment its reply is read, before any
-        # pushed entry that refers to these messages.
-        writes: list[asyncio.Future[bytes]] = []  # retained-message writes the acks wait for
-        res.when_staged(lambda: self._staged(msgs, retained, res, writes))
-        fut = res.durable
-        if acks:
-            self.inflight += 1
-            self._futs.add(fut)
-            t0 = self._loop.time()  # this tick parsed them: receive → durable, per batch
-            fut.add_done_callback(lambda f: self._durable(f, acks, writes, t0))
-        backend.write_now()  # this append ends the tick's reads: write it in this pass
-
-    def _staged(
-        self,
-        msgs: list[MqttMessage],
-        retained: list[int],
-        res: AppendResult,
-        writes: list[asyncio.Future[bytes]],
-    ) -> None:
-        backend = self._backend
-        runs, offsets = res.runs, res.offsets if retained else None
-        assert runs is not None  # staged: the runs are known
-        backend.remember(msgs, runs)
-        if offsets is not None:
-            for i in retained:
-                w = backend.retain(msgs[i], offsets[i])
-                if w is not None:  # the core's answer: the ack of a retained PUBLISH waits
-                    writes.append(w)
 
     def _durable(
         self,

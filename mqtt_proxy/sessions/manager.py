@@ -164,10 +164,10 @@ class SessionManager:
             if self.sessions.get(client_id) is old:
                 self._end(old, publish_will=False)
         if state is None:
-            self.server.backend.delete_session(client_id)
+            self._backend.delete_session(client_id)
         else:
             self.install(state)
-            self.server.backend.save_sessions([(client_id, state)])
+            self._backend.save_sessions([(client_id, state)])
 
     def hand_off(self, client_id: str) -> list[str]:
         """The core's TAKE: another proxy claimed `client_id`. End its connection here (0x8E),
