@@ -12,7 +12,8 @@ over its sessions and wills (lightgate.cluster_sessions owns the topic; this is 
   has not been read for the timeout is dead (by this node's clock: no clock is compared).
 - **Adoption.** Every survivor that finds a node dead writes `adopt` {node, dead, id, due}
   for each client id the dead node owns with a stored session; `due` is its will's time
-  (now + min(will delay, expiry), wall clock). An `adopt` counts only if the id's owner is still
+  (wall clock: min(will delay, expiry) after the client's disconnect there, or after now for a
+  client that was connected). An `adopt` counts only if the id's owner is still
   the dead node when it is read: the first one in the topic's order wins on every node alike,
   and a client that reconnected first (its claim earlier in the topic) is not adopted at all.
   The winner holds the session like a disconnected one: it publishes the will when due unless
@@ -32,6 +33,7 @@ from typing import Any
 log = logging.getLogger("lightgate.cluster_sessions")
 
 NODE_KEY = "\0node:"  # heartbeat keys: NUL is never in a client id
+STATES_PER_FLUSH = 2000  # state records per flush at most; the least recently written first
 
 
 class NodeWatch:
@@ -44,6 +46,7 @@ class NodeWatch:
         self.alive: dict[str, float] = {}  # node -> monotonic time its last heartbeat was read
         self.dead: set[str] = set()
         self.written: dict[str, str] = {}  # client id -> the stored state last written (JSON)
+        self.written_at: dict[str, float] = {}  # client id -> when (monotonic)
         # client id -> (portable state, will due) adopted here, not yet installed
         self.pending: dict[str, tuple[dict[str, Any], float | None]] = {}
         self._task: asyncio.Task[None] | None = None
@@ -132,24 +135,30 @@ class NodeWatch:
         cs = self.cs
         sends = []
         present = set()
+        changed = []
         for cid, state in cs.queues.sessions.items():
             present.add(cid)
             if cs.owner.get(cid, cs.node) != cs.node or cid in cs._busy:
                 continue
             raw = json.dumps(state, sort_keys=True)
-            if self.written.get(cid) == raw:
-                continue
+            if self.written.get(cid) != raw:
+                changed.append((self.written_at.get(cid, 0.0), cid, state, raw))
+        changed.sort(key=lambda c: c[0])
+        now = time.monotonic()
+        for _at, cid, state, raw in changed[:STATES_PER_FLUSH]:
             try:
                 s = portable(state, cs.queues, cs.store)
             except Exception:
                 log.exception("session %r cannot be written for other nodes", cid)
                 continue
             self.written[cid] = raw
+            self.written_at[cid] = now
             value = {"k": "state", "node": cs.node, "live": True, "s": s}
             sends.append(await cs._producer.send(cs.topic, json.dumps(value).encode(),
                                                  key=cid.encode("utf-8")))  # fmt: skip
         for cid in [c for c in self.written if c not in present]:
             del self.written[cid]
+            self.written_at.pop(cid, None)
             if cs.owner.get(cid) == cs.node and cid not in cs._busy:
                 value = {"k": "gone", "node": cs.node, "live": True}
                 sends.append(await cs._producer.send(cs.topic, json.dumps(value).encode(),
@@ -179,8 +188,9 @@ class NodeWatch:
             for cid in theirs:
                 state = cs.stored[cid]
                 will, due = state.get("will"), None
-                if will is not None:
-                    due = time.time() + min(will.get("delay", 0), state.get("expiry", 0))
+                if will is not None:  # from its disconnect there, else from now
+                    since = state.get("disconnected_at") or time.time()
+                    due = since + min(will.get("delay", 0), state.get("expiry", 0))
                 self._seq += 1
                 value = {"k": "adopt", "node": cs.node, "dead": node,
                          "id": f"{cs.node}.a{self._seq}", "due": due}  # fmt: skip

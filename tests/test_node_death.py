@@ -82,9 +82,14 @@ def test_kill_9_of_a_node_under_qos1_load(tmp_path: Path, tansu: Tansu, processe
             threading.Thread(target=publish_until_gone, args=(c, cid, acked[cid], stop))
             for cid, c in clients.items()
         ]
+        off = will_client(ports[0], "off")  # gone before the node: its will is pending there
+        off.subscribe("sess/off", qos=1)
         for t in threads:
             t.start()
-        time.sleep(2.0)  # load running, several state flushes
+        time.sleep(1.0)
+        off.kill()
+        t_off = time.monotonic()
+        time.sleep(1.0)  # load running, several state flushes
         nodes[0].kill()
         t_kill = time.monotonic()
         for t in threads:
@@ -101,7 +106,7 @@ def test_kill_9_of_a_node_under_qos1_load(tmp_path: Path, tansu: Tansu, processe
 
         # Messages for the others while they are away wait in their sessions.
         pub = Client(ports[2], "").connect()
-        for cid in ("late0", "late1", "back"):
+        for cid in ("late0", "late1", "back", "off"):
             pub.publish(f"sess/{cid}", f"while-away:{cid}".encode(), qos=1)
         pub.disconnect()
         got_back = back.expect(1, timeout=15)
@@ -114,7 +119,7 @@ def test_kill_9_of_a_node_under_qos1_load(tmp_path: Path, tansu: Tansu, processe
             for w, into in zip(watchers, seen, strict=True):
                 drain(w, into)
             wills = [{m.topic for _, m in s if m.topic.startswith("will/")} for s in seen]
-            if all(w >= {"will/late0", "will/late1"} for w in wills):
+            if all(w >= {"will/late0", "will/late1", "will/off"} for w in wills):
                 break
             time.sleep(0.1)
         time.sleep(3.0)  # a second publication would arrive meanwhile
@@ -123,9 +128,14 @@ def test_kill_9_of_a_node_under_qos1_load(tmp_path: Path, tansu: Tansu, processe
         for i, into in enumerate(seen):
             wills_seen = [(t, m) for t, m in into if m.topic.startswith("will/")]
             topics = sorted(m.topic for _, m in wills_seen)
-            assert topics == ["will/late0", "will/late1"], f"watcher {i}: {topics}"
+            assert topics == ["will/late0", "will/late1", "will/off"], f"watcher {i}: {topics}"
             for t, m in wills_seen:
-                assert t - t_kill >= WILL_DELAY - 0.5, f"{m.topic} {t - t_kill:.1f} s after kill"
+                if m.topic == "will/off":  # due from its disconnect, not from the node's death
+                    took = t - t_off
+                    assert WILL_DELAY - 0.5 <= took < WILL_DELAY + 3.5, f"will/off after {took:.1f}"
+                else:
+                    took = t - t_kill
+                    assert took >= WILL_DELAY - 0.5, f"{m.topic} {took:.1f} s after the kill"
 
         # Every acknowledged message reached the subscribers on both surviving nodes.
         for i, into in enumerate(seen):
@@ -135,7 +145,7 @@ def test_kill_9_of_a_node_under_qos1_load(tmp_path: Path, tansu: Tansu, processe
                 assert not lost, f"watcher {i}: {len(lost)} acknowledged from {cid} lost"
 
         # The late ones resume their sessions (adopted by a survivor) on any node.
-        for cid, port in (("late0", ports[2]), ("late1", ports[1])):
+        for cid, port in (("late0", ports[2]), ("late1", ports[1]), ("off", ports[2])):
             c = resume(port, cid)
             assert c.session_present, f"{cid}: no session"
             got = c.expect(1, timeout=15)
