@@ -9,7 +9,8 @@ over its sessions and wills (lightgate.cluster_sessions owns the topic; this is 
   its writer still owns the id in the topic's order (a late copy after a hand-over is ignored).
 - **Heartbeats.** Each node writes `alive` every third of `cluster_node_timeout_ms` (key
   NUL "node:" id: never a client id) and `bye` when it stops gracefully. A node whose heartbeat
-  has not been read for the timeout is dead (by this node's clock: no clock is compared).
+  has not been read for the timeout is dead (by this node's clock: no clock is compared), as
+  long as this node reads its own heartbeats in time (else it is the one cut off).
 - **Adoption.** Every survivor that finds a node dead writes `adopt` {node, dead, id, due}
   for each client id the dead node owns with a stored session; `due` is its will's time
   (wall clock: min(will delay, expiry) after the client's disconnect there, or after now for a
@@ -176,6 +177,9 @@ class NodeWatch:
     async def find_dead(self) -> None:
         cs = self.cs
         now = time.monotonic()
+        mine = self.alive.get(cs.node)
+        if mine is None or now - mine > self.timeout_s * 2 / 3:
+            return  # this node's own heartbeat is not coming back: it is the one cut off
         for node, seen in list(self.alive.items()):
             if node == cs.node or node in self.dead or now - seen < self.timeout_s:
                 continue
