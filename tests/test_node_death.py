@@ -16,7 +16,7 @@ from gateway_process import GatewayProcess
 from mqtt_helpers import V5, Client, Received, props
 from paho.mqtt.packettypes import PacketTypes
 from tansu import Tansu, kafka_args
-from test_cluster_sessions import no_reconnect, start_nodes
+from test_cluster_sessions import cluster_figures, no_reconnect, start_nodes
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -145,6 +145,13 @@ def test_kill_9_of_a_node_under_qos1_load(tmp_path: Path, tansu: Tansu, processe
             for cid, payloads in acked.items():
                 lost = [p for p in payloads if p not in loads]
                 assert not lost, f"watcher {i}: {len(lost)} acknowledged from {cid} lost"
+
+        # One survivor adopted each session (the client back first may have been adopted too,
+        # if its claim came after the adoption).
+        figures = [cluster_figures(g) for g in nodes[1:]]
+        adopted = sum(f.get("adopted", 0) for f in figures)
+        assert adopted in (3, 4), figures
+        assert all(f.get("nodes_dead", 0) == 1 for f in figures), figures
 
         # The killed node restarts with its data dir: its copies of the adopted sessions are
         # dropped, not held again (no will a second time).
