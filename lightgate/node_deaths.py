@@ -1,10 +1,11 @@
 """Surviving a node's death on one Kafka cluster: state that outlives the node, and who takes
 over its sessions and wills (lightgate.cluster_sessions owns the topic; this is its timer side).
 
-- **State.** Every `cluster_state_flush_ms` a node writes, batched, a `state` record {live} for
-  each persistent session it owns whose stored state changed (a disconnect, a flush of the
-  session store, a subscription), in log positions, with the pending will and the session
-  expiry; a session it owned that ended gets `gone`. A claimer whose previous owner does not
+- **State.** The session store tells this node of every write. Every `cluster_state_flush_ms`
+  (a tenth of it after a disconnect or an ended session: batched with what follows) a node
+  writes a `state` record {live} for each persistent session it owns that the store changed
+  since (at most STATES_PER_FLUSH, longest-waiting first), in log positions, with the pending
+  will and the session expiry; a session it owned that ended gets `gone`. A claimer whose previous owner does not
   answer thus resumes state at most one flush old. A `state` {live} record counts only while
   its writer still owns the id in the topic's order (a late copy after a hand-over is ignored).
 - **Heartbeats.** Each node writes `alive` every third of `cluster_node_timeout_ms` (key
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import logging
 import time
@@ -46,8 +48,10 @@ class NodeWatch:
         self.timeout_s = timeout_s
         self.alive: dict[str, float] = {}  # node -> monotonic time its last heartbeat was read
         self.dead: set[str] = set()
-        self.written: dict[str, str] = {}  # client id -> the stored state last written (JSON)
-        self.written_at: dict[str, float] = {}  # client id -> when (monotonic)
+        self.written: set[str] = set()  # client ids whose record in the topic is a state
+        self.dirty: dict[str, None] = {}  # changed in the store since written, oldest first
+        self.offline: set[str] = set()  # stored as disconnected (their disconnect was seen)
+        self._wake = asyncio.Event()
         # client id -> (portable state, will due) adopted here, not yet installed
         self.pending: dict[str, tuple[dict[str, Any], float | None]] = {}
         self._task: asyncio.Task[None] | None = None
@@ -103,6 +107,10 @@ class NodeWatch:
 
     # -- the timer ---------------------------------------------------------------------------
     def start(self) -> None:
+        sessions = self.cs.queues.sessions
+        sessions.changed = self.store_changed
+        for cid, _state in sessions.items():  # once: what this node holds from before
+            self.dirty.setdefault(cid, None)
         self._task = asyncio.get_running_loop().create_task(self._run(), name="cluster-nodes")
 
     async def stop(self) -> None:
@@ -113,8 +121,10 @@ class NodeWatch:
 
     async def _run(self) -> None:
         beat_every = self.timeout_s / 3
+        period = min(self.flush_s, beat_every)
         next_beat = 0.0
         while True:
+            self._wake.clear()
             try:
                 now = time.monotonic()
                 if now >= next_beat:
@@ -127,52 +137,70 @@ class NodeWatch:
                 raise
             except Exception as exc:
                 log.warning("writing session states / heartbeat failed: %r", exc)
-            await asyncio.sleep(min(self.flush_s, beat_every))
+            try:
+                await asyncio.wait_for(self._wake.wait(), period)
+            except TimeoutError:
+                continue
+            await asyncio.sleep(self.flush_s / 10)  # a disconnect: soon, with what follows it
+
+    def store_changed(self, cid: str, state: dict[str, Any] | None) -> None:
+        """The session store wrote `cid` (None: deleted). A disconnect or an end is written
+        to the topic at the next short wake-up, anything else at the next period."""
+        self.dirty.setdefault(cid, None)
+        if state is not None and not state.get("disconnected_at"):
+            self.offline.discard(cid)
+            return
+        if state is None:
+            self.offline.discard(cid)
+        elif cid in self.offline:
+            return
+        else:
+            self.offline.add(cid)
+        self._wake.set()
 
     async def flush(self) -> None:
-        """Write the owned persistent sessions that changed since they were last written."""
+        """Write the owned sessions the store changed since they were last written, the
+        longest-waiting first; a session that ended gets `gone`."""
         from lightgate.session_positions import portable
 
         cs = self.cs
         sends = []
-        present = set()
-        changed = []
-        for cid, state in cs.queues.sessions.items():
-            present.add(cid)
-            if cs.owner.get(cid, cs.node) != cs.node or cid in cs._busy:
+        take = list(itertools.islice(self.dirty, STATES_PER_FLUSH))
+        for cid in take:
+            del self.dirty[cid]
+        for cid in take:
+            if cs.owner.get(cid, cs.node) != cs.node:
                 continue
-            raw = json.dumps(state, sort_keys=True)
-            if self.written.get(cid) != raw:
-                changed.append((self.written_at.get(cid, 0.0), cid, state, raw))
-        changed.sort(key=lambda c: c[0])
-        now = time.monotonic()
-        for _at, cid, state, raw in changed[:STATES_PER_FLUSH]:
+            if cid in cs._busy:
+                self.dirty[cid] = None  # moving now: the next flush sees where it went
+                continue
+            state = cs.queues.sessions.get(cid)
+            if state is None:
+                if cid in self.written:
+                    self.written.discard(cid)
+                    value = {"k": "gone", "node": cs.node, "live": True}
+                    sends.append(await cs._producer.send(cs.topic, json.dumps(value).encode(),
+                                                         key=cid.encode("utf-8")))  # fmt: skip
+                continue
             try:
-                s = portable(state, cs.queues, cs.store)
+                value = {"k": "state", "node": cs.node, "live": True,
+                         "s": portable(state, cs.queues, cs.store)}  # fmt: skip
             except Exception:
                 log.exception("session %r cannot be written for other nodes", cid)
                 continue
-            self.written[cid] = raw
-            self.written_at[cid] = now
-            value = {"k": "state", "node": cs.node, "live": True, "s": s}
+            self.written.add(cid)
             sends.append(await cs._producer.send(cs.topic, json.dumps(value).encode(),
                                                  key=cid.encode("utf-8")))  # fmt: skip
-        for cid in [c for c in self.written if c not in present]:
-            del self.written[cid]
-            self.written_at.pop(cid, None)
-            if cs.owner.get(cid) == cs.node and cid not in cs._busy:
-                value = {"k": "gone", "node": cs.node, "live": True}
-                sends.append(await cs._producer.send(cs.topic, json.dumps(value).encode(),
-                                                     key=cid.encode("utf-8")))  # fmt: skip
         if sends:
             await asyncio.gather(*sends)
             cs.counters["states_written"] += len(sends)
 
     def owned_claimed(self, cid: str) -> None:
         """This node's claim of `cid` was read: a stored state of it must be replaced or
-        cleared by the next flush (a clean start leaves no session here)."""
+        cleared by a flush (a clean start leaves no session here)."""
         if cid in self.cs.stored:
-            self.written.setdefault(cid, "")
+            self.written.add(cid)
+            self.dirty.setdefault(cid, None)
 
     async def find_dead(self) -> None:
         cs = self.cs
