@@ -192,7 +192,8 @@ class Gateway:
             cfg.kafka_bootstrap, dict(cfg.extra.get("kafka_client", {})),
             cfg.cluster_sessions_topic, node_id(cfg.data_path), queues, self.store,
             cfg.cluster_handover_wait_ms / 1000, cfg.kafka_replication_factor,
-            cfg.cluster_sessions_poll_ms,
+            cfg.cluster_sessions_poll_ms, cfg.cluster_state_flush_ms / 1000,
+            cfg.cluster_node_timeout_ms / 1000,
         )  # fmt: skip
         await cs.start()
         self.cluster_sessions = cs

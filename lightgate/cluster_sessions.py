@@ -43,6 +43,7 @@ from typing import Any, Protocol
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
+from lightgate.node_deaths import NODE_KEY, NodeWatch
 from lightgate.session_positions import localize, portable
 
 log = logging.getLogger("lightgate.cluster_sessions")
@@ -61,6 +62,11 @@ class LocalOwner(Protocol):
         """End its connection here (0x8E), forget its session (local copy and queue holds
         released) and return the session's last state (this node's sequences), or None.
         `now`: a claim of this node for the id is in progress; do not wait for it."""
+        ...
+
+    def adopt(self, client_id: str, state: dict[str, Any], due: float | None) -> None:
+        """Hold the session of a dead node's client here (its queues held once) as a
+        disconnected one, its will published at `due` (wall clock) unless it comes back."""
         ...
 
 
@@ -87,7 +93,7 @@ class ClusterSessions:
     def __init__(
         self, bootstrap: str, client: dict[str, Any], topic: str, node: str, queues: Any,
         store: Any, handover_wait_s: float = 1.0, replication_factor: int = -1,
-        poll_ms: int = 20,
+        poll_ms: int = 20, flush_s: float = 1.0, node_timeout_s: float = 6.0,
     ) -> None:  # fmt: skip
         self.bootstrap = bootstrap
         self.client = dict(client)
@@ -117,7 +123,9 @@ class ClusterSessions:
         self._consumer: Any = None
         self._task: asyncio.Task[None] | None = None
         self._running: set[asyncio.Task[None]] = set()  # hand-overs and in-process claims
-        self.counters = {"claims": 0, "handed_over": 0, "taken_over": 0, "handover_waits": 0}
+        self.counters = {"claims": 0, "handed_over": 0, "taken_over": 0, "handover_waits": 0,
+                         "states_written": 0, "nodes_dead": 0, "adopted": 0}  # fmt: skip
+        self.watch = NodeWatch(self, flush_s, node_timeout_s)
 
     # -- start / stop ----------------------------------------------------------------------
     async def start(self) -> None:
@@ -162,6 +170,7 @@ class ClusterSessions:
                  self.topic, n, len(self.owner), len(self.stored))  # fmt: skip
         self._prune()
         self._task = asyncio.get_running_loop().create_task(self._follow(), name="cluster-sessions")
+        self.watch.start()
 
     def _prune(self) -> None:
         """Drop this node's stored copies of sessions another node took while it was down:
@@ -188,11 +197,14 @@ class ClusterSessions:
                 continue
             body = json.dumps(value).encode()
             sends.append(await self._producer.send(self.topic, body, key=cid.encode("utf-8")))
-        if sends:
-            await asyncio.gather(*sends)
-            log.info("%d persistent sessions written for the other nodes", len(sends))
+        sends.append(await self._producer.send(
+            self.topic, json.dumps({"k": "bye", "node": self.node}).encode(),
+            key=(NODE_KEY + self.node).encode("utf-8")))  # fmt: skip
+        await asyncio.gather(*sends)
+        log.info("%d persistent sessions written for the other nodes", len(sends) - 1)
 
     async def close(self) -> None:
+        await self.watch.stop()
         if self._producer is not None and self._task is not None:
             try:
                 await asyncio.wait_for(self._leave(), LEAVE_TIMEOUT)
@@ -238,6 +250,15 @@ class ClusterSessions:
             return
         v = json.loads(value)
         kind, node = v.get("k"), v.get("node")
+        if kind in ("alive", "bye"):
+            self.watch.heartbeat(node, kind)
+            return
+        if kind == "adopt":
+            prev = self.watch.adopted(cid, v, starting)
+            if prev == self.node and not starting and node != self.node and self._ours(cid, prev):
+                # this node was taken for dead (cut off from the cluster): its client goes
+                self._spawn(self._hand_over(cid, v["id"], False))
+            return
         if kind == "claim":
             seen = self._seen_claims
             if v["id"] in seen:
@@ -249,6 +270,8 @@ class ClusterSessions:
             self.owner[cid] = node
             self.stopped.discard(node)
             mine = self._mine.pop(v["id"], None)
+            if node == self.node:
+                self.watch.owned_claimed(cid)
             if mine is not None:
                 self._read_mine.add(cid)
                 if not mine.done():
@@ -261,6 +284,8 @@ class ClusterSessions:
                 after_ours = cid in self._read_mine
                 self._spawn(self._hand_over(cid, v["id"], after_ours))
             return
+        if v.get("live") and self.owner.get(cid) != node:
+            return  # a periodic state written before a hand-over read already: older than it
         if kind == "state":
             self.stored[cid] = v["s"]
             if v.get("final"):
@@ -348,6 +373,11 @@ class ClusterSessions:
                 CLAIM_READ_TIMEOUT,
             )
             prev = await asyncio.wait_for(mine, CLAIM_READ_TIMEOUT)
+            adopted = self.watch.pending.pop(cid, None) if prev == self.node else None
+            if adopted is not None:  # adopted from a dead node a moment ago, not held yet
+                self.counters["taken_over"] += 1
+                local, _held = await localize(adopted[0], self.queues)
+                return True, local
             if prev is None or prev == self.node:
                 return False, None
             t0 = time.monotonic()
@@ -380,6 +410,12 @@ class ClusterSessions:
                 await asyncio.shield(busy)
         assert self.local is not None
         try:
+            adopted = self.watch.pending.pop(cid, None)  # adopted here, not held yet
+            if adopted is not None:
+                await self._send(cid, {"k": "state", "node": self.node, "for": claim_id,
+                                       "s": adopted[0]})  # fmt: skip
+                self.counters["handed_over"] += 1
+                return
             state = await self.local.take(cid, not after_ours and cid in self._busy)
             if state is not None:
                 state = portable(state, self.queues, self.store)
@@ -410,3 +446,7 @@ class ServerOwner:
         if state is not None:
             self.stored.delete(client_id)
         return state
+
+    def adopt(self, client_id: str, state: dict[str, Any], due: float | None) -> None:
+        self.stored.put(client_id, state)
+        self.server.sessions.adopt(state, due)

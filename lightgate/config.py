@@ -194,6 +194,22 @@ class GatewayConfig:
         lo=0,
         hi=60_000,
     )
+    cluster_state_flush_ms: int = key(
+        1000,
+        '`log = "kafka"`: how often a node writes the persistent sessions that changed (with '
+        "their pending wills) to `cluster_sessions_topic`, batched: a node that dies is "
+        "resumed elsewhere from state at most this old; also its heartbeat period's bound",
+        lo=50,
+        hi=60_000,
+    )
+    cluster_node_timeout_ms: int = key(
+        6000,
+        '`log = "kafka"`: a node whose heartbeat (every third of this) has not been read for '
+        "this long is dead: the surviving nodes take its persistent sessions over and publish "
+        "their wills once, after their delay (docs/deployment.md)",
+        lo=500,
+        hi=600_000,
+    )
     fsync: str = key(
         "always",
         "default fsync policy of new topics: `always` (group commit; "

@@ -358,7 +358,8 @@ FAMILIES: tuple[Family, ...] = (
            "Reads served by the fetched-batch cache (hit) or fetched (miss)", _kafka_log_cache),
     Family("lightgate_cluster_sessions_total", C, ("event",),
            "Client ids across nodes (cluster_sessions_topic): claims made, sessions handed to "
-           "another node, sessions taken from one, hand-overs not answered in time",
+           "another node, sessions taken from one, hand-overs not answered in time, session "
+           "state records written, nodes found dead, sessions of dead nodes adopted here",
            lambda s: sorted(((k,), v) for k, v in (s.get("cluster_sessions") or {}).items())),
     # -- bridges to other MQTT brokers ---------------------------------------------------------
     Family("lightgate_bridge_connected", G, ("bridge",),

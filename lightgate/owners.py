@@ -133,6 +133,25 @@ class ClientRegistry:
         self.queues.sessions.put(cid, state)
         self.held[cid] = Held([d["queue"] for d in state["subs"] if not d.get("local")])
 
+    def adopt(self, cid: str, state: dict[str, Any], due: float | None) -> None:
+        """A dead node's session, its queues held once (lightgate.cluster_sessions.LocalOwner):
+        held here as a disconnected one, its will armed for `due`."""
+        stale = self.held.pop(cid, None)
+        if stale is not None:
+            self._drop_held(stale)
+        now = time.time()
+        state = {**state, "disconnected_at": state.get("disconnected_at") or now}
+        self.queues.sessions.put(cid, state)
+        held = Held([d["queue"] for d in state["subs"] if not d.get("local")])
+        self.held[cid] = held
+        expiry = state.get("expiry", 0)
+        if expiry < NEVER_EXPIRES:
+            left = max(now, state["disconnected_at"]) + expiry - now
+            held.expiry = asyncio.get_running_loop().call_later(left, self._expire, cid, held)
+        will = state.get("will")
+        if will is not None and due is not None:
+            self._arm_will(cid, held, {**will, "due": due})
+
     def _drop_held(self, held: Held) -> None:
         for t in (held.expiry, held.will):
             if t is not None:

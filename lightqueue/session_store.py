@@ -14,7 +14,7 @@ graceful shutdown makes everything durable. Event-loop-only.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import plyvel
@@ -33,18 +33,26 @@ class SessionStore:
     def __init__(self, db: plyvel.DB, sync: bool = False) -> None:
         self._db = db
         self._sync = sync
+        # Told of every write (client id, new state or None when deleted): a node of a cluster
+        # copies the changed sessions to the other nodes without walking them all.
+        self.changed: Callable[[str, dict[str, Any] | None], None] | None = None
 
     def put(self, client_id: str, state: dict[str, Any]) -> None:
         self._db.put(_key(client_id), codec.encode(state), sync=self._sync)
+        if self.changed is not None:
+            self.changed(client_id, state)
 
     def put_many(
         self, items: Iterable[tuple[str, dict[str, Any]]], sync: bool | None = None
     ) -> int:
         """Write several sessions in one WriteBatch (a periodic flush); returns how many."""
         n = 0
+        changed = self.changed
         with self._db.write_batch(sync=self._sync if sync is None else sync) as wb:
             for cid, state in items:
                 wb.put(_key(cid), codec.encode(state))
+                if changed is not None:
+                    changed(cid, state)
                 n += 1
         return n
 
@@ -54,6 +62,8 @@ class SessionStore:
 
     def delete(self, client_id: str) -> None:
         self._db.delete(_key(client_id), sync=self._sync)
+        if self.changed is not None:
+            self.changed(client_id, None)
 
     def items(self) -> Iterator[tuple[str, dict[str, Any]]]:
         """Every stored session (restore after a restart). Unreadable ones raise CodecError."""

@@ -154,6 +154,19 @@ class SessionManager:
         self.sessions[s.client_id] = self.persistent[s.client_id] = s
         self._arm_expiry(s, s.disconnected_at)
 
+    def adopt(self, state: dict[str, Any], due: float | None) -> None:
+        """A dead node's session (queues held): installed as a disconnected one whose will,
+        kept, is published at `due` (wall clock) unless its client returns first."""
+        self.install(state)
+        session = self.persistent.get(state.get("client_id", ""))
+        if session is None or due is None:
+            return
+        session.will = Session.from_state(state).will
+        if session.will is not None:
+            session.will_timer = asyncio.get_running_loop().call_later(
+                max(0.0, due - time.time()), self._will_due, session
+            )
+
     def moved_in(self, client_id: str, state: dict[str, Any] | None) -> None:
         """Another node handed `client_id` over: what this node kept of it is older (a
         connection of it was ended first); `state` (queues held) replaces it, or none."""
