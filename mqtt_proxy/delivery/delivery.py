@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING
 from lightqueue.model import ReadResult
 from mqtt_proxy.codec import publish_v3_qos1
 from mqtt_proxy.delivery.cohorts import CohortPump
+from mqtt_proxy.delivery.overlap import overlap_owner
 from mqtt_proxy.delivery.qos1_run import qos1_run
 from mqtt_proxy.delivery.queue_cache import (
     PUMP_BATCHES,
@@ -50,12 +51,12 @@ from mqtt_proxy.delivery.queue_cache import (
     cached_end,
     evict_oldest,
     fill_cache,
+    pushed_from,
 )
 from mqtt_proxy.delivery.shared_groups import GroupDelivery, SharedGroup
 from mqtt_proxy.delivery.topic_aliases import AliasBook
 from mqtt_proxy.ports import Entries, Message, PeerPort, QueuesPort
 from mqtt_proxy.sessions.state import Inflight, Session, Subscription
-from mqtt_proxy.sessions.topic_filters import topic_matches
 from mqtt_proxy.settings import ProxySettings
 from store.latency import LatencyHistogram
 from store.mapping import PROBE_TOPIC, SYSTEM_TOPIC_PREFIX
@@ -209,8 +210,9 @@ class Delivery:
         subscription is not marked: its pump would find nothing (`read_range` reads nothing
         past `last_seq`), and a caught-up QoS 1 reader's every PUBACK cost a pump that found
         nothing. A `$share` member is always marked: acks credit its group."""
-        for feed in session.feeds[:]:  # retained messages waiting for room go first
-            feed.pump()
+        if session.feeds:  # retained messages waiting for room go first
+            for feed in session.feeds[:]:
+                feed.pump()
         for sub in session.subs.values():
             if sub.local:
                 continue
@@ -237,7 +239,7 @@ class Delivery:
             return None
         qs.loading = 1
         done = lambda res, msgs: self._loaded(qs, from_seq, res, msgs)  # noqa: E731
-        entries = _pushed_from(qs, from_seq, self._batch)
+        entries = pushed_from(qs, from_seq, self._batch)
         if entries is not None:
             self._reader.load_entries(qs.name, from_seq, entries, done)
         else:
@@ -436,7 +438,7 @@ class Delivery:
                 qos = m.qos if m.qos < sub.qos else sub.qos
                 sub_ids: tuple[int, ...] = (sub.sub_id,) if (v5 and sub.sub_id) else ()
                 if conn.session_overlap:
-                    decision = _overlap_owner(session, sub, m)
+                    decision = overlap_owner(session, sub, m)
                     if decision is None:
                         seq += 1
                         continue
@@ -508,42 +510,3 @@ class Delivery:
                 self.leases.done(g.key, inf.seq)
         if credited:
             session.dirty = True
-
-
-def _pushed_from(qs: QueueState, from_seq: int, n: int) -> Entries | None:
-    """Up to `n` pushed entries from `from_seq`, or None when they are not held here. A reader
-    behind every pushed run (a slow QoS 1 reader far back) is answered at once; one near the
-    head finds its run from the newest end. (Scanning all ~1000 runs per load was 2 % of a QoS 1
-    fan-in.)"""
-    pushed = qs.pushed
-    if not pushed or from_seq < pushed[0][0]:
-        return None
-    for first, entries in reversed(pushed):
-        if first <= from_seq < first + len(entries):
-            i = from_seq - first
-            return entries[i : i + n]
-    return None
-
-
-def _overlap_owner(
-    session: Session, sub: Subscription, m: CachedMsg
-) -> tuple[int, tuple[int, ...]] | None:
-    """Overlapping subscriptions: one copy per message, delivered by the matching subscription
-    with the highest QoS (ties: the smallest filter), at the maximum QoS, carrying every matching
-    subscription identifier (MQTT 3.1.1 §3.3.5, MQTT 5 §3.3.4). None: another sub delivers it."""
-    best: Subscription | None = None
-    ids: list[int] = []
-    topic = m.topic
-    own = m.client_id == session.client_id
-    for s in session.subs.values():
-        if s.local or s.spec.share_group is not None or (s.no_local and own):
-            continue
-        if s is not sub and not topic_matches(s.spec.filter, topic):
-            continue
-        if s.sub_id:
-            ids.append(s.sub_id)
-        if best is None or s.qos > best.qos or (s.qos == best.qos and s.spec.raw < best.spec.raw):
-            best = s
-    if best is not sub:
-        return None
-    return best.qos, tuple(sorted(ids))

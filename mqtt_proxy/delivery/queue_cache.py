@@ -259,3 +259,18 @@ class QueueState:
         # not yet delivered to every reader; a load finds them here instead of reading.
         self.pushed: deque[tuple[int, Entries]] = deque()
         self.pushed_n = 0
+
+
+def pushed_from(qs: QueueState, from_seq: int, n: int) -> Entries | None:
+    """Up to `n` pushed entries from `from_seq`, or None when they are not held here. A reader
+    behind every pushed run (a slow QoS 1 reader far back) is answered at once; one near the
+    head finds its run from the newest end. (Scanning all ~1000 runs per load was 2 % of a QoS 1
+    fan-in.)"""
+    pushed = qs.pushed
+    if not pushed or from_seq < pushed[0][0]:
+        return None
+    for first, entries in reversed(pushed):
+        if first <= from_seq < first + len(entries):
+            i = from_seq - first
+            return entries[i : i + n]
+    return None
