@@ -111,6 +111,25 @@ class Backend:
         for goes into `writes`. `LocalBackend.publish` is the whole round in one process."""
         raise NotImplementedError
 
+    def _staged(
+        self,
+        msgs: list[MqttMessage],
+        retained: list[int],
+        res: AppendResult,
+        writes: list[asyncio.Future[bytes]],
+    ) -> None:
+        """An append whose offsets came later (through the core link, or from a cluster log's
+        answer): remember its runs and set its retained messages, before any entry that names
+        them is read. A retained write the acks must wait for goes into `writes`."""
+        assert res.runs is not None  # staged: the runs are known
+        self.remember(msgs, res.runs)
+        offsets = res.offsets if retained else None
+        if offsets is not None:
+            for i in retained:
+                w = self.retain(msgs[i], offsets[i])
+                if w is not None:
+                    writes.append(w)
+
     # -- the recent-append cache -----------------------------------------------------------
     def remember(self, msgs: list[MqttMessage], runs: list[Run]) -> None:
         """Keep what this proxy just appended, for `_from_recent`. The MqttMessage itself
@@ -304,7 +323,13 @@ class LocalBackend(Backend):
         # 1. What was written: one RecordBatch per partition (offsets in input order), staged
         #    in the log; kept here by log position, so delivery never reads it back.
         res = self.store.append_mqtt(msgs, acked is not None)
-        assert res.runs is not None  # in process: the offsets are known at once
+        if res.runs is None:
+            # A cluster log (log = "kafka"): the offsets come with the cluster's answer, and the
+            # node's dispatcher indexes the records as it reads them back (`_pushed` delivers).
+            res.when_staged(lambda: self._staged(msgs, retained, res, writes))
+            if acked is not None:
+                res.durable.add_done_callback(acked)
+            return res
         self.remember(msgs, res.runs)
         if retained:
             offsets = res.offsets

@@ -73,22 +73,6 @@ class RemoteBackend(Backend):
             res.durable.add_done_callback(acked)
         return res
 
-    def _staged(
-        self,
-        msgs: list[MqttMessage],
-        retained: list[int],
-        res: AppendResult,
-        writes: list[asyncio.Future[bytes]],
-    ) -> None:
-        assert res.runs is not None  # staged: the runs are known
-        self.remember(msgs, res.runs)
-        offsets = res.offsets if retained else None
-        if offsets is not None:
-            for i in retained:  # the ack of a retained PUBLISH waits for the core's answer
-                w = self.retain(msgs[i], offsets[i])
-                if w is not None:
-                    writes.append(w)
-
     async def start(self) -> None:
         from mqtt_proxy.device_events import TOPIC
 
